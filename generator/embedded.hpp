@@ -1,0 +1,14 @@
+#pragma once
+#include <string_view>
+#include <vector>
+
+namespace normjit::detail {
+
+struct EmbeddedFile {
+  std::string_view path;      // relative to templates/, e.g. "normjit/common.cuh"
+  std::string_view contents;
+};
+// Every file under templates/, embedded at build time (cmake/embed_templates.cmake).
+const std::vector<EmbeddedFile>& embedded_templates();
+
+}  // namespace normjit::detail

@@ -1,0 +1,112 @@
+// Spec -> CUDA source. The stub template only binds parameters; kernel logic lives in the
+// embedded .cuh headers that the stub includes.
+#include <map>
+#include <string>
+
+#include "generator/embedded.hpp"
+#include "normjit/compiler.hpp"
+#include "normjit/error.hpp"
+
+namespace normjit {
+namespace {
+
+std::string_view template_text(std::string_view path) {
+  for (const auto& f : detail::embedded_templates())
+    if (f.path == path) return f.contents;
+  throw Error(Status::kNotSupported, "template '" + std::string(path) + "' is not embedded in this build");
+}
+
+// Replaces every {{KEY}}; a key the template uses but the map lacks, or one the map has but the
+// template never uses, is a generator bug and throws.
+std::string render(std::string_view tpl, const std::map<std::string, std::string>& values, const std::string& spec) {
+  std::string out;
+  std::map<std::string, bool> used;
+  size_t pos = 0;
+  while (true) {
+    const size_t open = tpl.find("{{", pos);
+    out.append(tpl.substr(pos, open == std::string_view::npos ? std::string_view::npos : open - pos));
+    if (open == std::string_view::npos) break;
+    const size_t close = tpl.find("}}", open);
+    if (close == std::string_view::npos) throw Error(Status::kNotSupported, spec + ": unterminated {{ in template");
+    const std::string key(tpl.substr(open + 2, close - open - 2));
+    auto it = values.find(key);
+    if (it == values.end()) throw Error(Status::kNotSupported, spec + ": template parameter {{" + key + "}} has no value");
+    out += it->second;
+    used[key] = true;
+    pos = close + 2;
+  }
+  for (const auto& [key, value] : values)
+    if (!used.count(key)) throw Error(Status::kNotSupported, spec + ": parameter " + key + " is not used by the template");
+  return out;
+}
+
+const char* device_type(DType d) {
+  switch (d) {
+    case DType::kF32: return "f32";
+    case DType::kF16: return "f16";
+    case DType::kBF16: return "bf16";
+  }
+  return "?";
+}
+
+struct EpilogueBinding {
+  const char* header;
+  const char* functor;
+};
+EpilogueBinding epilogue_binding(Epilogue e) {
+  switch (e) {
+    case Epilogue::kNone: return {"epilogue_none.cuh", "EpilogueNone"};
+  }
+  throw Error(Status::kNotSupported, std::string("epilogue '") + to_string(e) + "' has no device binding");
+}
+
+}  // namespace
+
+GeneratedSource generate(const Spec& spec) {
+  validate(spec);
+  const std::string name = spec.str();
+  if (!spec.block) throw Error(Status::kInvalidArgument, "generate(" + name + "): spec has no block config; call resolve() first");
+  if (spec.phase == Phase::kBackward)
+    throw Error(Status::kNotSupported, name + ": backward kernels are not implemented in this version");
+  const BlockConfig& b = *spec.block;
+  GeneratedSource g;
+  g.spec = name;
+  g.kernel_name = "normjit_" + name;
+  for (char& c : g.kernel_name)
+    if (c == '.') c = '_';
+  g.threads_per_cta = b.threads_per_row * b.rows_per_cta;
+  g.rows_per_cta = b.rows_per_cta;
+  const EpilogueBinding ep = epilogue_binding(spec.epilogue);
+  const std::map<std::string, std::string> values = {
+      {"SPEC", name},
+      {"KERNEL_NAME", g.kernel_name},
+      {"X_TYPE", device_type(spec.x_dtype)},
+      {"W_TYPE", device_type(spec.w_dtype)},
+      {"EPILOGUE_HEADER", ep.header},
+      {"EPILOGUE_FUNCTOR", ep.functor},
+      {"NORM_KIND", spec.norm == Norm::kLayerNorm ? "kLayerNorm" : "kRMSNorm"},
+      {"TRAINING", spec.phase == Phase::kForwardTraining ? "true" : "false"},
+      {"HAS_BIAS", spec.has_bias ? "true" : "false"},
+      {"N", std::to_string(spec.n)},
+      {"VEC", std::to_string(b.vec)},
+      {"THREADS_PER_ROW", std::to_string(b.threads_per_row)},
+      {"ROWS_PER_CTA", std::to_string(b.rows_per_cta)},
+      {"ROW_CACHE", b.cache == RowCache::kRegisters ? "kRegisters" : "kGlobal"},
+      {"THREADS_PER_CTA", std::to_string(g.threads_per_cta)},
+  };
+  g.source = render(template_text("norm_fwd.cu.in"), values, name);
+  return g;
+}
+
+const std::vector<std::pair<std::string, std::string>>& device_headers() {
+  static const std::vector<std::pair<std::string, std::string>> headers = [] {
+    std::vector<std::pair<std::string, std::string>> h;
+    for (const auto& f : detail::embedded_templates())
+      if (f.path.size() < 6 || f.path.substr(f.path.size() - 6) != ".cu.in")
+        h.emplace_back(std::string(f.path), std::string(f.contents));
+    return h;
+  }();
+  return headers;
+}
+
+}  // namespace normjit

@@ -1,0 +1,57 @@
+// Default block configuration for a spec: how many threads share a row, how many rows a CTA
+// holds, the vector width, and where the row waits between the statistics and output passes.
+#include <algorithm>
+
+#include "normjit/error.hpp"
+#include "normjit/spec.hpp"
+
+namespace normjit {
+namespace {
+
+int next_pow2(int64_t v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+// A warp per row up to this many packs per thread, then a CTA per row.
+constexpr int64_t kWarpRowMaxPacks = 4;
+// A CTA-wide row aims for this many 16-byte packs per thread: enough loads in flight per thread
+// without crowding out CTAs per SM.
+constexpr int64_t kCtaRowTargetPacks = 4;
+// Past this many packs per thread (at 1024 threads) the row leaves registers.
+constexpr int64_t kRegisterMaxPacks = 8;
+
+}  // namespace
+
+Spec resolve(const Spec& spec, int max_vec) {
+  validate(spec);
+  if (spec.block) return spec;
+  Spec s = spec;
+  BlockConfig b;
+  b.vec = std::min(16 / dtype_size(s.x_dtype), std::max(1, max_vec));
+  while (b.vec > 1 && s.n % b.vec != 0) b.vec /= 2;
+  const int64_t packs = s.n / b.vec;
+
+  if (packs <= 32) {
+    // Tiny rows: a power-of-two group of lanes per row, 256 threads per CTA.
+    b.threads_per_row = next_pow2(packs);
+    b.rows_per_cta = 256 / b.threads_per_row;
+    b.cache = RowCache::kRegisters;
+  } else if (packs <= 32 * kWarpRowMaxPacks) {
+    b.threads_per_row = 32;
+    b.rows_per_cta = 4;
+    b.cache = RowCache::kRegisters;
+  } else {
+    const int64_t want = (packs + kCtaRowTargetPacks - 1) / kCtaRowTargetPacks;
+    b.threads_per_row = static_cast<int>(std::min<int64_t>(1024, (want + 31) / 32 * 32));
+    b.rows_per_cta = 1;
+    const int64_t per_thread = (packs + b.threads_per_row - 1) / b.threads_per_row;
+    b.cache = per_thread <= kRegisterMaxPacks ? RowCache::kRegisters : RowCache::kGlobal;
+  }
+  s.block = b;
+  validate(s);
+  return s;
+}
+
+}  // namespace normjit

@@ -1,0 +1,212 @@
+#include <algorithm>
+#include <charconv>
+#include <vector>
+
+#include "normjit/error.hpp"
+#include "normjit/spec.hpp"
+
+namespace normjit {
+
+const char* to_string(Status s) {
+  switch (s) {
+    case Status::kInvalidArgument: return "invalid argument";
+    case Status::kInvalidSpec: return "invalid spec";
+    case Status::kNotSupported: return "not supported";
+    case Status::kCompileFailed: return "compile failed";
+    case Status::kDriverUnavailable: return "CUDA driver unavailable";
+    case Status::kCudaError: return "CUDA error";
+    case Status::kCacheError: return "cache error";
+  }
+  return "unknown status";
+}
+
+namespace {
+
+template <class E>
+struct Named {
+  E value;
+  const char* name;
+};
+
+constexpr Named<Norm> kNorms[] = {{Norm::kLayerNorm, "layernorm"}, {Norm::kRMSNorm, "rmsnorm"}};
+constexpr Named<Phase> kPhases[] = {
+    {Phase::kForwardTraining, "fwd_train"}, {Phase::kForwardInference, "fwd_infer"}, {Phase::kBackward, "bwd"}};
+constexpr Named<DType> kDTypes[] = {{DType::kF32, "f32"}, {DType::kF16, "f16"}, {DType::kBF16, "bf16"}};
+// The epilogue table: one row per epilogue. "none" is never printed in a spec string.
+constexpr Named<Epilogue> kEpilogues[] = {{Epilogue::kNone, "none"}};
+constexpr Named<RowCache> kRowCaches[] = {{RowCache::kRegisters, "reg"}, {RowCache::kGlobal, "gmem"}};
+
+template <class E, size_t K>
+const char* name_of(const Named<E> (&table)[K], E v) {
+  for (const auto& e : table)
+    if (e.value == v) return e.name;
+  return "?";
+}
+
+template <class E, size_t K>
+std::optional<E> lookup(const Named<E> (&table)[K], std::string_view s) {
+  for (const auto& e : table)
+    if (s == e.name) return e.value;
+  return std::nullopt;
+}
+
+template <class E, size_t K>
+std::string choices(const Named<E> (&table)[K]) {
+  std::string out;
+  for (const auto& e : table) out += (out.empty() ? "" : "|") + std::string(e.name);
+  return out;
+}
+
+[[noreturn]] void bad_spec(std::string_view text, const std::string& why) {
+  throw Error(Status::kInvalidSpec, "'" + std::string(text) + "': " + why);
+}
+
+std::optional<int64_t> parse_int(std::string_view s) {
+  if (s.empty() || s.size() > 18) return std::nullopt;
+  int64_t v = 0;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || ptr != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+bool is_pow2(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+}  // namespace
+
+const char* to_string(Norm v) { return name_of(kNorms, v); }
+const char* to_string(Phase v) { return name_of(kPhases, v); }
+const char* to_string(DType v) { return name_of(kDTypes, v); }
+const char* to_string(Epilogue v) { return name_of(kEpilogues, v); }
+const char* to_string(RowCache v) { return name_of(kRowCaches, v); }
+
+int dtype_size(DType d) { return d == DType::kF32 ? 4 : 2; }
+
+Spec Spec::make(Norm norm, Phase phase, DType x, int64_t n, bool has_bias) {
+  Spec s;
+  s.norm = norm;
+  s.phase = phase;
+  s.x_dtype = x;
+  s.w_dtype = x;
+  s.n = n;
+  s.has_bias = has_bias;
+  return s;
+}
+
+bool Spec::operator==(const Spec& o) const {
+  return norm == o.norm && phase == o.phase && x_dtype == o.x_dtype && w_dtype == o.w_dtype && n == o.n &&
+         has_bias == o.has_bias && epilogue == o.epilogue && block == o.block;
+}
+
+std::string Spec::str() const {
+  std::string s = std::string(to_string(norm)) + "." + to_string(phase) + "." + to_string(x_dtype) + ".w_" +
+                  to_string(w_dtype) + ".n" + std::to_string(n);
+  if (has_bias) s += ".bias";
+  if (epilogue != Epilogue::kNone) s += std::string(".") + to_string(epilogue);
+  if (block) {
+    s += ".cfg_t" + std::to_string(block->threads_per_row) + "_r" + std::to_string(block->rows_per_cta) + "_v" +
+         std::to_string(block->vec) + "_" + to_string(block->cache);
+  }
+  return s;
+}
+
+Spec Spec::parse(std::string_view text) {
+  std::vector<std::string_view> tokens;
+  for (size_t start = 0;;) {
+    const size_t dot = text.find('.', start);
+    tokens.push_back(text.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
+    if (dot == std::string_view::npos) break;
+    start = dot + 1;
+  }
+  if (tokens.size() < 4) bad_spec(text, "expected <norm>.<phase>.<dtype>[.w_<dtype>].n<N>[.bias][.<epilogue>][.cfg_...]");
+  Spec s;
+  auto norm = lookup(kNorms, tokens[0]);
+  if (!norm) bad_spec(text, "unknown norm '" + std::string(tokens[0]) + "' (expected " + choices(kNorms) + ")");
+  auto phase = lookup(kPhases, tokens[1]);
+  if (!phase) bad_spec(text, "unknown phase '" + std::string(tokens[1]) + "' (expected " + choices(kPhases) + ")");
+  auto x = lookup(kDTypes, tokens[2]);
+  if (!x) bad_spec(text, "unknown x dtype '" + std::string(tokens[2]) + "' (expected " + choices(kDTypes) + ")");
+  s.norm = *norm;
+  s.phase = *phase;
+  s.x_dtype = s.w_dtype = *x;
+
+  size_t i = 3;
+  if (tokens[i].substr(0, 2) == "w_") {
+    auto w = lookup(kDTypes, tokens[i].substr(2));
+    if (!w) bad_spec(text, "unknown weight dtype '" + std::string(tokens[i]) + "' (expected w_" + choices(kDTypes) + ")");
+    s.w_dtype = *w;
+    ++i;
+  }
+  if (i >= tokens.size() || tokens[i].empty() || tokens[i][0] != 'n')
+    bad_spec(text, "missing hidden size token n<N>");
+  auto n = parse_int(tokens[i].substr(1));
+  if (!n) bad_spec(text, "hidden size '" + std::string(tokens[i]) + "' is not n<integer>");
+  s.n = *n;
+  ++i;
+  if (i < tokens.size() && tokens[i] == "bias") {
+    s.has_bias = true;
+    ++i;
+  }
+  if (i < tokens.size() && tokens[i].substr(0, 4) != "cfg_") {
+    auto ep = lookup(kEpilogues, tokens[i]);
+    if (!ep || *ep == Epilogue::kNone)
+      bad_spec(text, "unknown token '" + std::string(tokens[i]) + "' (expected bias, an epilogue or cfg_...)");
+    s.epilogue = *ep;
+    ++i;
+  }
+  if (i < tokens.size()) {
+    // cfg_t<T>_r<R>_v<V>_<cache>
+    std::string_view c = tokens[i];
+    BlockConfig b;
+    auto field = [&](char tag) -> int64_t {
+      if (c.size() < 2 || c[0] != '_' || c[1] != tag)
+        bad_spec(text, std::string("block config '") + std::string(tokens[i]) + "' lacks _" + tag + "<int>");
+      size_t end = c.find('_', 2);
+      auto v = parse_int(c.substr(2, end == std::string_view::npos ? end : end - 2));
+      if (!v || *v > (1 << 20)) bad_spec(text, std::string("block config field ") + tag + " is not a small integer");
+      c = end == std::string_view::npos ? std::string_view{} : c.substr(end);
+      return *v;
+    };
+    c = c.substr(3);
+    b.threads_per_row = static_cast<int>(field('t'));
+    b.rows_per_cta = static_cast<int>(field('r'));
+    b.vec = static_cast<int>(field('v'));
+    auto cache = c.size() > 1 ? lookup(kRowCaches, c.substr(1)) : std::nullopt;
+    if (!cache) bad_spec(text, "block config row cache must be one of " + choices(kRowCaches));
+    b.cache = *cache;
+    s.block = b;
+    ++i;
+  }
+  if (i != tokens.size()) bad_spec(text, "unexpected trailing token '" + std::string(tokens[i]) + "'");
+  validate(s);
+  return s;
+}
+
+void validate(const Spec& s) {
+  const std::string where = "spec '" + s.str() + "': ";
+  if (s.n < 1 || s.n > kMaxHiddenSize)
+    throw Error(Status::kInvalidSpec, where + "n=" + std::to_string(s.n) + " is outside [1, " +
+                                          std::to_string(kMaxHiddenSize) + "]");
+  if (!s.block) return;
+  const BlockConfig& b = *s.block;
+  const int max_vec = 16 / dtype_size(s.x_dtype);
+  if (!is_pow2(b.vec) || b.vec > max_vec || s.n % b.vec != 0)
+    throw Error(Status::kInvalidSpec, where + "vec=" + std::to_string(b.vec) + " must be a power of two <= " +
+                                          std::to_string(max_vec) + " that divides n");
+  const bool sub_warp = b.threads_per_row <= 32;
+  if (b.threads_per_row < 1 || b.threads_per_row > 1024 || (sub_warp && !is_pow2(b.threads_per_row)) ||
+      (!sub_warp && b.threads_per_row % 32 != 0))
+    throw Error(Status::kInvalidSpec, where + "threads_per_row=" + std::to_string(b.threads_per_row) +
+                                          " must be a power of two <= 32 or a multiple of 32 <= 1024");
+  if (b.rows_per_cta < 1 || (!sub_warp && b.rows_per_cta != 1) ||
+      static_cast<int64_t>(b.rows_per_cta) * b.threads_per_row > 1024 ||
+      (sub_warp && b.rows_per_cta * b.threads_per_row % 32 != 0))
+    throw Error(Status::kInvalidSpec,
+                where + "rows_per_cta=" + std::to_string(b.rows_per_cta) +
+                    " must be 1 for CTA-wide rows, and rows_per_cta*threads_per_row a multiple of 32 <= 1024");
+  const int64_t packs_per_thread = (s.n / b.vec + b.threads_per_row - 1) / b.threads_per_row;
+  if (b.cache == RowCache::kRegisters && packs_per_thread > 16)
+    throw Error(Status::kInvalidSpec, where + "row cache 'reg' would hold " + std::to_string(packs_per_thread) +
+                                          " packs per thread (max 16); use more threads or gmem");
+}
+
+}  // namespace normjit

@@ -1,0 +1,87 @@
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "normjit/spec.hpp"
+
+namespace normjit {
+
+// CUDA source for one resolved spec, rendered from the embedded templates.
+struct GeneratedSource {
+  std::string spec;         // canonical spec string
+  std::string kernel_name;  // extern "C" name
+  std::string source;       // the .cu text; deterministic for a spec
+  int threads_per_cta = 0;
+  int rows_per_cta = 0;
+};
+GeneratedSource generate(const Spec& resolved_spec);
+
+// Embedded headers the generated source includes: (name, contents).
+const std::vector<std::pair<std::string, std::string>>& device_headers();
+
+// A compiled kernel image: a cubin, or PTX when NVRTC could not target the arch itself.
+struct Binary {
+  std::string spec;
+  std::string kernel_name;
+  std::string arch;  // "sm_90"; for PTX the virtual arch it was built for, e.g. "compute_90"
+  bool is_ptx = false;
+  std::vector<char> image;
+  int threads_per_cta = 0;
+  int rows_per_cta = 0;
+};
+
+struct CompileResult {
+  Binary binary;
+  std::string log;
+  double milliseconds = 0;
+};
+
+int nvrtc_version();                     // major*1000 + minor*10
+std::vector<int> nvrtc_supported_archs();  // e.g. {75, 80, 86, 89, 90, ...}
+std::string version();                   // normjit's version
+
+// What to compile for: sm_XY. When NVRTC does not support XY, PTX for its newest arch below.
+struct Target {
+  int arch = 90;
+  static Target parse(std::string_view text);  // "sm_90" or "90"
+  std::string str() const;
+};
+// Options passed to NVRTC for a target (part of the cache key).
+std::vector<std::string> compile_options(const Target& target, bool* emits_ptx = nullptr);
+
+// Compiles generated source with NVRTC. Throws Error(kCompileFailed) with spec, options and log.
+CompileResult compile(const GeneratedSource& src, const Target& target);
+
+// Disk cache of compiled kernels. Entries: <dir>/<spec>.<key>.cubin|.ptx, with the .cu beside.
+struct CacheCounters {
+  uint64_t disk_hits = 0;
+  uint64_t compiles = 0;
+  uint64_t corrupt_entries = 0;
+  uint64_t write_failures = 0;
+};
+
+class DiskCache {
+ public:
+  explicit DiskCache(std::filesystem::path dir);
+  static std::filesystem::path default_dir();  // NORMJIT_CACHE_DIR, $XDG_CACHE_HOME/normjit, ~/.cache/normjit
+
+  // Returns the binary for a resolved spec, from disk when present, else compiled and stored.
+  // compile_ms, when given, receives the NVRTC time (0 on a hit).
+  Binary get_or_compile(const Spec& resolved_spec, const Target& target, double* compile_ms = nullptr);
+  // The cache key (hex) for a generated source and target.
+  static std::string key(const GeneratedSource& src, const Target& target);
+
+  const std::filesystem::path& dir() const { return dir_; }
+  CacheCounters counters() const;
+
+ private:
+  std::filesystem::path dir_;
+  mutable std::mutex mutex_;
+  CacheCounters counters_;
+  bool writable_ = true;
+};
+
+}  // namespace normjit

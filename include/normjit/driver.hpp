@@ -1,0 +1,64 @@
+#pragma once
+// The CUDA Driver API, loaded from libcuda at run time so normjit works on machines without a
+// driver until something needs a GPU. cuda.h is used for its types and prototypes only.
+#include <cuda.h>
+
+#include <string>
+
+namespace normjit {
+
+#define NORMJIT_DRIVER_FUNCTIONS(X) \
+  X(cuInit)                         \
+  X(cuDriverGetVersion)             \
+  X(cuDeviceGetCount)               \
+  X(cuDeviceGet)                    \
+  X(cuDeviceGetName)                \
+  X(cuDeviceGetAttribute)           \
+  X(cuDevicePrimaryCtxRetain)       \
+  X(cuDevicePrimaryCtxRelease)      \
+  X(cuCtxSetCurrent)                \
+  X(cuCtxGetCurrent)                \
+  X(cuCtxSynchronize)               \
+  X(cuModuleLoadData)               \
+  X(cuModuleUnload)                 \
+  X(cuModuleGetFunction)            \
+  X(cuFuncSetAttribute)             \
+  X(cuLaunchKernel)                 \
+  X(cuGetErrorName)                 \
+  X(cuGetErrorString)               \
+  X(cuMemAlloc)                     \
+  X(cuMemFree)                      \
+  X(cuMemcpyHtoD)                   \
+  X(cuMemcpyDtoH)                   \
+  X(cuMemcpyDtoDAsync)              \
+  X(cuMemsetD8)                     \
+  X(cuStreamCreate)                 \
+  X(cuStreamDestroy)                \
+  X(cuStreamSynchronize)            \
+  X(cuEventCreate)                  \
+  X(cuEventDestroy)                 \
+  X(cuEventRecord)                  \
+  X(cuEventSynchronize)             \
+  X(cuEventElapsedTime)
+
+struct DriverApi {
+#define NORMJIT_DECLARE_PFN(name) decltype(&::name) name = nullptr;
+  NORMJIT_DRIVER_FUNCTIONS(NORMJIT_DECLARE_PFN)
+#undef NORMJIT_DECLARE_PFN
+};
+
+// Loads libcuda once and calls cuInit. Throws Error(kDriverUnavailable) saying plainly that a GPU
+// driver is needed, and why it was not found.
+const DriverApi& driver();
+// True when libcuda loads, cuInit succeeds and at least one device exists. Never throws.
+bool gpu_available(std::string* why_not = nullptr);
+
+// Throws Error(kCudaError) naming the call, the error name and text, and `context`.
+void check_cu(CUresult result, const char* call, const std::string& context = {});
+
+}  // namespace normjit
+
+// One check macro for the Driver API: NORMJIT_CU(cuFoo(args...)) through the loaded table.
+#define NORMJIT_CU(call_expr) ::normjit::check_cu(::normjit::driver().call_expr, #call_expr)
+#define NORMJIT_CU_CTX(call_expr, context) \
+  ::normjit::check_cu(::normjit::driver().call_expr, #call_expr, context)

@@ -1,0 +1,6 @@
+#pragma once
+#include "normjit/compiler.hpp"
+#include "normjit/driver.hpp"
+#include "normjit/error.hpp"
+#include "normjit/runtime.hpp"
+#include "normjit/spec.hpp"

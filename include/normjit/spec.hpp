@@ -1,0 +1,70 @@
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace normjit {
+
+enum class Norm { kLayerNorm, kRMSNorm };
+enum class Phase { kForwardTraining, kForwardInference, kBackward };
+enum class DType { kF32, kF16, kBF16 };
+// The epilogue applied to the normalized output. Open set: each value has a row in the
+// epilogue table (generator/spec.cpp) naming its device functor; the norm kernels never change.
+enum class Epilogue { kNone };
+// Where a CTA keeps its row between the statistics pass and the output pass.
+enum class RowCache { kRegisters, kGlobal };
+
+struct BlockConfig {
+  int threads_per_row = 0;  // <= 32: a power of two (sub-warp); > 32: a multiple of 32
+  int rows_per_cta = 0;     // > 1 only when threads_per_row <= 32
+  int vec = 0;              // elements per vector access; divides N
+  RowCache cache = RowCache::kRegisters;
+  bool operator==(const BlockConfig& o) const {
+    return threads_per_row == o.threads_per_row && rows_per_cta == o.rows_per_cta && vec == o.vec &&
+           cache == o.cache;
+  }
+  bool operator!=(const BlockConfig& o) const { return !(*this == o); }
+};
+
+// Names one kernel. Canonical string (print/parse round-trip):
+//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.<epilogue>][.cfg_t<T>_r<R>_v<V>_<cache>]
+// e.g. "layernorm.fwd_train.bf16.w_f32.n4096.bias" or "rmsnorm.fwd_infer.f16.w_f16.n7.cfg_t1_r256_v1_reg".
+struct Spec {
+  Norm norm = Norm::kLayerNorm;
+  Phase phase = Phase::kForwardTraining;
+  DType x_dtype = DType::kBF16;
+  DType w_dtype = DType::kBF16;
+  int64_t n = 0;
+  bool has_bias = false;
+  Epilogue epilogue = Epilogue::kNone;
+  std::optional<BlockConfig> block;  // filled by the heuristic when absent
+
+  std::string str() const;
+  static Spec parse(std::string_view text);  // throws Error(kInvalidSpec) naming the bad token
+
+  // Convenience: weight dtype defaults to the x dtype.
+  static Spec make(Norm norm, Phase phase, DType x, int64_t n, bool has_bias = false);
+
+  bool operator==(const Spec& o) const;
+  bool operator!=(const Spec& o) const { return !(*this == o); }
+};
+
+const char* to_string(Norm v);
+const char* to_string(Phase v);
+const char* to_string(DType v);
+const char* to_string(Epilogue v);
+const char* to_string(RowCache v);
+int dtype_size(DType d);
+
+constexpr int64_t kMaxHiddenSize = 262144;
+
+// Throws Error(kInvalidSpec) naming the field when the spec cannot name a kernel (N out of range,
+// a block config that breaks its rules, ...).
+void validate(const Spec& spec);
+
+// Fills spec.block with the heuristic's choice when absent. max_vec caps the vector width,
+// e.g. when a caller's pointers are less aligned than 16 bytes.
+Spec resolve(const Spec& spec, int max_vec = 16);
+
+}  // namespace normjit

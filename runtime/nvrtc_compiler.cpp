@@ -1,0 +1,135 @@
+#include <nvrtc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <charconv>
+
+#include "normjit/compiler.hpp"
+#include "normjit/error.hpp"
+#include "runtime/log.hpp"
+
+// One check macro for NVRTC; `ctx` names what was being compiled.
+#define NORMJIT_NVRTC(call, ctx)                                                                       \
+  do {                                                                                                \
+    const nvrtcResult nj_res_ = (call);                                                               \
+    if (nj_res_ != NVRTC_SUCCESS)                                                                     \
+      throw ::normjit::Error(::normjit::Status::kCompileFailed,                                       \
+                             std::string(ctx) + ": " #call " failed: " + nvrtcGetErrorString(nj_res_)); \
+  } while (0)
+
+namespace normjit {
+
+std::string version() { return NORMJIT_VERSION; }
+
+int nvrtc_version() {
+  int major = 0, minor = 0;
+  NORMJIT_NVRTC(nvrtcVersion(&major, &minor), "nvrtc_version");
+  return major * 1000 + minor * 10;
+}
+
+std::vector<int> nvrtc_supported_archs() {
+  int count = 0;
+  NORMJIT_NVRTC(nvrtcGetNumSupportedArchs(&count), "nvrtc_supported_archs");
+  std::vector<int> archs(count);
+  NORMJIT_NVRTC(nvrtcGetSupportedArchs(archs.data()), "nvrtc_supported_archs");
+  return archs;
+}
+
+Target Target::parse(std::string_view text) {
+  std::string_view digits = text;
+  if (digits.substr(0, 3) == "sm_") digits.remove_prefix(3);
+  int arch = 0;
+  auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), arch);
+  if (ec != std::errc() || ptr != digits.data() + digits.size() || arch < 80 || arch > 1000)
+    throw Error(Status::kInvalidArgument,
+                "arch '" + std::string(text) + "' is not sm_XY with XY >= 80 (normjit needs sm_80 or newer)");
+  return Target{arch};
+}
+
+std::string Target::str() const { return "sm_" + std::to_string(arch); }
+
+std::vector<std::string> compile_options(const Target& target, bool* emits_ptx) {
+  const std::vector<int> supported = nvrtc_supported_archs();
+  std::string arch_flag;
+  bool ptx = false;
+  if (std::find(supported.begin(), supported.end(), target.arch) != supported.end()) {
+    arch_flag = "-arch=sm_" + std::to_string(target.arch);
+  } else {
+    // NVRTC predates this GPU: PTX for the newest arch it knows, for the driver to JIT.
+    int best = 0;
+    for (int a : supported)
+      if (a <= target.arch) best = std::max(best, a);
+    if (best == 0)
+      throw Error(Status::kNotSupported, "NVRTC supports no arch at or below " + target.str());
+    arch_flag = "-arch=compute_" + std::to_string(best);
+    ptx = true;
+  }
+  if (emits_ptx) *emits_ptx = ptx;
+  // --minimal skips the implicit CUDA runtime headers NVRTC would otherwise parse (most of a
+  // small kernel's compile time); the templates need only built-ins.
+  return {arch_flag, "-std=c++17", "--minimal", "-DNORMJIT_JIT=1"};
+}
+
+CompileResult compile(const GeneratedSource& src, const Target& target) {
+  const auto start = std::chrono::steady_clock::now();
+  bool ptx = false;
+  const std::vector<std::string> options = compile_options(target, &ptx);
+  const auto& headers = device_headers();
+  std::vector<const char*> header_text, header_names;
+  for (const auto& [name, text] : headers) {
+    header_names.push_back(name.c_str());
+    header_text.push_back(text.c_str());
+  }
+  const std::string ctx = "compiling " + src.spec + " for " + target.str();
+  nvrtcProgram prog = nullptr;
+  NORMJIT_NVRTC(nvrtcCreateProgram(&prog, src.source.c_str(), (src.kernel_name + ".cu").c_str(),
+                                   static_cast<int>(headers.size()), header_text.data(), header_names.data()),
+                ctx);
+  struct Destroy {
+    nvrtcProgram* p;
+    ~Destroy() { nvrtcDestroyProgram(p); }
+  } destroy{&prog};
+
+  std::vector<const char*> opts;
+  for (const auto& o : options) opts.push_back(o.c_str());
+  const nvrtcResult res = nvrtcCompileProgram(prog, static_cast<int>(opts.size()), opts.data());
+  size_t log_size = 0;
+  std::string log;
+  if (nvrtcGetProgramLogSize(prog, &log_size) == NVRTC_SUCCESS && log_size > 1) {
+    log.resize(log_size);
+    nvrtcGetProgramLog(prog, log.data());
+    log.resize(log_size - 1);
+  }
+  if (res != NVRTC_SUCCESS) {
+    std::string joined;
+    for (const auto& o : options) joined += " " + o;
+    throw Error(Status::kCompileFailed, ctx + ": " + nvrtcGetErrorString(res) + "\n  options:" + joined +
+                                            "\n  log:\n" + log);
+  }
+  CompileResult out;
+  out.log = log;
+  Binary& b = out.binary;
+  b.spec = src.spec;
+  b.kernel_name = src.kernel_name;
+  b.is_ptx = ptx;
+  b.threads_per_cta = src.threads_per_cta;
+  b.rows_per_cta = src.rows_per_cta;
+  size_t size = 0;
+  if (ptx) {
+    NORMJIT_NVRTC(nvrtcGetPTXSize(prog, &size), ctx);
+    b.image.resize(size);
+    NORMJIT_NVRTC(nvrtcGetPTX(prog, b.image.data()), ctx);
+    b.arch = options[0].substr(6);
+  } else {
+    NORMJIT_NVRTC(nvrtcGetCUBINSize(prog, &size), ctx);
+    b.image.resize(size);
+    NORMJIT_NVRTC(nvrtcGetCUBIN(prog, b.image.data()), ctx);
+    b.arch = target.str();
+  }
+  out.milliseconds = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  detail::log().debug("compiled {} for {} in {:.1f} ms{}", src.spec, b.arch, out.milliseconds,
+                      log.empty() ? "" : "; log: " + log);
+  return out;
+}
+
+}  // namespace normjit

@@ -1,0 +1,133 @@
+// Types, conversions, vector access and reductions for normjit kernels.
+// Deliberately free of cuda_fp16.h / cuda_bf16.h: they dominate NVRTC time for small kernels.
+#pragma once
+#include "normjit/params.h"
+
+namespace normjit {
+
+using f32 = float;
+struct bf16 { unsigned short bits; };
+struct f16 { unsigned short bits; };
+
+enum class NormKind { kLayerNorm, kRMSNorm };
+enum class RowCache { kRegisters, kGlobal };
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(bf16 v) {
+  return __uint_as_float(static_cast<unsigned>(v.bits) << 16);
+}
+__device__ __forceinline__ float to_float(f16 v) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.bits));
+  return f;
+}
+
+template <class T> struct Convert;
+template <> struct Convert<float> {
+  static __device__ __forceinline__ float from(float v) { return v; }
+};
+template <> struct Convert<bf16> {
+  static __device__ __forceinline__ bf16 from(float v) {
+    bf16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(v));
+    return r;
+  }
+};
+template <> struct Convert<f16> {
+  static __device__ __forceinline__ f16 from(float v) {
+    f16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(v));
+    return r;
+  }
+};
+
+// kVec consecutive elements, aligned so that one copy is one (or, past 16 bytes, several)
+// vector memory instructions.
+template <class T, int kVec>
+struct alignas(sizeof(T) * kVec >= 16 ? 16 : sizeof(T) * kVec) Pack {
+  T v[kVec];
+};
+
+template <class T, int kVec>
+__device__ __forceinline__ Pack<T, kVec> load_pack(const T* p) {
+  return *reinterpret_cast<const Pack<T, kVec>*>(p);
+}
+template <class T, int kVec>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, kVec>& v) {
+  *reinterpret_cast<Pack<T, kVec>*>(p) = v;
+}
+
+// Sum over an aligned group of kWidth (power of two, <= 32) lanes; every lane gets the result.
+template <int kWidth>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int offset = kWidth / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Count, mean and sum of squared deviations of a set of values. merge() is Chan et al.'s
+// pairwise update: no E[x^2] - E[x]^2 cancellation, so x = 1e4 + noise keeps its variance.
+struct Moments {
+  float count;
+  float mean;
+  float m2;
+};
+
+__device__ __forceinline__ Moments merge(const Moments& a, const Moments& b) {
+  const float count = a.count + b.count;
+  if (count == 0.f) return a;
+  const float delta = b.mean - a.mean;
+  const float b_share = b.count / count;
+  return {count, a.mean + delta * b_share, a.m2 + b.m2 + delta * delta * a.count * b_share};
+}
+
+template <int kWidth>
+__device__ __forceinline__ Moments group_merge(Moments m) {
+#pragma unroll
+  for (int offset = kWidth / 2; offset > 0; offset >>= 1) {
+    Moments other;
+    other.count = __shfl_xor_sync(0xffffffffu, m.count, offset);
+    other.mean = __shfl_xor_sync(0xffffffffu, m.mean, offset);
+    other.m2 = __shfl_xor_sync(0xffffffffu, m.m2, offset);
+    m = merge(m, other);
+  }
+  return m;
+}
+
+// Row-wide reductions for a row spread over kThreads threads: a sub-warp group (kThreads <= 32,
+// power of two) or whole warps of one CTA (kThreads a multiple of 32, one row per CTA).
+// Every thread of the row gets the result. The CTA variants use `scratch` in shared memory and
+// must be called at most once per kernel per scratch buffer (no trailing barrier).
+template <int kThreads>
+__device__ __forceinline__ float row_sum(float v, float* scratch) {
+  if constexpr (kThreads <= 32) {
+    return group_sum<kThreads>(v);
+  } else {
+    constexpr int kWarps = kThreads / 32;
+    v = group_sum<32>(v);
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+    __syncthreads();
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += scratch[w];
+    return total;
+  }
+}
+
+template <int kThreads>
+__device__ __forceinline__ Moments row_merge(Moments m, Moments* scratch) {
+  if constexpr (kThreads <= 32) {
+    return group_merge<kThreads>(m);
+  } else {
+    constexpr int kWarps = kThreads / 32;
+    m = group_merge<32>(m);
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = m;
+    __syncthreads();
+    Moments total = scratch[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) total = merge(total, scratch[w]);
+    return total;
+  }
+}
+
+}  // namespace normjit

@@ -1,0 +1,58 @@
+// Golden files of generated source: a codegen change shows up as a diff here.
+// NORMJIT_UPDATE_GOLDEN=1 rewrites them.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "normjit/normjit.hpp"
+
+using namespace normjit;
+
+TEST_CASE("generated source matches the golden files") {
+  const char* specs[] = {
+      "layernorm.fwd_train.bf16.w_f32.n4096.bias",
+      "rmsnorm.fwd_infer.f16.w_f16.n7",
+      "layernorm.fwd_infer.f32.w_bf16.n262144",
+      "rmsnorm.fwd_train.bf16.w_bf16.n128.bias",
+  };
+  const bool update = std::getenv("NORMJIT_UPDATE_GOLDEN") != nullptr;
+  for (const std::string text : specs) {
+    CAPTURE(text);
+    const GeneratedSource g = generate(resolve(Spec::parse(text)));
+    // Deterministic: the same spec always gives the same bytes.
+    CHECK(generate(resolve(Spec::parse(text))).source == g.source);
+    const std::string path = std::string(NORMJIT_GOLDEN_DIR) + "/" + text + ".cu";
+    if (update) {
+      std::ofstream(path, std::ios::binary) << g.source;
+      MESSAGE("updated " << path);
+      continue;
+    }
+    std::ifstream in(path, std::ios::binary);
+    REQUIRE_MESSAGE(in.good(), "missing golden file " << path << " (run with NORMJIT_UPDATE_GOLDEN=1)");
+    std::stringstream want;
+    want << in.rdbuf();
+    CHECK(want.str() == g.source);
+  }
+}
+
+TEST_CASE("generated source binds parameters only and names the kernel after the spec") {
+  const GeneratedSource g = generate(resolve(Spec::parse("layernorm.fwd_train.bf16.w_f32.n4096.bias")));
+  CHECK(g.kernel_name == "normjit_layernorm_fwd_train_bf16_w_f32_n4096_bias_cfg_t128_r1_v8_reg");
+  CHECK(g.source.find("#include \"normjit/norm_fwd.cuh\"") != std::string::npos);
+  CHECK(g.source.find("static constexpr int kN = 4096;") != std::string::npos);
+  CHECK(g.source.find("using WT = normjit::f32;") != std::string::npos);
+  CHECK(g.source.find("{{") == std::string::npos);
+  CHECK(g.threads_per_cta == 128);
+}
+
+TEST_CASE("backward specs parse but are reported as not yet generated") {
+  try {
+    generate(resolve(Spec::parse("layernorm.bwd.bf16.w_bf16.n4096")));
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(e.status() == Status::kNotSupported);
+    CHECK(std::string(e.what()).find("layernorm.bwd.bf16.w_bf16.n4096") != std::string::npos);
+  }
+}

@@ -1,0 +1,106 @@
+#include <doctest/doctest.h>
+
+#include "normjit/normjit.hpp"
+
+using namespace normjit;
+
+TEST_CASE("spec strings round-trip over the whole forward space and with block configs") {
+  int count = 0;
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm})
+    for (Phase phase : {Phase::kForwardTraining, Phase::kForwardInference, Phase::kBackward})
+      for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
+        for (DType w : {DType::kF32, DType::kF16, DType::kBF16})
+          for (int64_t n : {1, 7, 127, 768, 1000, 4097, 65536, 262144})
+            for (bool bias : {false, true}) {
+              Spec s = Spec::make(norm, phase, x, n, bias);
+              s.w_dtype = w;
+              CHECK(Spec::parse(s.str()) == s);
+              const Spec r = resolve(s);
+              REQUIRE(r.block.has_value());
+              CHECK(Spec::parse(r.str()) == r);
+              CHECK(r.str() != s.str());
+              ++count;
+            }
+  CHECK(count == 2 * 3 * 3 * 3 * 8 * 2);
+}
+
+TEST_CASE("canonical form is stable and human readable") {
+  const Spec s = Spec::parse("layernorm.fwd_train.bf16.w_f32.n4096.bias");
+  CHECK(s.norm == Norm::kLayerNorm);
+  CHECK(s.phase == Phase::kForwardTraining);
+  CHECK(s.x_dtype == DType::kBF16);
+  CHECK(s.w_dtype == DType::kF32);
+  CHECK(s.n == 4096);
+  CHECK(s.has_bias);
+  CHECK(s.str() == "layernorm.fwd_train.bf16.w_f32.n4096.bias");
+  // The weight dtype defaults to x; the canonical form always prints it.
+  CHECK(Spec::parse("rmsnorm.fwd_infer.f16.n7").str() == "rmsnorm.fwd_infer.f16.w_f16.n7");
+  const Spec c = Spec::parse("rmsnorm.fwd_infer.f16.w_f16.n128.cfg_t16_r16_v8_reg");
+  REQUIRE(c.block);
+  CHECK(c.block->threads_per_row == 16);
+  CHECK(c.block->rows_per_cta == 16);
+  CHECK(c.block->vec == 8);
+  CHECK(c.block->cache == RowCache::kRegisters);
+}
+
+TEST_CASE("bad spec strings are rejected with a message naming the problem") {
+  struct Bad {
+    const char* text;
+    const char* needle;
+  };
+  const Bad bad[] = {
+      {"", "expected"},
+      {"layernorm", "expected"},
+      {"groupnorm.fwd_train.bf16.n4096", "unknown norm 'groupnorm'"},
+      {"layernorm.forward.bf16.n4096", "unknown phase 'forward'"},
+      {"layernorm.fwd_train.fp8.n4096", "unknown x dtype 'fp8'"},
+      {"layernorm.fwd_train.bf16.w_fp64.n4096", "unknown weight dtype"},
+      {"layernorm.fwd_train.bf16.w_bf16", "missing hidden size"},
+      {"layernorm.fwd_train.bf16.w_bf16.nabc", "not n<integer>"},
+      {"layernorm.fwd_train.bf16.w_bf16.n-4", "n=-4 is outside"},
+      {"layernorm.fwd_train.bf16.w_bf16.n0", "n=0 is outside"},
+      {"layernorm.fwd_train.bf16.w_bf16.n262145", "n=262145 is outside"},
+      {"layernorm.fwd_train.bf16.w_bf16.n99999999999999999999", "not n<integer>"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.gelu", "unknown token 'gelu'"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.none", "unknown token 'none'"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.bias.bias", "unknown token 'bias'"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t32_r4_v8", "row cache"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t32_r4_v3_reg", "vec=3"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t32_r4_v16_reg", "vec=16"},
+      {"layernorm.fwd_train.f32.w_f32.n64.cfg_t32_r4_v8_reg", "vec=8"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t48_r1_v8_reg", "threads_per_row=48"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t64_r2_v8_reg", "rows_per_cta=2"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t2_r1_v8_reg", "rows_per_cta=1"},
+      {"layernorm.fwd_train.bf16.w_bf16.n65536.cfg_t32_r1_v8_reg", "packs per thread"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t32_r1_v8_reg.extra", "trailing token 'extra'"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t32_r1_v8_reg_x", "row cache"},
+  };
+  for (const Bad& b : bad) {
+    const std::string text = b.text;
+    CAPTURE(text);
+    bool threw = false;
+    try {
+      Spec::parse(b.text);
+    } catch (const Error& e) {
+      threw = true;
+      CHECK(e.status() == Status::kInvalidSpec);
+      CHECK(std::string(e.what()).find(b.needle) != std::string::npos);
+    }
+    CHECK(threw);
+  }
+}
+
+TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") {
+  auto block = [](const char* text, int max_vec = 16) { return *resolve(Spec::parse(text), max_vec).block; };
+  CHECK(block("layernorm.fwd_train.bf16.n4096") == BlockConfig{128, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.f32.n4096") == BlockConfig{256, 1, 4, RowCache::kRegisters});
+  CHECK(block("rmsnorm.fwd_train.bf16.n256") == BlockConfig{32, 8, 8, RowCache::kRegisters});
+  CHECK(block("rmsnorm.fwd_train.bf16.n1") == BlockConfig{1, 256, 1, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n4097").vec == 1);
+  CHECK(block("layernorm.fwd_train.bf16.n4096", 2).vec == 2);
+  CHECK(block("layernorm.fwd_train.bf16.n65536") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n262144").cache == RowCache::kGlobal);
+  CHECK(block("layernorm.fwd_train.f32.n65536").cache == RowCache::kGlobal);
+  // A given block config is kept as is.
+  CHECK(block("layernorm.fwd_train.bf16.n4096.cfg_t512_r1_v8_reg") == BlockConfig{512, 1, 8, RowCache::kRegisters});
+}

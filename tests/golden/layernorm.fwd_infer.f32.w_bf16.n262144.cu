@@ -1,0 +1,25 @@
+// normjit kernel layernorm.fwd_infer.f32.w_bf16.n262144.cfg_t1024_r1_v4_gmem
+// Generated from templates/norm_fwd.cu.in: parameter binding only; the logic is in norm_fwd.cuh.
+#include "normjit/norm_fwd.cuh"
+#include "normjit/epilogue_none.cuh"
+
+namespace {
+struct Cfg {
+  using XT = normjit::f32;
+  using WT = normjit::bf16;
+  using Epilogue = normjit::EpilogueNone;
+  static constexpr normjit::NormKind kNorm = normjit::NormKind::kLayerNorm;
+  static constexpr bool kTraining = false;
+  static constexpr bool kHasBias = false;
+  static constexpr int kN = 262144;
+  static constexpr int kVec = 4;
+  static constexpr int kThreadsPerRow = 1024;
+  static constexpr int kRowsPerCta = 1;
+  static constexpr normjit::RowCache kCache = normjit::RowCache::kGlobal;
+};
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(1024)
+normjit_layernorm_fwd_infer_f32_w_bf16_n262144_cfg_t1024_r1_v4_gmem(const normjit::FwdParams params) {
+  normjit::norm_fwd<Cfg>(params);
+}

@@ -1,0 +1,25 @@
+// normjit kernel layernorm.fwd_train.bf16.w_f32.n4096.bias.cfg_t128_r1_v8_reg
+// Generated from templates/norm_fwd.cu.in: parameter binding only; the logic is in norm_fwd.cuh.
+#include "normjit/norm_fwd.cuh"
+#include "normjit/epilogue_none.cuh"
+
+namespace {
+struct Cfg {
+  using XT = normjit::bf16;
+  using WT = normjit::f32;
+  using Epilogue = normjit::EpilogueNone;
+  static constexpr normjit::NormKind kNorm = normjit::NormKind::kLayerNorm;
+  static constexpr bool kTraining = true;
+  static constexpr bool kHasBias = true;
+  static constexpr int kN = 4096;
+  static constexpr int kVec = 8;
+  static constexpr int kThreadsPerRow = 128;
+  static constexpr int kRowsPerCta = 1;
+  static constexpr normjit::RowCache kCache = normjit::RowCache::kRegisters;
+};
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(128)
+normjit_layernorm_fwd_train_bf16_w_f32_n4096_bias_cfg_t128_r1_v8_reg(const normjit::FwdParams params) {
+  normjit::norm_fwd<Cfg>(params);
+}

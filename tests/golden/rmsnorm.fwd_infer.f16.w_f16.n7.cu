@@ -1,0 +1,25 @@
+// normjit kernel rmsnorm.fwd_infer.f16.w_f16.n7.cfg_t8_r32_v1_reg
+// Generated from templates/norm_fwd.cu.in: parameter binding only; the logic is in norm_fwd.cuh.
+#include "normjit/norm_fwd.cuh"
+#include "normjit/epilogue_none.cuh"
+
+namespace {
+struct Cfg {
+  using XT = normjit::f16;
+  using WT = normjit::f16;
+  using Epilogue = normjit::EpilogueNone;
+  static constexpr normjit::NormKind kNorm = normjit::NormKind::kRMSNorm;
+  static constexpr bool kTraining = false;
+  static constexpr bool kHasBias = false;
+  static constexpr int kN = 7;
+  static constexpr int kVec = 1;
+  static constexpr int kThreadsPerRow = 8;
+  static constexpr int kRowsPerCta = 32;
+  static constexpr normjit::RowCache kCache = normjit::RowCache::kRegisters;
+};
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(256)
+normjit_rmsnorm_fwd_infer_f16_w_f16_n7_cfg_t8_r32_v1_reg(const normjit::FwdParams params) {
+  normjit::norm_fwd<Cfg>(params);
+}

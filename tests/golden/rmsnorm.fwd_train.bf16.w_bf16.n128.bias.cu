@@ -1,0 +1,25 @@
+// normjit kernel rmsnorm.fwd_train.bf16.w_bf16.n128.bias.cfg_t16_r16_v8_reg
+// Generated from templates/norm_fwd.cu.in: parameter binding only; the logic is in norm_fwd.cuh.
+#include "normjit/norm_fwd.cuh"
+#include "normjit/epilogue_none.cuh"
+
+namespace {
+struct Cfg {
+  using XT = normjit::bf16;
+  using WT = normjit::bf16;
+  using Epilogue = normjit::EpilogueNone;
+  static constexpr normjit::NormKind kNorm = normjit::NormKind::kRMSNorm;
+  static constexpr bool kTraining = true;
+  static constexpr bool kHasBias = true;
+  static constexpr int kN = 128;
+  static constexpr int kVec = 8;
+  static constexpr int kThreadsPerRow = 16;
+  static constexpr int kRowsPerCta = 16;
+  static constexpr normjit::RowCache kCache = normjit::RowCache::kRegisters;
+};
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(256)
+normjit_rmsnorm_fwd_train_bf16_w_bf16_n128_bias_cfg_t16_r16_v8_reg(const normjit::FwdParams params) {
+  normjit::norm_fwd<Cfg>(params);
+}

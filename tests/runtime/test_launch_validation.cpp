@@ -1,0 +1,99 @@
+// Launch arguments are validated against the spec; each error names the field and its value.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "normjit/normjit.hpp"
+
+using namespace normjit;
+
+namespace {
+
+LaunchArgs good_args(const Spec& s) {
+  LaunchArgs a;
+  a.x = reinterpret_cast<const void*>(0x100000);
+  a.y = reinterpret_cast<void*>(0x200000);
+  a.gamma = reinterpret_cast<const void*>(0x300000);
+  a.beta = s.has_bias ? reinterpret_cast<const void*>(0x400000) : nullptr;
+  const bool training = s.phase == Phase::kForwardTraining;
+  a.mean = training && s.norm == Norm::kLayerNorm ? reinterpret_cast<float*>(0x500000) : nullptr;
+  a.rstd = training ? reinterpret_cast<float*>(0x600000) : nullptr;
+  a.rows = 10;
+  a.row_stride = s.n;
+  a.eps = 1e-5f;
+  return a;
+}
+
+void expect_error(const Spec& s, const LaunchArgs& a, const std::string& needle) {
+  CAPTURE(needle);
+  try {
+    validate_launch(s, a);
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(e.status() == Status::kInvalidArgument);
+    const std::string what = e.what();
+    CHECK(what.find(needle) != std::string::npos);
+    CHECK(what.find(s.str()) != std::string::npos);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("valid arguments pass") {
+  for (const char* text : {"layernorm.fwd_train.bf16.n4096.bias", "rmsnorm.fwd_infer.f32.w_bf16.n7",
+                           "rmsnorm.fwd_train.f16.n128"}) {
+    const Spec s = resolve(Spec::parse(text));
+    CHECK_NOTHROW(validate_launch(s, good_args(s)));
+    LaunchArgs zero = good_args(s);
+    zero.rows = 0;
+    CHECK_NOTHROW(validate_launch(s, zero));
+  }
+}
+
+TEST_CASE("each bad argument is named with its value") {
+  const Spec ln = resolve(Spec::parse("layernorm.fwd_train.bf16.n4096.bias"));
+  LaunchArgs a;
+  a = good_args(ln); a.x = nullptr; expect_error(ln, a, "x is null");
+  a = good_args(ln); a.y = nullptr; expect_error(ln, a, "y is null");
+  a = good_args(ln); a.gamma = nullptr; expect_error(ln, a, "gamma is null");
+  a = good_args(ln); a.beta = nullptr; expect_error(ln, a, "beta is null");
+  a = good_args(ln); a.mean = nullptr; expect_error(ln, a, "mean is null");
+  a = good_args(ln); a.rstd = nullptr; expect_error(ln, a, "rstd is null");
+  a = good_args(ln); a.rows = -3; expect_error(ln, a, "rows=-3 is negative");
+  a = good_args(ln); a.row_stride = 4095; expect_error(ln, a, "row_stride=4095 is less than n=4096");
+  a = good_args(ln); a.row_stride = 4100; expect_error(ln, a, "row_stride=4100 is not a multiple of vec=8");
+  a = good_args(ln); a.eps = 0.f; expect_error(ln, a, "eps=0");
+  a = good_args(ln); a.eps = -1.f; expect_error(ln, a, "eps=-1");
+  a = good_args(ln); a.eps = std::numeric_limits<float>::quiet_NaN(); expect_error(ln, a, "eps=nan");
+  a = good_args(ln); a.eps = std::numeric_limits<float>::infinity(); expect_error(ln, a, "eps=inf");
+  a = good_args(ln); a.x = reinterpret_cast<const void*>(0x100008); expect_error(ln, a, "x=0x100008 is not aligned to 16 bytes");
+  a = good_args(ln); a.y = reinterpret_cast<void*>(0x200002); expect_error(ln, a, "y=0x200002 is not aligned");
+  a = good_args(ln); a.gamma = reinterpret_cast<const void*>(0x300001); expect_error(ln, a, "gamma=0x300001");
+  a = good_args(ln); a.mean = reinterpret_cast<float*>(0x500002); expect_error(ln, a, "mean=0x500002");
+
+  const Spec rms_infer = resolve(Spec::parse("rmsnorm.fwd_infer.f16.n4096"));
+  a = good_args(rms_infer); a.beta = reinterpret_cast<const void*>(0x400000);
+  expect_error(rms_infer, a, "beta=0x400000 is given but the spec has no bias");
+  a = good_args(rms_infer); a.rstd = reinterpret_cast<float*>(0x600000);
+  expect_error(rms_infer, a, "rstd=0x600000 is given but inference");
+  const Spec rms_train = resolve(Spec::parse("rmsnorm.fwd_train.f16.n4096"));
+  a = good_args(rms_train); a.mean = reinterpret_cast<float*>(0x500000);
+  expect_error(rms_train, a, "writes no mean");
+}
+
+TEST_CASE("max_vec_for narrows the vector to what pointers and stride allow") {
+  const Spec s = Spec::parse("layernorm.fwd_train.bf16.n4096");
+  LaunchArgs a = good_args(resolve(s));
+  CHECK(max_vec_for(s, a) == 8);
+  a.x = reinterpret_cast<const void*>(0x100004);
+  CHECK(max_vec_for(s, a) == 2);
+  a = good_args(resolve(s));
+  a.row_stride = 4100;
+  CHECK(max_vec_for(s, a) == 4);
+  const Spec odd = resolve(Spec::parse("layernorm.fwd_train.bf16.n4097"), max_vec_for(s, a));
+  CHECK(odd.block->vec == 1);
+  // A spec resolved with the narrowed vector accepts the arguments.
+  const Spec narrowed = resolve(s, max_vec_for(s, a));
+  CHECK_NOTHROW(validate_launch(narrowed, a));
+}

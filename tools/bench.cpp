@@ -1,0 +1,253 @@
+// normjit-bench: verifies normjit kernels against the fp64 CPU reference and times them with
+// CUDA events, next to a device-to-device copy of the same bytes measured in the same process.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <random>
+
+#include "normjit/normjit.hpp"
+#include "normjit/reference.hpp"
+
+namespace nj = normjit;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const char* kUtilitySource = R"(
+#include "normjit/common.cuh"
+// Uniform values in [offset - scale, offset + scale) from a counter hash: fresh per seed.
+__device__ __forceinline__ float uniform(unsigned long long i, unsigned seed) {
+  unsigned long long z = i * 0x9E3779B97F4A7C15ull + seed * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
+template <class T>
+__device__ void fill(T* out, long long n, unsigned seed, float scale, float offset) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    out[i] = normjit::Convert<T>::from(offset + scale * uniform(i, seed));
+}
+extern "C" __global__ void fill_f32(float* o, long long n, unsigned s, float sc, float off) { fill(o, n, s, sc, off); }
+extern "C" __global__ void fill_f16(normjit::f16* o, long long n, unsigned s, float sc, float off) { fill(o, n, s, sc, off); }
+extern "C" __global__ void fill_bf16(normjit::bf16* o, long long n, unsigned s, float sc, float off) { fill(o, n, s, sc, off); }
+)";
+
+struct DeviceBuffer {
+  CUdeviceptr ptr = 0;
+  size_t bytes = 0;
+  explicit DeviceBuffer(size_t n) : bytes(n) {
+    if (n) NORMJIT_CU_CTX(cuMemAlloc(&ptr, n), "allocating " + std::to_string(n) + " bytes");
+  }
+  ~DeviceBuffer() {
+    if (ptr) nj::driver().cuMemFree(ptr);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return reinterpret_cast<void*>(ptr); }
+};
+
+struct Utility {
+  CUmodule module = nullptr;
+  CUfunction fill[3] = {};
+  explicit Utility(const nj::Target& target) {
+    nj::GeneratedSource src;
+    src.spec = "bench.utility";
+    src.kernel_name = "normjit_bench_utility";
+    src.source = kUtilitySource;
+    const nj::CompileResult r = nj::compile(src, target);
+    NORMJIT_CU(cuModuleLoadData(&module, r.binary.image.data()));
+    NORMJIT_CU(cuModuleGetFunction(&fill[0], module, "fill_f32"));
+    NORMJIT_CU(cuModuleGetFunction(&fill[1], module, "fill_f16"));
+    NORMJIT_CU(cuModuleGetFunction(&fill[2], module, "fill_bf16"));
+  }
+  void run_fill(void* out, nj::DType d, long long n, unsigned seed, float scale, float offset) const {
+    CUfunction f = fill[d == nj::DType::kF32 ? 0 : d == nj::DType::kF16 ? 1 : 2];
+    void* args[] = {&out, &n, &seed, &scale, &offset};
+    NORMJIT_CU(cuLaunchKernel(f, 132 * 8, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
+  }
+};
+
+struct Events {
+  CUevent start = nullptr, stop = nullptr;
+  Events() {
+    NORMJIT_CU(cuEventCreate(&start, CU_EVENT_DEFAULT));
+    NORMJIT_CU(cuEventCreate(&stop, CU_EVENT_DEFAULT));
+  }
+  ~Events() {
+    nj::driver().cuEventDestroy(start);
+    nj::driver().cuEventDestroy(stop);
+  }
+};
+
+// Median over `reps` batches of `batch` calls of fn(i), in microseconds per call.
+template <class Fn>
+double time_median_us(int warmup, int reps, int batch, Fn&& fn) {
+  Events ev;
+  int counter = 0;
+  for (int i = 0; i < warmup; ++i) fn(counter++);
+  std::vector<double> per_call;
+  for (int r = 0; r < reps; ++r) {
+    NORMJIT_CU(cuEventRecord(ev.start, nullptr));
+    for (int b = 0; b < batch; ++b) fn(counter++);
+    NORMJIT_CU(cuEventRecord(ev.stop, nullptr));
+    NORMJIT_CU(cuEventSynchronize(ev.stop));
+    float ms = 0;
+    NORMJIT_CU(cuEventElapsedTime(&ms, ev.start, ev.stop));
+    per_call.push_back(1000.0 * ms / batch);
+  }
+  std::sort(per_call.begin(), per_call.end());
+  return per_call[per_call.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Verify and time normjit kernels on a GPU."};
+  std::vector<std::string> spec_args;
+  int64_t rows = 32768;
+  int device = 0, warmup = 5, reps = 25, batch = 10, verify_rows = 16;
+  std::string json_path, cache_dir;
+  bool no_verify = false;
+  unsigned seed = std::random_device{}();
+  app.add_option("specs", spec_args, "Spec strings")->required();
+  app.add_option("-M,--rows", rows, "Rows (M)")->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 31));
+  app.add_option("--device", device, "GPU ordinal")->capture_default_str();
+  app.add_option("--warmup", warmup, "Warm-up batches")->capture_default_str();
+  app.add_option("--reps", reps, "Timed batches (median taken)")->capture_default_str()->check(CLI::Range(1, 100000));
+  app.add_option("--batch", batch, "Launches per timed batch")->capture_default_str()->check(CLI::Range(1, 100000));
+  app.add_option("--verify-rows", verify_rows, "Rows checked against the fp64 reference")->capture_default_str();
+  app.add_option("--seed", seed, "Random seed (default: fresh)");
+  app.add_option("--cache-dir", cache_dir, "Disk cache directory");
+  app.add_option("--json", json_path, "Write results as JSON to this file ('-' for stdout)");
+  app.add_flag("--no-verify", no_verify, "Skip the reference check");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    nj::Runtime rt(device, cache_dir);
+    const nj::DeviceInfo& dev = rt.device();
+    std::fprintf(stderr, "device %d: %s (%s, %d SMs, L2 %d MB), driver %d, NVRTC %d, seed %u\n", dev.ordinal,
+                 dev.name.c_str(), rt.target().str().c_str(), dev.sm_count, dev.l2_bytes >> 20, dev.driver_version,
+                 nj::nvrtc_version(), seed);
+    Utility util(rt.target());
+    nlohmann::json results = nlohmann::json::array();
+    bool all_ok = true;
+    std::printf("%-58s %8s %10s %9s %9s %7s %9s %9s\n", "spec", "rows", "us", "GB/s", "copy GB/s", "%copy", "max_err/tol",
+                "first get");
+    for (size_t si = 0; si < spec_args.size(); ++si) {
+      const nj::Spec requested = nj::Spec::parse(spec_args[si]);
+      if (requested.phase == nj::Phase::kBackward)
+        throw nj::Error(nj::Status::kNotSupported, requested.str() + ": the bench covers forward kernels in this version");
+      const auto t0 = Clock::now();
+      const nj::RuntimeCounters before = rt.counters();
+      const nj::Kernel& kernel = rt.get(requested);
+      const double first_get_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      const nj::RuntimeCounters after = rt.counters();
+      const char* first_get_kind = after.compiles > before.compiles ? "compiled" : "disk hit";
+      const nj::Spec& spec = kernel.spec();
+      // In-process hit: the cost of get() on an already loaded kernel.
+      constexpr int kHitLoops = 200000;
+      const auto h0 = Clock::now();
+      for (int i = 0; i < kHitLoops; ++i) (void)rt.get(spec);
+      const double hit_ns = std::chrono::duration<double, std::nano>(Clock::now() - h0).count() / kHitLoops;
+
+      const int xs = nj::dtype_size(spec.x_dtype), ws = nj::dtype_size(spec.w_dtype);
+      const int64_t n = spec.n;
+      const size_t x_bytes = size_t(rows) * n * xs;
+      // Rotate over enough buffer sets that x and y together exceed 4x the L2.
+      const int sets = static_cast<int>(std::clamp<int64_t>((4LL * dev.l2_bytes) / int64_t(2 * x_bytes) + 1, 1, 64));
+      DeviceBuffer x(x_bytes * sets), y(x_bytes * sets), gamma(n * ws), beta(spec.has_bias ? n * ws : 0),
+          mean(rows * 4 * sets), rstd(rows * 4 * sets);
+      const bool training = spec.phase == nj::Phase::kForwardTraining;
+      const bool has_mean = training && spec.norm == nj::Norm::kLayerNorm;
+      util.run_fill(x.get(), spec.x_dtype, (long long)(rows * n * sets), seed + 17 * si, 2.0f, 0.5f);
+      util.run_fill(gamma.get(), spec.w_dtype, n, seed + 17 * si + 1, 0.5f, 1.0f);
+      if (spec.has_bias) util.run_fill(beta.get(), spec.w_dtype, n, seed + 17 * si + 2, 0.5f, 0.0f);
+      NORMJIT_CU(cuMemsetD8(y.ptr, 0xff, y.bytes));  // poison: NaN in every dtype
+      auto args_for = [&](int set) {
+        nj::LaunchArgs a;
+        a.x = static_cast<char*>(x.get()) + size_t(set) * x_bytes;
+        a.y = static_cast<char*>(y.get()) + size_t(set) * x_bytes;
+        a.gamma = gamma.get();
+        a.beta = spec.has_bias ? beta.get() : nullptr;
+        a.mean = has_mean ? reinterpret_cast<float*>(mean.get()) + size_t(set) * rows : nullptr;
+        a.rstd = training ? reinterpret_cast<float*>(rstd.get()) + size_t(set) * rows : nullptr;
+        a.rows = rows;
+        a.row_stride = n;
+        a.eps = 1e-5f;
+        return a;
+      };
+      kernel.launch(args_for(0));
+      NORMJIT_CU(cuCtxSynchronize());
+
+      double worst = 0;  // max over checked elements of err / (atol + rtol |ref|)
+      if (!no_verify) {
+        const int64_t check = std::min<int64_t>(rows, verify_rows);
+        std::vector<char> hx(n * xs), hy(n * xs), hg(n * ws), hb(spec.has_bias ? n * ws : 0);
+        NORMJIT_CU(cuMemcpyDtoH(hg.data(), gamma.ptr, hg.size()));
+        if (spec.has_bias) NORMJIT_CU(cuMemcpyDtoH(hb.data(), beta.ptr, hb.size()));
+        const nj::reference::Tolerance tol = nj::reference::tolerance(spec.x_dtype);
+        for (int64_t c = 0; c < check; ++c) {
+          const int64_t r = check == 1 ? 0 : c * (rows - 1) / (check - 1);
+          NORMJIT_CU(cuMemcpyDtoH(hx.data(), x.ptr + r * n * xs, hx.size()));
+          NORMJIT_CU(cuMemcpyDtoH(hy.data(), y.ptr + r * n * xs, hy.size()));
+          const auto ref = nj::reference::forward(spec, hx.data(), hg.data(), spec.has_bias ? hb.data() : nullptr, 1, n, 1e-5);
+          for (int64_t i = 0; i < n; ++i) {
+            const double got = nj::reference::load(hy.data(), spec.x_dtype, i);
+            const double e = std::abs(got - ref.y[i]) / (tol.atol + tol.rtol * std::abs(ref.y[i]));
+            worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+          }
+          float stat = 0;
+          if (training) {
+            NORMJIT_CU(cuMemcpyDtoH(&stat, rstd.ptr + r * 4, 4));
+            worst = std::max(worst, std::abs(stat - ref.rstd[0]) / (1e-6 + 1e-4 * ref.rstd[0]));
+          }
+          if (has_mean) {
+            NORMJIT_CU(cuMemcpyDtoH(&stat, mean.ptr + r * 4, 4));
+            worst = std::max(worst, std::abs(stat - ref.mean[0]) / (1e-5 + 1e-4 * std::abs(ref.mean[0])));
+          }
+        }
+        if (!(worst <= 1.0)) all_ok = false;
+      }
+
+      const double us = time_median_us(warmup, reps, batch, [&](int i) { kernel.launch(args_for(i % sets)); });
+      const double copy_us = time_median_us(warmup, reps, batch, [&](int i) {
+        const size_t off = size_t(i % sets) * x_bytes;
+        NORMJIT_CU(cuMemcpyDtoDAsync(y.ptr + off, x.ptr + off, x_bytes, nullptr));
+      });
+      // Each input read once, each output written once.
+      const double bytes = 2.0 * x_bytes + double(n) * ws * (spec.has_bias ? 2 : 1) +
+                           double(rows) * 4 * ((training ? 1 : 0) + (has_mean ? 1 : 0));
+      const double gbps = bytes / us * 1e-3, copy_gbps = 2.0 * x_bytes / copy_us * 1e-3;
+      std::printf("%-58s %8lld %10.2f %9.1f %9.1f %6.1f%% %9.3f %s %.2f ms\n", spec.str().c_str(), (long long)rows, us,
+                  gbps, copy_gbps, 100.0 * gbps / copy_gbps, worst, first_get_kind, first_get_ms);
+      std::fflush(stdout);
+      results.push_back({{"spec", spec.str()}, {"requested", requested.str()}, {"rows", rows}, {"n", n},
+                         {"us", us}, {"bytes", bytes}, {"gbps", gbps}, {"copy_us", copy_us}, {"copy_gbps", copy_gbps},
+                         {"pct_copy", 100.0 * gbps / copy_gbps}, {"verified", !no_verify},
+                         {"max_err_over_tol", worst}, {"first_get", first_get_kind}, {"first_get_ms", first_get_ms},
+                         {"in_process_hit_ns", hit_ns}, {"buffer_sets", sets}});
+    }
+    if (!json_path.empty()) {
+      nlohmann::json doc{{"device", dev.name}, {"sm", rt.target().str()}, {"sm_count", dev.sm_count},
+                         {"driver", dev.driver_version}, {"nvrtc", nj::nvrtc_version()}, {"seed", seed},
+                         {"results", results}};
+      if (json_path == "-") std::cout << doc.dump(2) << "\n";
+      else std::ofstream(json_path) << doc.dump(2) << "\n";
+    }
+    if (!all_ok) {
+      std::fprintf(stderr, "normjit-bench: verification FAILED (max_err/tol > 1) for at least one spec\n");
+      return 1;
+    }
+    return 0;
+  } catch (const nj::Error& e) {
+    std::fprintf(stderr, "normjit-bench: %s\n", e.what());
+    return 2;
+  }
+}

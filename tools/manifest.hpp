@@ -1,0 +1,31 @@
+#pragma once
+// Manifest files: one spec per line; '#' starts a comment; blank lines are ignored.
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "normjit/error.hpp"
+#include "normjit/spec.hpp"
+
+namespace normjit::tools {
+
+inline std::vector<Spec> read_manifest(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(Status::kInvalidArgument, "manifest '" + path + "' cannot be opened");
+  std::vector<Spec> specs;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    const auto first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos) continue;
+    const auto last = line.find_last_not_of(" \t\r");
+    try {
+      specs.push_back(Spec::parse(line.substr(first, last - first + 1)));
+    } catch (const Error& e) {
+      throw Error(Status::kInvalidSpec, path + ":" + std::to_string(number) + ": " + e.what());
+    }
+  }
+  return specs;
+}
+
+}  // namespace normjit::tools

@@ -1,0 +1,127 @@
+// normjit-precompile: compiles a manifest of specs (and/or specs given on the command line) into
+// the disk cache for one or more named archs. Needs no GPU.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <mutex>
+#include <thread>
+
+#include "normjit/normjit.hpp"
+#include "tools/manifest.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Compile normjit kernels into the disk cache (no GPU needed)."};
+  std::vector<std::string> manifests, spec_args, archs{"sm_90"};
+  std::string cache_dir, json_path;
+  unsigned jobs = std::max(1u, std::thread::hardware_concurrency());
+  bool quiet = false;
+  app.add_option("specs", spec_args, "Spec strings, e.g. layernorm.fwd_train.bf16.w_bf16.n4096");
+  app.add_option("-m,--manifest", manifests, "Manifest file: one spec per line, # comments")->check(CLI::ExistingFile);
+  app.add_option("-a,--arch", archs, "Target arch(s), e.g. sm_90 (repeatable)")->capture_default_str();
+  app.add_option("-c,--cache-dir", cache_dir, "Cache directory (default: NORMJIT_CACHE_DIR, XDG, ~/.cache/normjit)");
+  app.add_option("-j,--jobs", jobs, "Parallel compile threads")->capture_default_str()->check(CLI::Range(1u, 256u));
+  app.add_option("--json", json_path, "Write a JSON summary to this file ('-' for stdout)");
+  app.add_flag("-q,--quiet", quiet, "No per-kernel progress lines");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    std::vector<normjit::Spec> specs;
+    for (const auto& m : manifests) {
+      auto more = normjit::tools::read_manifest(m);
+      specs.insert(specs.end(), more.begin(), more.end());
+    }
+    for (const auto& s : spec_args) specs.push_back(normjit::Spec::parse(s));
+    if (specs.empty()) {
+      std::cerr << "normjit-precompile: no specs given (pass specs or --manifest FILE)\n";
+      return 2;
+    }
+    std::vector<normjit::Target> targets;
+    for (const auto& a : archs) targets.push_back(normjit::Target::parse(a));
+
+    normjit::DiskCache cache(cache_dir);
+    struct Job {
+      normjit::Spec spec;
+      normjit::Target target;
+      double compile_ms = 0;
+      double wall_ms = 0;
+      bool cached = false;
+      std::string error;
+    };
+    std::vector<Job> work;
+    for (const auto& t : targets)
+      for (const auto& s : specs) work.push_back({normjit::resolve(s), t});
+
+    std::atomic<size_t> next{0}, done{0};
+    std::mutex print_mutex;
+    const auto start = std::chrono::steady_clock::now();
+    auto worker = [&] {
+      for (size_t i; (i = next++) < work.size();) {
+        Job& job = work[i];
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          cache.get_or_compile(job.spec, job.target, &job.compile_ms);
+          job.cached = job.compile_ms == 0;
+        } catch (const normjit::Error& e) {
+          job.error = e.what();
+        }
+        job.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        const size_t n = ++done;
+        if (!quiet || !job.error.empty()) {
+          std::lock_guard<std::mutex> lock(print_mutex);
+          if (job.error.empty())
+            std::fprintf(stderr, "[%zu/%zu] %-8s %s %s %.1f ms\n", n, work.size(), job.cached ? "cached" : "compiled",
+                         job.target.str().c_str(), job.spec.str().c_str(), job.wall_ms);
+          else
+            std::fprintf(stderr, "[%zu/%zu] FAILED   %s %s\n%s\n", n, work.size(), job.target.str().c_str(),
+                         job.spec.str().c_str(), job.error.c_str());
+        }
+      }
+    };
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < std::min<size_t>(jobs, work.size()); ++t) threads.emplace_back(worker);
+    for (auto& t : threads) t.join();
+    const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+    std::vector<double> compile_ms;
+    size_t failed = 0, cached = 0;
+    for (const auto& j : work) {
+      if (!j.error.empty()) ++failed;
+      else if (j.cached) ++cached;
+      else compile_ms.push_back(j.compile_ms);
+    }
+    std::sort(compile_ms.begin(), compile_ms.end());
+    const double median = compile_ms.empty() ? 0 : compile_ms[compile_ms.size() / 2];
+    std::fprintf(stderr,
+                 "normjit-precompile: %zu kernel(s) for %zu arch(s): %zu compiled, %zu cached, %zu failed in %.2f s "
+                 "with %u job(s); median compile %.1f ms; cache %s\n",
+                 work.size(), targets.size(), compile_ms.size(), cached, failed, total_s, jobs, median,
+                 cache.dir().string().c_str());
+    if (!json_path.empty()) {
+      nlohmann::json j;
+      j["kernels"] = work.size();
+      j["compiled"] = compile_ms.size();
+      j["cached"] = cached;
+      j["failed"] = failed;
+      j["seconds"] = total_s;
+      j["jobs"] = jobs;
+      j["median_compile_ms"] = median;
+      j["compile_ms"] = compile_ms;
+      j["cache_dir"] = cache.dir().string();
+      j["nvrtc_version"] = normjit::nvrtc_version();
+      if (json_path == "-") {
+        std::cout << j.dump(2) << "\n";
+      } else {
+        std::ofstream(json_path) << j.dump(2) << "\n";
+      }
+    }
+    return failed ? 1 : 0;
+  } catch (const normjit::Error& e) {
+    std::cerr << "normjit-precompile: " << e.what() << "\n";
+    return 2;
+  }
+}
