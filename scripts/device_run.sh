@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call: build on the GPU machine with the carried .deps, run all tests (GPU included),
+# a memcheck pass, cold compile / disk-hit / in-process-hit timings, and the forward bench with
+# torch peers. Everything lands in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/normjit-out}; mkdir -p "$OUT"
+DEPS=$PWD/.deps/root/usr
+export LD_LIBRARY_PATH=$DEPS/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+export PATH=/usr/local/cuda/bin:$PATH
+STAGE=${1:-all}
+nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$DEPS" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+cmake --build build -j 16 >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60; exit 1; }
+echo "== build ok"
+if [[ $STAGE == all || $STAGE == tests ]]; then
+  (cd build && ctest --output-on-failure -V -R normjit_gpu_tests 2>&1 | tail -40) | tee "$OUT/gpu_tests.log" | tail -15
+  (cd build && ctest --output-on-failure -E normjit_gpu_tests 2>&1 | tail -8)
+  compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/normjit_gpu_tests -tc="strided*,variance*" \
+    >"$OUT/memcheck.log" 2>&1; echo "== memcheck rc=$? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"; tail -3 "$OUT/memcheck.log"
+fi
+if [[ $STAGE == all || $STAGE == bench ]]; then
+  NS="256 512 1024 2048 4096 8192 16384 32768 65536"
+  SPECS=""; for n in $NS; do SPECS="$SPECS layernorm.fwd_train.bf16.n$n.bias rmsnorm.fwd_train.bf16.n$n"; done
+  rm -rf /tmp/njcache
+  # Cold compiles, one at a time (per-kernel time), then the default manifest in parallel.
+  build/normjit-precompile -j 1 -q --arch sm_90 --cache-dir /tmp/njcache --json "$OUT/compile_cold.json" $SPECS 2>&1 | tail -1
+  build/normjit-precompile -j 16 -q --arch sm_90 --cache-dir /tmp/njcache2 --manifest manifests/default.txt \
+    --json "$OUT/compile_manifest.json" 2>&1 | tail -1
+  # A fresh process: every first get() is a disk hit.
+  build/normjit-bench --rows 32768 --cache-dir /tmp/njcache --json "$OUT/normjit_fwd.json" $SPECS 2>&1 | tee "$OUT/normjit_fwd.txt"
+  PYTHONUNBUFFERED=1 python3 bench/peers.py --json "$OUT/peers_fwd.json" 2>&1 | grep -v Warning | tee "$OUT/peers_fwd.txt" | tail -4
+  python3 bench/report.py "$OUT/normjit_fwd.json" "$OUT/peers_fwd.json" | tee "$OUT/table_fwd.md"
+fi
