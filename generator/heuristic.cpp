@@ -19,8 +19,9 @@ constexpr int64_t kWarpRowMaxPacks = 4;
 // A CTA-wide row aims for this many 16-byte packs per thread: enough loads in flight per thread
 // without crowding out CTAs per SM.
 constexpr int64_t kCtaRowTargetPacks = 4;
-// Past this many packs per thread (at 1024 threads) the row leaves registers.
-constexpr int64_t kRegisterMaxPacks = 8;
+// Past this many elements per thread the row leaves registers: at 1024 threads a thread has 64
+// registers, and 64 bf16 values (8 packs) spilled 180 bytes on sm_90 while 32 values did not.
+constexpr int64_t kRegisterMaxElements = 32;
 
 }  // namespace
 
@@ -47,7 +48,7 @@ Spec resolve(const Spec& spec, int max_vec) {
     b.threads_per_row = static_cast<int>(std::min<int64_t>(1024, (want + 31) / 32 * 32));
     b.rows_per_cta = 1;
     const int64_t per_thread = (packs + b.threads_per_row - 1) / b.threads_per_row;
-    b.cache = per_thread <= kRegisterMaxPacks ? RowCache::kRegisters : RowCache::kGlobal;
+    b.cache = per_thread * b.vec <= kRegisterMaxElements ? RowCache::kRegisters : RowCache::kGlobal;
   }
   s.block = b;
   validate(s);

@@ -29,6 +29,7 @@ if [[ $STAGE == all || $STAGE == bench ]]; then
     --json "$OUT/compile_manifest.json" 2>&1 | tail -1
   # A fresh process: every first get() is a disk hit.
   build/normjit-bench --rows 32768 --cache-dir /tmp/njcache --json "$OUT/normjit_fwd.json" $SPECS 2>&1 | tee "$OUT/normjit_fwd.txt"
+  [[ ${PEERS:-1} == 1 ]] || exit 0
   PYTHONUNBUFFERED=1 python3 bench/peers.py --json "$OUT/peers_fwd.json" 2>&1 | grep -v Warning | tee "$OUT/peers_fwd.txt" | tail -4
   python3 bench/report.py "$OUT/normjit_fwd.json" "$OUT/peers_fwd.json" | tee "$OUT/table_fwd.md"
 fi

@@ -98,7 +98,8 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("rmsnorm.fwd_train.bf16.n1") == BlockConfig{1, 256, 1, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n4097").vec == 1);
   CHECK(block("layernorm.fwd_train.bf16.n4096", 2).vec == 2);
-  CHECK(block("layernorm.fwd_train.bf16.n65536") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n32768") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n65536") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
   CHECK(block("layernorm.fwd_train.bf16.n262144").cache == RowCache::kGlobal);
   CHECK(block("layernorm.fwd_train.f32.n65536").cache == RowCache::kGlobal);
   // A given block config is kept as is.
