@@ -80,8 +80,9 @@ def main():
                       f"({copy_gbps:.0f}) err {err:.3g}", flush=True)
             del xs, ys
             torch.cuda.empty_cache()
-    json.dump(dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, results=results),
-              open(args.json, "w"), indent=1)
+            # Rewritten after every shape so a run cut short still leaves its figures.
+            json.dump(dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, results=results),
+                      open(args.json, "w"), indent=1)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <charconv>
+#include <cstdlib>
+#include <sstream>
 
 #include "normjit/compiler.hpp"
 #include "normjit/error.hpp"
@@ -67,7 +69,13 @@ std::vector<std::string> compile_options(const Target& target, bool* emits_ptx) 
   if (emits_ptx) *emits_ptx = ptx;
   // --minimal skips the implicit CUDA runtime headers NVRTC would otherwise parse (most of a
   // small kernel's compile time); the templates need only built-ins.
-  return {arch_flag, "-std=c++17", "--minimal", "-DNORMJIT_JIT=1"};
+  std::vector<std::string> options{arch_flag, "-std=c++17", "--minimal", "-DNORMJIT_JIT=1"};
+  // For experiments (e.g. -Ofc=mid); these enter the cache key like every other option.
+  if (const char* extra = std::getenv("NORMJIT_NVRTC_EXTRA_OPTIONS"); extra && *extra) {
+    std::istringstream words(extra);
+    for (std::string w; words >> w;) options.push_back(w);
+  }
+  return options;
 }
 
 CompileResult compile(const GeneratedSource& src, const Target& target) {

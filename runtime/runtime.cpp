@@ -78,6 +78,15 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
 void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
   validate(a);
   if (a.rows == 0) return;
+  CUcontext current = nullptr;
+  NORMJIT_CU(cuCtxGetCurrent(&current));
+  if (current == nullptr) {
+    NORMJIT_CU(cuCtxSetCurrent(context_));
+  } else if (current != context_) {
+    throw Error(Status::kInvalidArgument, "launch of " + spec_string_ +
+                                              ": the calling thread's current CUDA context is not the primary "
+                                              "context of the device this kernel was loaded on");
+  }
   FwdParams p{a.x, a.gamma, a.beta, a.y, a.mean, a.rstd, a.rows, a.row_stride, a.eps};
   void* params[] = {&p};
   const unsigned grid = static_cast<unsigned>((a.rows + rows_per_cta_ - 1) / rows_per_cta_);
@@ -142,6 +151,7 @@ const Kernel& Runtime::get(const Spec& spec) {
   auto kernel = std::make_unique<Kernel>();
   NORMJIT_CU_CTX(cuModuleGetFunction(&kernel->function_, module, binary.kernel_name.c_str()), "loading " + name);
   modules_[name] = module;
+  kernel->context_ = context_;
   kernel->spec_ = resolved;
   kernel->spec_string_ = name;
   kernel->threads_per_cta_ = binary.threads_per_cta;

@@ -39,6 +39,7 @@ class Kernel {
   const Spec& spec() const { return spec_; }
   const std::string& name() const { return spec_string_; }
   // Validates every argument against the spec (naming the field and value), then launches.
+  // A thread with no current context gets the runtime's; another context is an error.
   void launch(const LaunchArgs& args, CUstream stream = nullptr) const;
   // Checks only; throws Error(kInvalidArgument) naming the field. Exposed for tests.
   void validate(const LaunchArgs& args) const;
@@ -49,6 +50,7 @@ class Kernel {
   Spec spec_;
   std::string spec_string_;
   CUfunction function_ = nullptr;
+  CUcontext context_ = nullptr;  // the device's primary context, where the module lives
   int threads_per_cta_ = 0;
   int rows_per_cta_ = 0;
 };

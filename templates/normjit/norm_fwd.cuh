@@ -1,7 +1,7 @@
 // LayerNorm / RMSNorm forward, training (y, mean, rstd) and inference (y).
 // One row is handled by kThreadsPerRow threads; a CTA holds kRowsPerCta rows.
-// Statistics use fp32; LayerNorm's variance comes from merged per-thread moments (two-pass
-// within each thread's values, Chan merge across threads), so no cancellation.
+// Statistics use fp32 and never form E[x^2] - E[x]^2: rows held in registers take the exact
+// two-pass route; rows streamed from global memory merge per-chunk moments (Chan et al.).
 #pragma once
 #include "normjit/common.cuh"
 
@@ -18,39 +18,44 @@ struct FwdShape {
   static_assert(Cfg::kN % kVec == 0, "vec must divide N");
 };
 
-// Moments of kCount packs; for RMSNorm only the sum of squares (in .m2, mean 0) is formed.
+// Sum of the valid elements of kCount packs, and of their squared deviations from `center`.
 template <class Cfg, int kCount, class XT, int kVec>
-__device__ __forceinline__ Moments pack_moments(const Pack<XT, kVec> (&packs)[kCount], int first_pack,
-                                                int lane) {
+__device__ __forceinline__ float pack_sum(const Pack<XT, kVec> (&packs)[kCount], int first_pack, int lane) {
   using S = FwdShape<Cfg>;
-  float sum = 0.f, count = 0.f;
-  if constexpr (Cfg::kNorm == NormKind::kLayerNorm) {
+  float sum = 0.f;
 #pragma unroll
-    for (int i = 0; i < kCount; ++i) {
-      if ((first_pack + i) * S::kThreads + lane < S::kVecs) {
+  for (int i = 0; i < kCount; ++i)
+    if ((first_pack + i) * S::kThreads + lane < S::kVecs)
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) sum += to_float(packs[i].v[j]);
-        count += kVec;
-      }
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kCount; ++i)
-      if ((first_pack + i) * S::kThreads + lane < S::kVecs) count += kVec;
-  }
-  const float local_mean = count > 0.f ? sum / count : 0.f;
+      for (int j = 0; j < kVec; ++j) sum += to_float(packs[i].v[j]);
+  return sum;
+}
+
+template <class Cfg, int kCount, class XT, int kVec>
+__device__ __forceinline__ float pack_sq_dev(const Pack<XT, kVec> (&packs)[kCount], int first_pack, int lane,
+                                             float center) {
+  using S = FwdShape<Cfg>;
   float m2 = 0.f;
 #pragma unroll
-  for (int i = 0; i < kCount; ++i) {
-    if ((first_pack + i) * S::kThreads + lane < S::kVecs) {
+  for (int i = 0; i < kCount; ++i)
+    if ((first_pack + i) * S::kThreads + lane < S::kVecs)
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        const float d = to_float(packs[i].v[j]) - local_mean;
+        const float d = to_float(packs[i].v[j]) - center;
         m2 += d * d;
       }
-    }
-  }
-  return {count, local_mean, m2};
+  return m2;
+}
+
+// Valid elements among kCount packs.
+template <class Cfg, int kCount>
+__device__ __forceinline__ float pack_count(int first_pack, int lane) {
+  using S = FwdShape<Cfg>;
+  float count = 0.f;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i)
+    if ((first_pack + i) * S::kThreads + lane < S::kVecs) count += Cfg::kVec;
+  return count;
 }
 
 template <class Cfg, int kCount, class XT, class WT, int kVec>
@@ -91,7 +96,10 @@ __device__ __forceinline__ void norm_fwd(const FwdParams& p) {
   using S = FwdShape<Cfg>;
   constexpr int kVec = Cfg::kVec;
   constexpr bool kLayerNorm = Cfg::kNorm == NormKind::kLayerNorm;
-  __shared__ Moments scratch[S::kThreads > 32 ? S::kThreads / 32 : 1];
+  constexpr int kScratch = S::kThreads > 32 ? S::kThreads / 32 : 1;
+  constexpr float kInvN = 1.0f / static_cast<float>(Cfg::kN);
+  __shared__ float scratch[2][kScratch];
+  __shared__ Moments moments_scratch[Cfg::kCache == RowCache::kGlobal ? kScratch : 1];
 
   const int lane = threadIdx.x % S::kThreads;
   const long long row = static_cast<long long>(blockIdx.x) * Cfg::kRowsPerCta + threadIdx.x / S::kThreads;
@@ -101,16 +109,25 @@ __device__ __forceinline__ void norm_fwd(const FwdParams& p) {
   const XT* x = static_cast<const XT*>(p.x) + offset;
   XT* y = static_cast<XT*>(p.y) + offset;
 
-  Moments local{0.f, 0.f, 0.f};
+  float mean = 0.f, rstd;
   Pack<XT, kVec> cache[Cfg::kCache == RowCache::kRegisters ? S::kIters : 1];
   if constexpr (Cfg::kCache == RowCache::kRegisters) {
+    // The row is in registers: exact two-pass statistics (mean, then squared deviations).
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i) {
       const int pack = i * S::kThreads + lane;
       if (active && pack < S::kVecs) cache[i] = load_pack<XT, kVec>(x + pack * kVec);
     }
-    if (active) local = pack_moments<Cfg, S::kIters>(cache, 0, lane);
+    if constexpr (kLayerNorm) {
+      const float sum = active ? pack_sum<Cfg, S::kIters>(cache, 0, lane) : 0.f;
+      mean = row_sum<S::kThreads>(sum, scratch[0]) * kInvN;
+    }
+    const float m2 = active ? pack_sq_dev<Cfg, S::kIters>(cache, 0, lane, mean) : 0.f;
+    rstd = rsqrtf(row_sum<S::kThreads>(m2, scratch[1]) * kInvN + p.eps);
   } else {
+    // The row streams from global memory twice. LayerNorm merges per-chunk moments (Chan), so a
+    // single statistics pass stays free of cancellation; RMSNorm only sums squares.
+    Moments local{0.f, 0.f, 0.f};
     for (int base = 0; base < S::kIters; base += S::kChunk) {
       Pack<XT, kVec> chunk[S::kChunk];
 #pragma unroll
@@ -118,25 +135,22 @@ __device__ __forceinline__ void norm_fwd(const FwdParams& p) {
         const int pack = (base + i) * S::kThreads + lane;
         if (active && pack < S::kVecs) chunk[i] = load_pack<XT, kVec>(x + pack * kVec);
       }
-      if (active) {
-        const Moments m = pack_moments<Cfg, S::kChunk>(chunk, base, lane);
-        if constexpr (kLayerNorm) {
-          local = merge(local, m);
-        } else {
-          local.m2 += m.m2;  // RMSNorm: m2 is the plain sum of squares (mean stays 0)
-        }
+      if (!active) continue;
+      if constexpr (kLayerNorm) {
+        const float count = pack_count<Cfg, S::kChunk>(base, lane);
+        const float chunk_mean = count > 0.f ? pack_sum<Cfg, S::kChunk>(chunk, base, lane) / count : 0.f;
+        local = merge(local, Moments{count, chunk_mean, pack_sq_dev<Cfg, S::kChunk>(chunk, base, lane, chunk_mean)});
+      } else {
+        local.m2 += pack_sq_dev<Cfg, S::kChunk>(chunk, base, lane, 0.f);
       }
     }
-  }
-
-  float mean = 0.f, rstd;
-  if constexpr (kLayerNorm) {
-    const Moments row_m = row_merge<S::kThreads>(local, scratch);
-    mean = row_m.mean;
-    rstd = rsqrtf(row_m.m2 / static_cast<float>(Cfg::kN) + p.eps);
-  } else {
-    const float total = row_sum<S::kThreads>(local.m2, reinterpret_cast<float*>(scratch));
-    rstd = rsqrtf(total / static_cast<float>(Cfg::kN) + p.eps);
+    if constexpr (kLayerNorm) {
+      const Moments row_m = row_merge<S::kThreads>(local, moments_scratch);
+      mean = row_m.mean;
+      rstd = rsqrtf(row_m.m2 * kInvN + p.eps);
+    } else {
+      rstd = rsqrtf(row_sum<S::kThreads>(local.m2, scratch[0]) * kInvN + p.eps);
+    }
   }
 
   if constexpr (Cfg::kTraining) {

@@ -147,6 +147,7 @@ TEST_CASE("forward kernels match the fp64 reference over dtypes x N x rows") {
             }
   std::vector<Spec> specs;
   for (const auto& c : cases) specs.push_back(c.spec);
+  runtime();  // create the runtime (and make its context current) on this thread
   warm(specs);
   int checked = 0;
   for (const Case& c : cases) {
@@ -198,6 +199,31 @@ TEST_CASE("runtime caches: in-process hits after the first get") {
   CHECK(&k1 == &k2);
   CHECK(after.memory_hits == before.memory_hits + 1);
   CHECK(after.compiles + after.disk_hits == before.compiles + before.disk_hits + 1);
+}
+
+TEST_CASE("a thread with no current context can launch") {
+  const Spec s = Spec::parse("layernorm.fwd_infer.bf16.n512");
+  const Kernel& k = runtime().get(s);
+  DeviceMem x(512 * 2 * 4), y(512 * 2 * 4), g(512 * 2);
+  NORMJIT_CU(cuMemsetD8(x.ptr, 0x3c, 512 * 2 * 4));
+  NORMJIT_CU(cuMemsetD8(g.ptr, 0x3c, 512 * 2));
+  LaunchArgs a;
+  a.x = x.get();
+  a.y = y.get();
+  a.gamma = g.get();
+  a.rows = 4;
+  a.row_stride = 512;
+  std::string error;
+  std::thread worker([&] {
+    try {
+      k.launch(a);
+      NORMJIT_CU(cuCtxSynchronize());
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  worker.join();
+  CHECK(error == "");
 }
 
 TEST_CASE("explicit launch arguments are validated before any launch") {
