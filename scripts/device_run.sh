@@ -4,7 +4,9 @@
 # torch peers. Everything lands in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/normjit-out}; mkdir -p "$OUT"
+FINAL_OUT=${OUT:-/tmp/normjit-out}; OUT=/tmp/normjit-results; rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL_OUT"
+# The device tool returns at most 8 files: everything is packed into one archive at exit.
+trap 'tar czf "$FINAL_OUT/results.tgz" -C "$OUT" . ; cp "$OUT"/table_fwd.md "$FINAL_OUT"/ 2>/dev/null' EXIT
 DEPS=$PWD/.deps/root/usr
 export LD_LIBRARY_PATH=$DEPS/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export PATH=/usr/local/cuda/bin:$PATH
@@ -30,12 +32,12 @@ if [[ $STAGE == all || $STAGE == bench ]]; then
   # A fresh process: every first get() is a disk hit.
   build/normjit-bench --rows 32768 --cache-dir /tmp/njcache --json "$OUT/normjit_fwd.json" $SPECS 2>&1 | tee "$OUT/normjit_fwd.txt"
   # Fast-compile experiment: compile time and kernel speed with NVRTC's -Ofc levels.
-  for level in mid max; do
+  for level in ${OFC_LEVELS:-}; do
     NORMJIT_NVRTC_EXTRA_OPTIONS="-Ofc=$level" build/normjit-precompile -j 1 -q --arch sm_90 --cache-dir /tmp/njcache-$level \
       --json "$OUT/compile_cold_ofc_$level.json" $SPECS 2>&1 | tail -1
   done
   SUB=""; for n in 256 1024 4096 16384 65536; do SUB="$SUB layernorm.fwd_train.bf16.n$n.bias rmsnorm.fwd_train.bf16.n$n"; done
-  NORMJIT_NVRTC_EXTRA_OPTIONS="-Ofc=mid" build/normjit-bench --rows 32768 --cache-dir /tmp/njcache-mid $SUB 2>&1 | tail -11 | tee "$OUT/normjit_fwd_ofc_mid.txt"
+  [[ -n ${OFC_LEVELS:-} ]] && NORMJIT_NVRTC_EXTRA_OPTIONS="-Ofc=mid" build/normjit-bench --rows 32768 --cache-dir /tmp/njcache-mid $SUB 2>&1 | tail -11 | tee "$OUT/normjit_fwd_ofc_mid.txt"
   [[ ${PEERS:-1} == 1 ]] || exit 0
   PYTHONUNBUFFERED=1 python3 bench/peers.py --json "$OUT/peers_fwd.json" 2>&1 | grep -v Warning | tee "$OUT/peers_fwd.txt" | tail -4
   python3 bench/report.py "$OUT/normjit_fwd.json" "$OUT/peers_fwd.json" | tee "$OUT/table_fwd.md"

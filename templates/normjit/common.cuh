@@ -116,6 +116,28 @@ __device__ __forceinline__ float row_sum(float v, float* scratch) {
   }
 }
 
+// Two sums at once (one barrier); scratch holds kThreads / 32 pairs.
+template <int kThreads>
+__device__ __forceinline__ void row_sum_pair(float& a, float& b, float2* scratch) {
+  if constexpr (kThreads <= 32) {
+    a = group_sum<kThreads>(a);
+    b = group_sum<kThreads>(b);
+  } else {
+    constexpr int kWarps = kThreads / 32;
+    a = group_sum<32>(a);
+    b = group_sum<32>(b);
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = make_float2(a, b);
+    __syncthreads();
+    a = 0.f;
+    b = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      a += scratch[w].x;
+      b += scratch[w].y;
+    }
+  }
+}
+
 template <int kThreads>
 __device__ __forceinline__ Moments row_merge(Moments m, Moments* scratch) {
   if constexpr (kThreads <= 32) {

@@ -1,7 +1,8 @@
 // LayerNorm / RMSNorm forward, training (y, mean, rstd) and inference (y).
 // One row is handled by kThreadsPerRow threads; a CTA holds kRowsPerCta rows.
-// Statistics use fp32 and never form E[x^2] - E[x]^2: rows held in registers take the exact
-// two-pass route; rows streamed from global memory merge per-chunk moments (Chan et al.).
+// Statistics use fp32 and never form E[x^2] - E[x]^2 about zero: rows held in registers take
+// the corrected two-pass route; rows streamed from global memory merge per-chunk moments
+// (Chan et al.) of x - x[0]. The mean stays split in two floats until the output.
 #pragma once
 #include "normjit/common.cuh"
 
@@ -18,22 +19,24 @@ struct FwdShape {
   static_assert(Cfg::kN % kVec == 0, "vec must divide N");
 };
 
-// Sum of the valid elements of kCount packs, and of their squared deviations from `center`.
+// Σ (x - center) and Σ ((x - center) - shift)^2 over the valid elements of kCount packs.
+// Subtracting `center` first keeps large offsets (x = 1e4 + noise) out of the sums.
 template <class Cfg, int kCount, class XT, int kVec>
-__device__ __forceinline__ float pack_sum(const Pack<XT, kVec> (&packs)[kCount], int first_pack, int lane) {
+__device__ __forceinline__ float pack_sum(const Pack<XT, kVec> (&packs)[kCount], int first_pack, int lane,
+                                          float center) {
   using S = FwdShape<Cfg>;
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < kCount; ++i)
     if ((first_pack + i) * S::kThreads + lane < S::kVecs)
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) sum += to_float(packs[i].v[j]);
+      for (int j = 0; j < kVec; ++j) sum += to_float(packs[i].v[j]) - center;
   return sum;
 }
 
 template <class Cfg, int kCount, class XT, int kVec>
 __device__ __forceinline__ float pack_sq_dev(const Pack<XT, kVec> (&packs)[kCount], int first_pack, int lane,
-                                             float center) {
+                                             float center, float shift) {
   using S = FwdShape<Cfg>;
   float m2 = 0.f;
 #pragma unroll
@@ -41,7 +44,7 @@ __device__ __forceinline__ float pack_sq_dev(const Pack<XT, kVec> (&packs)[kCoun
     if ((first_pack + i) * S::kThreads + lane < S::kVecs)
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        const float d = to_float(packs[i].v[j]) - center;
+        const float d = (to_float(packs[i].v[j]) - center) - shift;
         m2 += d * d;
       }
   return m2;
@@ -60,8 +63,8 @@ __device__ __forceinline__ float pack_count(int first_pack, int lane) {
 
 template <class Cfg, int kCount, class XT, class WT, int kVec>
 __device__ __forceinline__ void write_packs(const FwdParams& p, const Pack<XT, kVec> (&packs)[kCount],
-                                            int first_pack, int lane, long long row, XT* y, float mean,
-                                            float rstd) {
+                                            int first_pack, int lane, long long row, XT* y, float center,
+                                            float shift, float rstd) {
   using S = FwdShape<Cfg>;
   const WT* gamma = static_cast<const WT*>(p.gamma);
   const WT* beta = static_cast<const WT*>(p.beta);
@@ -76,7 +79,9 @@ __device__ __forceinline__ void write_packs(const FwdParams& p, const Pack<XT, k
       float out[kVec];
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        const float xhat = (to_float(packs[i].v[j]) - mean) * rstd;
+        // The mean is center + shift, kept as two floats: one rounded fp32 mean would cost
+        // up to half an ulp of |mean| in every output.
+        const float xhat = ((to_float(packs[i].v[j]) - center) - shift) * rstd;
         out[j] = xhat * to_float(g.v[j]);
         if constexpr (Cfg::kHasBias) out[j] += to_float(b.v[j]);
       }
@@ -98,7 +103,8 @@ __device__ __forceinline__ void norm_fwd(const FwdParams& p) {
   constexpr bool kLayerNorm = Cfg::kNorm == NormKind::kLayerNorm;
   constexpr int kScratch = S::kThreads > 32 ? S::kThreads / 32 : 1;
   constexpr float kInvN = 1.0f / static_cast<float>(Cfg::kN);
-  __shared__ float scratch[2][kScratch];
+  __shared__ float sum_scratch[kScratch];
+  __shared__ float2 pair_scratch[kScratch];
   __shared__ Moments moments_scratch[Cfg::kCache == RowCache::kGlobal ? kScratch : 1];
 
   const int lane = threadIdx.x % S::kThreads;
@@ -109,24 +115,33 @@ __device__ __forceinline__ void norm_fwd(const FwdParams& p) {
   const XT* x = static_cast<const XT*>(p.x) + offset;
   XT* y = static_cast<XT*>(p.y) + offset;
 
-  float mean = 0.f, rstd;
+  // mean = center + shift (LayerNorm); both 0 for RMSNorm.
+  float center = 0.f, shift = 0.f, rstd;
   Pack<XT, kVec> cache[Cfg::kCache == RowCache::kRegisters ? S::kIters : 1];
   if constexpr (Cfg::kCache == RowCache::kRegisters) {
-    // The row is in registers: exact two-pass statistics (mean, then squared deviations).
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i) {
       const int pack = i * S::kThreads + lane;
       if (active && pack < S::kVecs) cache[i] = load_pack<XT, kVec>(x + pack * kVec);
     }
     if constexpr (kLayerNorm) {
-      const float sum = active ? pack_sum<Cfg, S::kIters>(cache, 0, lane) : 0.f;
-      mean = row_sum<S::kThreads>(sum, scratch[0]) * kInvN;
+      // Corrected two-pass: a first mean, then the sums of deviations from it and of their
+      // squares; the small first sum corrects the mean without rounding it into |mean|.
+      const float sum = active ? pack_sum<Cfg, S::kIters>(cache, 0, lane, 0.f) : 0.f;
+      center = row_sum<S::kThreads>(sum, sum_scratch) * kInvN;
+      float dev = active ? pack_sum<Cfg, S::kIters>(cache, 0, lane, center) : 0.f;
+      float sq = active ? pack_sq_dev<Cfg, S::kIters>(cache, 0, lane, center, 0.f) : 0.f;
+      row_sum_pair<S::kThreads>(dev, sq, pair_scratch);
+      shift = dev * kInvN;
+      rstd = rsqrtf(fmaxf(sq * kInvN - shift * shift, 0.f) + p.eps);
+    } else {
+      const float sq = active ? pack_sq_dev<Cfg, S::kIters>(cache, 0, lane, 0.f, 0.f) : 0.f;
+      rstd = rsqrtf(row_sum<S::kThreads>(sq, sum_scratch) * kInvN + p.eps);
     }
-    const float m2 = active ? pack_sq_dev<Cfg, S::kIters>(cache, 0, lane, mean) : 0.f;
-    rstd = rsqrtf(row_sum<S::kThreads>(m2, scratch[1]) * kInvN + p.eps);
   } else {
-    // The row streams from global memory twice. LayerNorm merges per-chunk moments (Chan), so a
-    // single statistics pass stays free of cancellation; RMSNorm only sums squares.
+    // The row streams from global memory twice. LayerNorm merges per-chunk moments (Chan) of
+    // x - x[0], so one statistics pass is free of cancellation; RMSNorm only sums squares.
+    if constexpr (kLayerNorm) center = active ? to_float(x[0]) : 0.f;
     Moments local{0.f, 0.f, 0.f};
     for (int base = 0; base < S::kIters; base += S::kChunk) {
       Pack<XT, kVec> chunk[S::kChunk];
@@ -138,31 +153,32 @@ __device__ __forceinline__ void norm_fwd(const FwdParams& p) {
       if (!active) continue;
       if constexpr (kLayerNorm) {
         const float count = pack_count<Cfg, S::kChunk>(base, lane);
-        const float chunk_mean = count > 0.f ? pack_sum<Cfg, S::kChunk>(chunk, base, lane) / count : 0.f;
-        local = merge(local, Moments{count, chunk_mean, pack_sq_dev<Cfg, S::kChunk>(chunk, base, lane, chunk_mean)});
+        const float chunk_mean = count > 0.f ? pack_sum<Cfg, S::kChunk>(chunk, base, lane, center) / count : 0.f;
+        local = merge(local, Moments{count, chunk_mean,
+                                     pack_sq_dev<Cfg, S::kChunk>(chunk, base, lane, center, chunk_mean)});
       } else {
-        local.m2 += pack_sq_dev<Cfg, S::kChunk>(chunk, base, lane, 0.f);
+        local.m2 += pack_sq_dev<Cfg, S::kChunk>(chunk, base, lane, 0.f, 0.f);
       }
     }
     if constexpr (kLayerNorm) {
       const Moments row_m = row_merge<S::kThreads>(local, moments_scratch);
-      mean = row_m.mean;
+      shift = row_m.mean;
       rstd = rsqrtf(row_m.m2 * kInvN + p.eps);
     } else {
-      rstd = rsqrtf(row_sum<S::kThreads>(local.m2, scratch[0]) * kInvN + p.eps);
+      rstd = rsqrtf(row_sum<S::kThreads>(local.m2, sum_scratch) * kInvN + p.eps);
     }
   }
 
   if constexpr (Cfg::kTraining) {
     if (active && lane == 0) {
-      if constexpr (kLayerNorm) p.mean[row] = mean;
+      if constexpr (kLayerNorm) p.mean[row] = center + shift;
       p.rstd[row] = rstd;
     }
   }
   if (!active) return;
 
   if constexpr (Cfg::kCache == RowCache::kRegisters) {
-    write_packs<Cfg, S::kIters, XT, WT>(p, cache, 0, lane, row, y, mean, rstd);
+    write_packs<Cfg, S::kIters, XT, WT>(p, cache, 0, lane, row, y, center, shift, rstd);
   } else {
     for (int base = 0; base < S::kIters; base += S::kChunk) {
       Pack<XT, kVec> chunk[S::kChunk];
@@ -171,7 +187,7 @@ __device__ __forceinline__ void norm_fwd(const FwdParams& p) {
         const int pack = (base + i) * S::kThreads + lane;
         if (pack < S::kVecs) chunk[i] = load_pack<XT, kVec>(x + pack * kVec);
       }
-      write_packs<Cfg, S::kChunk, XT, WT>(p, chunk, base, lane, row, y, mean, rstd);
+      write_packs<Cfg, S::kChunk, XT, WT>(p, chunk, base, lane, row, y, center, shift, rstd);
     }
   }
 }
