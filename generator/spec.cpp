@@ -182,30 +182,31 @@ Spec Spec::parse(std::string_view text) {
 }
 
 void validate(const Spec& s) {
-  const std::string where = "spec '" + s.str() + "': ";
+  // Built only on failure: validate() runs on every Runtime::get().
+  auto where = [&s] { return "spec '" + s.str() + "': "; };
   if (s.n < 1 || s.n > kMaxHiddenSize)
-    throw Error(Status::kInvalidSpec, where + "n=" + std::to_string(s.n) + " is outside [1, " +
+    throw Error(Status::kInvalidSpec, where() + "n=" + std::to_string(s.n) + " is outside [1, " +
                                           std::to_string(kMaxHiddenSize) + "]");
   if (!s.block) return;
   const BlockConfig& b = *s.block;
   const int max_vec = 16 / dtype_size(s.x_dtype);
   if (!is_pow2(b.vec) || b.vec > max_vec || s.n % b.vec != 0)
-    throw Error(Status::kInvalidSpec, where + "vec=" + std::to_string(b.vec) + " must be a power of two <= " +
+    throw Error(Status::kInvalidSpec, where() + "vec=" + std::to_string(b.vec) + " must be a power of two <= " +
                                           std::to_string(max_vec) + " that divides n");
   const bool sub_warp = b.threads_per_row <= 32;
   if (b.threads_per_row < 1 || b.threads_per_row > 1024 || (sub_warp && !is_pow2(b.threads_per_row)) ||
       (!sub_warp && b.threads_per_row % 32 != 0))
-    throw Error(Status::kInvalidSpec, where + "threads_per_row=" + std::to_string(b.threads_per_row) +
+    throw Error(Status::kInvalidSpec, where() + "threads_per_row=" + std::to_string(b.threads_per_row) +
                                           " must be a power of two <= 32 or a multiple of 32 <= 1024");
   if (b.rows_per_cta < 1 || (!sub_warp && b.rows_per_cta != 1) ||
       static_cast<int64_t>(b.rows_per_cta) * b.threads_per_row > 1024 ||
       (sub_warp && b.rows_per_cta * b.threads_per_row % 32 != 0))
     throw Error(Status::kInvalidSpec,
-                where + "rows_per_cta=" + std::to_string(b.rows_per_cta) +
+                where() + "rows_per_cta=" + std::to_string(b.rows_per_cta) +
                     " must be 1 for CTA-wide rows, and rows_per_cta*threads_per_row a multiple of 32 <= 1024");
   const int64_t packs_per_thread = (s.n / b.vec + b.threads_per_row - 1) / b.threads_per_row;
   if (b.cache == RowCache::kRegisters && packs_per_thread > 16)
-    throw Error(Status::kInvalidSpec, where + "row cache 'reg' would hold " + std::to_string(packs_per_thread) +
+    throw Error(Status::kInvalidSpec, where() + "row cache 'reg' would hold " + std::to_string(packs_per_thread) +
                                           " packs per thread (max 16); use more threads or gmem");
 }
 

@@ -22,6 +22,23 @@ int access_bytes(int vec, DType d) { return std::min(16, vec * dtype_size(d)); }
 
 }  // namespace
 
+// Every field of a resolved spec in one word (n < 2^19, block fields < 2^11 each).
+uint64_t packed_key(const Spec& s) {
+  const BlockConfig& b = *s.block;
+  uint64_t k = static_cast<uint64_t>(s.n);                                   // 19 bits
+  k = k << 2 | static_cast<uint64_t>(s.norm);
+  k = k << 2 | static_cast<uint64_t>(s.phase);
+  k = k << 2 | static_cast<uint64_t>(s.x_dtype);
+  k = k << 2 | static_cast<uint64_t>(s.w_dtype);
+  k = k << 1 | static_cast<uint64_t>(s.has_bias);
+  k = k << 3 | static_cast<uint64_t>(s.epilogue);
+  k = k << 11 | static_cast<uint64_t>(b.threads_per_row);
+  k = k << 11 | static_cast<uint64_t>(b.rows_per_cta);
+  k = k << 5 | static_cast<uint64_t>(b.vec);
+  k = k << 2 | static_cast<uint64_t>(b.cache);
+  return k;  // 19 + 2+2+2+2+1+3 + 11+11+5+2 = 60 bits
+}
+
 int max_vec_for(const Spec& spec, const LaunchArgs& a) {
   int vec = 16 / dtype_size(spec.x_dtype);
   auto ok = [&](int v) {
@@ -126,18 +143,19 @@ Runtime::Runtime(int device, std::filesystem::path cache_dir) : disk_cache_(std:
 Runtime::~Runtime() {
   // Never throw from a destructor; the driver may already be shutting down at exit.
   const DriverApi& cu = driver();
-  for (auto& [name, module] : modules_) cu.cuModuleUnload(module);
+  for (CUmodule module : modules_) cu.cuModuleUnload(module);
   if (context_) cu.cuDevicePrimaryCtxRelease(cu_device_);
 }
 
 const Kernel& Runtime::get(const Spec& spec) {
   const Spec resolved = resolve(spec);
-  const std::string name = resolved.str();
+  const uint64_t key = packed_key(resolved);
   std::lock_guard<std::mutex> lock(mutex_);
-  if (auto it = kernels_.find(name); it != kernels_.end()) {
+  if (auto it = kernels_.find(key); it != kernels_.end()) {
     ++counters_.memory_hits;
     return *it->second;
   }
+  const std::string name = resolved.str();
   const CacheCounters before = disk_cache_.counters();
   const Binary binary = disk_cache_.get_or_compile(resolved, target_);
   const CacheCounters after = disk_cache_.counters();
@@ -150,13 +168,13 @@ const Kernel& Runtime::get(const Spec& spec) {
   NORMJIT_CU_CTX(cuModuleLoadData(&module, binary.image.data()), "loading " + name + " (" + binary.arch + ")");
   auto kernel = std::make_unique<Kernel>();
   NORMJIT_CU_CTX(cuModuleGetFunction(&kernel->function_, module, binary.kernel_name.c_str()), "loading " + name);
-  modules_[name] = module;
+  modules_.push_back(module);
   kernel->context_ = context_;
   kernel->spec_ = resolved;
   kernel->spec_string_ = name;
   kernel->threads_per_cta_ = binary.threads_per_cta;
   kernel->rows_per_cta_ = binary.rows_per_cta;
-  return *(kernels_[name] = std::move(kernel));
+  return *(kernels_[key] = std::move(kernel));
 }
 
 void Runtime::launch(const Spec& spec, const LaunchArgs& args, CUstream stream) {

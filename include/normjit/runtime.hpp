@@ -4,6 +4,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "normjit/compiler.hpp"
 #include "normjit/driver.hpp"
@@ -88,8 +89,10 @@ class Runtime {
   CUcontext context_ = nullptr;
   DiskCache disk_cache_;
   mutable std::mutex mutex_;
-  std::unordered_map<std::string, std::unique_ptr<Kernel>> kernels_;
-  std::unordered_map<std::string, CUmodule> modules_;
+  // Keyed by the packed fields of the resolved spec: building the string form costs more than
+  // the whole lookup.
+  std::unordered_map<uint64_t, std::unique_ptr<Kernel>> kernels_;
+  std::vector<CUmodule> modules_;
   RuntimeCounters counters_;
 };
 

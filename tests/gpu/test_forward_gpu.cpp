@@ -49,6 +49,7 @@ struct Case {
 
 // Runs one case through Runtime::launch; returns the worst err / tolerance.
 double run_case(const Case& c) {
+  runtime();  // its context must be current before this test's own allocations
   const Spec& s = c.spec;
   const int64_t n = s.n, stride = c.row_stride ? c.row_stride : n;
   const int xs = dtype_size(s.x_dtype), ws = dtype_size(s.w_dtype);
