@@ -29,6 +29,9 @@ if [[ $STAGE == all || $STAGE == bench ]]; then
   build/normjit-precompile -j 1 -q --arch sm_90 --cache-dir /tmp/njcache --json "$OUT/compile_cold.json" $SPECS 2>&1 | tail -1
   build/normjit-precompile -j 16 -q --arch sm_90 --cache-dir /tmp/njcache2 --manifest manifests/default.txt \
     --json "$OUT/compile_manifest.json" 2>&1 | tail -1
+  # NVRTC's floor on this CPU: the smallest kernels normjit generates.
+  build/normjit-precompile -j 1 -q --arch sm_90 --cache-dir /tmp/njcache-floor --json "$OUT/compile_floor.json" \
+    rmsnorm.fwd_infer.f32.n1 rmsnorm.fwd_infer.f16.n1 rmsnorm.fwd_infer.bf16.n1 2>&1 | tail -1
   # A fresh process: every first get() is a disk hit.
   build/normjit-bench --rows 32768 --cache-dir /tmp/njcache --json "$OUT/normjit_fwd.json" $SPECS 2>&1 | tee "$OUT/normjit_fwd.txt"
   # Fast-compile experiment: compile time and kernel speed with NVRTC's -Ofc levels.
