@@ -56,6 +56,8 @@ struct EpilogueBinding {
 EpilogueBinding epilogue_binding(Epilogue e) {
   switch (e) {
     case Epilogue::kNone: return {"epilogue_none.cuh", "EpilogueNone"};
+    case Epilogue::kReluBitmask: return {"epilogue_relu_bitmask.cuh", "EpilogueReluBitmask"};
+    case Epilogue::kGelu: return {"epilogue_gelu.cuh", "EpilogueGelu"};
   }
   throw Error(Status::kNotSupported, std::string("epilogue '") + to_string(e) + "' has no device binding");
 }
@@ -66,8 +68,6 @@ GeneratedSource generate(const Spec& spec) {
   validate(spec);
   const std::string name = spec.str();
   if (!spec.block) throw Error(Status::kInvalidArgument, "generate(" + name + "): spec has no block config; call resolve() first");
-  if (spec.phase == Phase::kBackward)
-    throw Error(Status::kNotSupported, name + ": backward kernels are not implemented in this version");
   const BlockConfig& b = *spec.block;
   GeneratedSource g;
   g.spec = name;
@@ -77,24 +77,31 @@ GeneratedSource generate(const Spec& spec) {
   g.threads_per_cta = b.threads_per_row * b.rows_per_cta;
   g.rows_per_cta = b.rows_per_cta;
   const EpilogueBinding ep = epilogue_binding(spec.epilogue);
-  const std::map<std::string, std::string> values = {
+  const bool backward = spec.phase == Phase::kBackward;
+  std::map<std::string, std::string> values = {
       {"SPEC", name},
       {"KERNEL_NAME", g.kernel_name},
       {"X_TYPE", device_type(spec.x_dtype)},
       {"W_TYPE", device_type(spec.w_dtype)},
       {"EPILOGUE_HEADER", ep.header},
       {"EPILOGUE_FUNCTOR", ep.functor},
-      {"NORM_KIND", spec.norm == Norm::kLayerNorm ? "kLayerNorm" : "kRMSNorm"},
-      {"TRAINING", spec.phase == Phase::kForwardTraining ? "true" : "false"},
+      // AdaLayerNorm is LayerNorm math with per-group weights.
+      {"NORM_KIND", spec.norm == Norm::kRMSNorm ? "kRMSNorm" : "kLayerNorm"},
+      {"PER_GROUP_WEIGHTS", spec.norm == Norm::kAdaLayerNorm ? "true" : "false"},
       {"HAS_BIAS", spec.has_bias ? "true" : "false"},
       {"N", std::to_string(spec.n)},
       {"VEC", std::to_string(b.vec)},
       {"THREADS_PER_ROW", std::to_string(b.threads_per_row)},
       {"ROWS_PER_CTA", std::to_string(b.rows_per_cta)},
-      {"ROW_CACHE", b.cache == RowCache::kRegisters ? "kRegisters" : "kGlobal"},
       {"THREADS_PER_CTA", std::to_string(g.threads_per_cta)},
   };
-  g.source = render(template_text("norm_fwd.cu.in"), values, name);
+  if (backward) {
+    values["FUSED"] = b.cache == RowCache::kRegisters ? "1" : "0";
+  } else {
+    values["TRAINING"] = spec.phase == Phase::kForwardTraining ? "true" : "false";
+    values["ROW_CACHE"] = b.cache == RowCache::kRegisters ? "kRegisters" : "kGlobal";
+  }
+  g.source = render(template_text(backward ? "norm_bwd.cu.in" : "norm_fwd.cu.in"), values, name);
   return g;
 }
 

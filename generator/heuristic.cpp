@@ -22,6 +22,10 @@ constexpr int64_t kCtaRowTargetPacks = 4;
 // Past this many elements per thread the row leaves registers: at 1024 threads a thread has 64
 // registers, and 64 bf16 values (8 packs) spilled 180 bytes on sm_90 while 32 values did not.
 constexpr int64_t kRegisterMaxElements = 32;
+// Backward, fused route: at most this many elements per thread and threads per row (beyond,
+// the split route). 16 elements at 512 threads fit the 128 registers a thread has there.
+constexpr int64_t kBackwardElements = 16;
+constexpr int64_t kBackwardMaxFusedThreads = 512;
 
 }  // namespace
 
@@ -34,7 +38,29 @@ Spec resolve(const Spec& spec, int max_vec) {
   while (b.vec > 1 && s.n % b.vec != 0) b.vec /= 2;
   const int64_t packs = s.n / b.vec;
 
-  if (packs <= 32) {
+  if (s.phase == Phase::kBackward) {
+    // Backward keeps x, dy, gamma*d and two accumulators per element: fewer elements per thread.
+    const int64_t per_thread = std::max<int64_t>(1, kBackwardElements / b.vec);
+    if (packs <= 32) {
+      b.threads_per_row = next_pow2(packs);
+      b.rows_per_cta = 256 / b.threads_per_row;
+      b.cache = RowCache::kRegisters;
+    } else if (packs <= 32 * per_thread) {
+      b.threads_per_row = 32;
+      b.rows_per_cta = 8;
+      b.cache = RowCache::kRegisters;
+    } else {
+      const int64_t want = (packs + per_thread - 1) / per_thread;
+      b.rows_per_cta = 1;
+      if (want <= kBackwardMaxFusedThreads) {
+        b.threads_per_row = static_cast<int>((want + 31) / 32 * 32);
+        b.cache = RowCache::kRegisters;
+      } else {
+        b.threads_per_row = 1024;  // the row-sum pass streams the row
+        b.cache = RowCache::kGlobal;
+      }
+    }
+  } else if (packs <= 32) {
     // Tiny rows: a power-of-two group of lanes per row, 256 threads per CTA.
     b.threads_per_row = next_pow2(packs);
     b.rows_per_cta = 256 / b.threads_per_row;

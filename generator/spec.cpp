@@ -28,12 +28,14 @@ struct Named {
   const char* name;
 };
 
-constexpr Named<Norm> kNorms[] = {{Norm::kLayerNorm, "layernorm"}, {Norm::kRMSNorm, "rmsnorm"}};
+constexpr Named<Norm> kNorms[] = {
+    {Norm::kLayerNorm, "layernorm"}, {Norm::kRMSNorm, "rmsnorm"}, {Norm::kAdaLayerNorm, "adalayernorm"}};
 constexpr Named<Phase> kPhases[] = {
     {Phase::kForwardTraining, "fwd_train"}, {Phase::kForwardInference, "fwd_infer"}, {Phase::kBackward, "bwd"}};
 constexpr Named<DType> kDTypes[] = {{DType::kF32, "f32"}, {DType::kF16, "f16"}, {DType::kBF16, "bf16"}};
 // The epilogue table: one row per epilogue. "none" is never printed in a spec string.
-constexpr Named<Epilogue> kEpilogues[] = {{Epilogue::kNone, "none"}};
+constexpr Named<Epilogue> kEpilogues[] = {
+    {Epilogue::kNone, "none"}, {Epilogue::kReluBitmask, "relu_bitmask"}, {Epilogue::kGelu, "gelu"}};
 constexpr Named<RowCache> kRowCaches[] = {{RowCache::kRegisters, "reg"}, {RowCache::kGlobal, "gmem"}};
 
 template <class E, size_t K>
@@ -153,7 +155,7 @@ Spec Spec::parse(std::string_view text) {
     s.epilogue = *ep;
     ++i;
   }
-  if (i < tokens.size()) {
+  if (i < tokens.size() && tokens[i].substr(0, 4) == "cfg_") {
     // cfg_t<T>_r<R>_v<V>_<cache>
     std::string_view c = tokens[i];
     BlockConfig b;

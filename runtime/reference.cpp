@@ -1,5 +1,6 @@
 #include "normjit/reference.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -47,38 +48,87 @@ void store(void* data, DType d, int64_t i, float v) {
   }
 }
 
+double gelu(double u) { return 0.5 * u * (1.0 + std::tanh(0.7978845608028654 * (u + 0.044715 * u * u * u))); }
+
+double gelu_grad(double u) {
+  const double t = std::tanh(0.7978845608028654 * (u + 0.044715 * u * u * u));
+  const double dt = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * u * u) * (1.0 - t * t);
+  return 0.5 * (1.0 + t) + 0.5 * u * dt;
+}
+
+namespace {
+int64_t weight_row(const Spec& s, int64_t row, int64_t rows_per_batch) {
+  return s.norm == Norm::kAdaLayerNorm ? row / rows_per_batch : 0;
+}
+}  // namespace
+
 ForwardRef forward(const Spec& s, const void* x, const void* gamma, const void* beta, int64_t rows,
-                   int64_t row_stride, double eps) {
+                   int64_t row_stride, double eps, int64_t rows_per_batch, double clip_lower, double clip_upper) {
   ForwardRef r;
   r.y.resize(rows * s.n);
   r.mean.resize(rows);
   r.rstd.resize(rows);
   for (int64_t row = 0; row < rows; ++row) {
     const int64_t base = row * row_stride;
+    const int64_t w = weight_row(s, row, rows_per_batch) * s.n;
     double mean = 0, var = 0;
-    if (s.norm == Norm::kLayerNorm) {
+    if (s.norm != Norm::kRMSNorm) {
       for (int64_t i = 0; i < s.n; ++i) mean += load(x, s.x_dtype, base + i);
       mean /= s.n;
-      for (int64_t i = 0; i < s.n; ++i) {
-        const double d = load(x, s.x_dtype, base + i) - mean;
-        var += d * d;
-      }
-    } else {
-      for (int64_t i = 0; i < s.n; ++i) {
-        const double v = load(x, s.x_dtype, base + i);
-        var += v * v;
-      }
+    }
+    for (int64_t i = 0; i < s.n; ++i) {
+      const double d = load(x, s.x_dtype, base + i) - mean;
+      var += d * d;
     }
     var /= s.n;
     const double rstd = 1.0 / std::sqrt(var + eps);
     r.mean[row] = mean;
     r.rstd[row] = rstd;
     for (int64_t i = 0; i < s.n; ++i) {
-      double y = (load(x, s.x_dtype, base + i) - mean) * rstd * load(gamma, s.w_dtype, i);
-      if (beta) y += load(beta, s.w_dtype, i);
+      double y = (load(x, s.x_dtype, base + i) - mean) * rstd * load(gamma, s.w_dtype, w + i);
+      if (beta) y += load(beta, s.w_dtype, w + i);
+      if (s.epilogue == Epilogue::kReluBitmask) y = std::min(std::max(y, clip_lower), clip_upper);
+      if (s.epilogue == Epilogue::kGelu) y = gelu(y);
       r.y[row * s.n + i] = y;
     }
   }
+  return r;
+}
+
+BackwardRef backward(const Spec& s, const void* dy, const void* x, const void* gamma, const void* beta,
+                     const float* mean, const float* rstd, const uint8_t* mask, int64_t rows, int64_t row_stride,
+                     int64_t rows_per_batch) {
+  const int64_t groups = s.norm == Norm::kAdaLayerNorm ? rows / rows_per_batch : 1;
+  const int64_t mask_stride = (s.n + 7) / 8;
+  BackwardRef r;
+  r.dx.resize(rows * s.n);
+  r.dgamma.assign(groups * s.n, 0.0);
+  r.dbeta.assign(groups * s.n, 0.0);
+  std::vector<double> xhat(s.n), gd(s.n);
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t base = row * row_stride;
+    const int64_t g_row = weight_row(s, row, rows_per_batch);
+    const int64_t w = g_row * s.n;
+    const double mu = s.norm == Norm::kRMSNorm ? 0.0 : mean[row];
+    const double rs = rstd[row];
+    double c1 = 0, c2 = 0;
+    for (int64_t i = 0; i < s.n; ++i) {
+      xhat[i] = (load(x, s.x_dtype, base + i) - mu) * rs;
+      const double g = load(gamma, s.w_dtype, w + i);
+      double d = load(dy, s.x_dtype, base + i);
+      if (s.epilogue == Epilogue::kReluBitmask && !((mask[row * mask_stride + i / 8] >> (i % 8)) & 1)) d = 0;
+      if (s.epilogue == Epilogue::kGelu) d *= gelu_grad(xhat[i] * g + (beta ? load(beta, s.w_dtype, w + i) : 0.0));
+      r.dgamma[w + i] += d * xhat[i];
+      r.dbeta[w + i] += d;
+      gd[i] = g * d;
+      c1 += gd[i];
+      c2 += gd[i] * xhat[i];
+    }
+    c1 = s.norm == Norm::kRMSNorm ? 0.0 : c1 / s.n;
+    c2 /= s.n;
+    for (int64_t i = 0; i < s.n; ++i) r.dx[row * s.n + i] = rs * (gd[i] - c1 - xhat[i] * c2);
+  }
+  if (!s.has_bias) std::fill(r.dbeta.begin(), r.dbeta.end(), 0.0);
   return r;
 }
 
@@ -91,6 +141,10 @@ Tolerance tolerance(DType d) {
     case DType::kBF16: return {1.6e-2, 1.6e-2};
   }
   return {0, 0};
+}
+
+Tolerance backward_tolerance(DType d) {
+  return d == DType::kF32 ? Tolerance{1e-4, 1e-4} : tolerance(d);
 }
 
 }  // namespace normjit::reference

@@ -1,5 +1,6 @@
 #include "normjit/runtime.hpp"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -20,12 +21,12 @@ bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) %
 
 int access_bytes(int vec, DType d) { return std::min(16, vec * dtype_size(d)); }
 
-}  // namespace
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Every field of a resolved spec in one word (n < 2^19, block fields < 2^11 each).
 uint64_t packed_key(const Spec& s) {
   const BlockConfig& b = *s.block;
-  uint64_t k = static_cast<uint64_t>(s.n);                                   // 19 bits
+  uint64_t k = static_cast<uint64_t>(s.n);  // 19 bits
   k = k << 2 | static_cast<uint64_t>(s.norm);
   k = k << 2 | static_cast<uint64_t>(s.phase);
   k = k << 2 | static_cast<uint64_t>(s.x_dtype);
@@ -39,18 +40,20 @@ uint64_t packed_key(const Spec& s) {
   return k;  // 19 + 2+2+2+2+1+3 + 11+11+5+2 = 60 bits
 }
 
+bool needs_pre_activation(Epilogue e) { return e == Epilogue::kGelu; }
+
+}  // namespace
+
 int max_vec_for(const Spec& spec, const LaunchArgs& a) {
   int vec = 16 / dtype_size(spec.x_dtype);
   auto ok = [&](int v) {
     const int xb = access_bytes(v, spec.x_dtype), wb = access_bytes(v, spec.w_dtype);
-    return spec.n % v == 0 && a.row_stride % v == 0 && aligned(a.x, xb) && aligned(a.y, xb) && aligned(a.gamma, wb) &&
-           aligned(a.beta, wb);
+    return spec.n % v == 0 && a.row_stride % v == 0 && aligned(a.x, xb) && aligned(a.y, xb) && aligned(a.dy, xb) &&
+           aligned(a.dx, xb) && aligned(a.gamma, wb) && aligned(a.beta, wb);
   };
   while (vec > 1 && !ok(vec)) vec /= 2;
   return vec;
 }
-
-void Kernel::validate(const LaunchArgs& a) const { validate_launch(spec_, a); }
 
 void validate_launch(const Spec& s, const LaunchArgs& a) {
   if (!s.block) throw Error(Status::kInvalidArgument, "validate_launch(" + s.str() + "): spec has no block config; resolve() it");
@@ -58,43 +61,125 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
   auto fail = [&](const std::string& what) {
     throw Error(Status::kInvalidArgument, "launch of " + s.str() + ": " + what);
   };
+  const bool backward = s.phase == Phase::kBackward;
   const bool training = s.phase == Phase::kForwardTraining;
-  const bool wants_mean = training && s.norm == Norm::kLayerNorm;
-  if (!a.x) fail("x is null");
-  if (!a.y) fail("y is null");
-  if (!a.gamma) fail("gamma is null");
-  if (s.has_bias && !a.beta) fail("beta is null but the spec has a bias");
-  if (!s.has_bias && a.beta) fail("beta=" + hex_ptr(a.beta) + " is given but the spec has no bias (add .bias)");
-  if (wants_mean && !a.mean) fail("mean is null; LayerNorm training writes mean");
-  if (!wants_mean && a.mean) fail("mean=" + hex_ptr(a.mean) + " is given but " + to_string(s.phase) + " " + to_string(s.norm) + " writes no mean");
-  if (training && !a.rstd) fail("rstd is null; training writes rstd");
-  if (!training && a.rstd) fail("rstd=" + hex_ptr(a.rstd) + " is given but inference writes no rstd");
+  const bool has_mean = s.norm != Norm::kRMSNorm;
+  const bool ada = s.norm == Norm::kAdaLayerNorm;
+  const bool bitmask = s.epilogue == Epilogue::kReluBitmask;
+  const char* phase = to_string(s.phase);
+  // (field, pointer, whether this spec uses it, why)
+  struct Field {
+    const char* name;
+    const void* ptr;
+    bool used;
+    const char* role;
+  };
+  const Field fields[] = {
+      {"x", a.x, true, "the input"},
+      {"gamma", a.gamma, true, "the scale"},
+      {"beta", a.beta, backward ? s.has_bias && needs_pre_activation(s.epilogue) : s.has_bias,
+       backward ? "read by the backward only with a bias and a gelu epilogue" : "the bias (spec .bias)"},
+      {"y", a.y, !backward, "the forward output"},
+      {"mean", a.mean, has_mean && (training || backward), "LayerNorm training output / backward input"},
+      {"rstd", a.rstd, training || backward, "training output / backward input"},
+      {"dy", a.dy, backward, "the backward input"},
+      {"dx", a.dx, backward, "the backward output"},
+      {"dgamma", a.dgamma, backward, "the backward output"},
+      {"dbeta", a.dbeta, backward && s.has_bias, "the backward bias gradient (spec .bias)"},
+      {"workspace", a.workspace, backward, "backward scratch (Kernel::workspace_bytes)"},
+      {"mask", a.mask, bitmask, "the relu_bitmask mask"},
+  };
+  for (const Field& f : fields) {
+    if (f.used && !f.ptr) fail(std::string(f.name) + " is null; " + phase + " needs it (" + f.role + ")");
+    if (!f.used && f.ptr)
+      fail(std::string(f.name) + "=" + hex_ptr(f.ptr) + " is given but " + phase + " " + to_string(s.norm) +
+           (s.epilogue == Epilogue::kNone ? "" : std::string(" with ") + to_string(s.epilogue)) +
+           " does not use it (" + f.role + ")");
+  }
   if (a.rows < 0) fail("rows=" + std::to_string(a.rows) + " is negative");
   const int64_t max_rows = int64_t(0x7fffffff) * s.block->rows_per_cta;
   if (a.rows > max_rows) fail("rows=" + std::to_string(a.rows) + " exceeds " + std::to_string(max_rows));
   if (a.row_stride < s.n) fail("row_stride=" + std::to_string(a.row_stride) + " is less than n=" + std::to_string(s.n));
-  if (!std::isfinite(a.eps) || a.eps <= 0.f) fail("eps=" + std::to_string(a.eps) + " must be finite and > 0");
+  if (!backward && (!std::isfinite(a.eps) || a.eps <= 0.f))
+    fail("eps=" + std::to_string(a.eps) + " must be finite and > 0");
+  if (ada) {
+    if (a.rows_per_batch < 1) fail("rows_per_batch=" + std::to_string(a.rows_per_batch) + " must be >= 1 for adalayernorm");
+    if (a.rows % a.rows_per_batch != 0)
+      fail("rows=" + std::to_string(a.rows) + " is not a multiple of rows_per_batch=" + std::to_string(a.rows_per_batch));
+    if (a.rows / a.rows_per_batch > 65535)
+      fail("rows / rows_per_batch = " + std::to_string(a.rows / a.rows_per_batch) + " batches exceeds 65535");
+  } else if (a.rows_per_batch != 0) {
+    fail("rows_per_batch=" + std::to_string(a.rows_per_batch) + " is given but only adalayernorm uses it");
+  }
+  if (bitmask && !(a.clip_lower < a.clip_upper))
+    fail("clip_lower=" + std::to_string(a.clip_lower) + " must be below clip_upper=" + std::to_string(a.clip_upper));
   const int vec = s.block->vec;
   if (a.row_stride % vec != 0)
     fail("row_stride=" + std::to_string(a.row_stride) + " is not a multiple of vec=" + std::to_string(vec) +
          " (use Runtime::launch to pick a narrower vector, or a spec with a smaller vec)");
   const int xb = access_bytes(vec, s.x_dtype), wb = access_bytes(vec, s.w_dtype);
-  auto check_align = [&](const char* field, const void* p, int bytes) {
+  auto check_align = [&](const char* field, const void* p, int bytes, const char* why) {
     if (p && !aligned(p, bytes))
-      fail(std::string(field) + "=" + hex_ptr(p) + " is not aligned to " + std::to_string(bytes) + " bytes (vec=" +
-           std::to_string(vec) + ")");
+      fail(std::string(field) + "=" + hex_ptr(p) + " is not aligned to " + std::to_string(bytes) + " bytes (" + why + ")");
   };
-  check_align("x", a.x, xb);
-  check_align("y", a.y, xb);
-  check_align("gamma", a.gamma, wb);
-  check_align("beta", a.beta, wb);
-  check_align("mean", a.mean, 4);
-  check_align("rstd", a.rstd, 4);
+  const std::string vec_why = "vec=" + std::to_string(vec);
+  check_align("x", a.x, xb, vec_why.c_str());
+  check_align("y", a.y, xb, vec_why.c_str());
+  check_align("dy", a.dy, xb, vec_why.c_str());
+  check_align("dx", a.dx, xb, vec_why.c_str());
+  check_align("gamma", a.gamma, wb, vec_why.c_str());
+  check_align("beta", a.beta, wb, vec_why.c_str());
+  check_align("dgamma", a.dgamma, dtype_size(s.w_dtype), "its dtype");
+  check_align("dbeta", a.dbeta, dtype_size(s.w_dtype), "its dtype");
+  check_align("mean", a.mean, 4, "f32");
+  check_align("rstd", a.rstd, 4, "f32");
+  check_align("workspace", a.workspace, 16, "vector stores");
+}
+
+void Kernel::validate(const LaunchArgs& a) const {
+  validate_launch(spec_, a);
+  if (spec_.phase == Phase::kBackward) {
+    const size_t need = workspace_bytes(a.rows, a.rows_per_batch);
+    if (a.workspace_bytes < need)
+      throw Error(Status::kInvalidArgument, "launch of " + spec_string_ + ": workspace_bytes=" +
+                                                std::to_string(a.workspace_bytes) + " is less than the " +
+                                                std::to_string(need) + " bytes workspace_bytes(rows=" +
+                                                std::to_string(a.rows) + ") needs");
+  }
+}
+
+Kernel::BackwardPlan Kernel::plan(int64_t rows, int64_t rows_per_batch) const {
+  BackwardPlan p;
+  if (spec_.phase != Phase::kBackward) return p;
+  const bool ada = spec_.norm == Norm::kAdaLayerNorm;
+  p.groups = ada && rows_per_batch > 0 ? rows / rows_per_batch : 1;
+  p.rows_per_group = ada && rows_per_batch > 0 ? rows_per_batch : rows;
+  if (p.groups == 0 || p.rows_per_group == 0) return p;
+  const BlockConfig& b = *spec_.block;
+  if (b.cache == RowCache::kRegisters) {
+    // A persistent grid: as many CTAs as fit on the GPU at once, shared among the groups.
+    const int64_t row_blocks = ceil_div(p.rows_per_group, b.rows_per_cta);
+    p.slots = std::clamp<int64_t>(resident_ctas_ / p.groups, 1, row_blocks);
+  } else {
+    // Column tiles of 256 packs; enough row chunks to put ~8 CTAs of 256 threads on each SM.
+    p.col_tiles = ceil_div(spec_.n / b.vec, 256);
+    const int64_t chunks = std::clamp<int64_t>(ceil_div(int64_t(sm_count_) * 8, p.col_tiles * p.groups), 1,
+                                               std::min<int64_t>(p.rows_per_group, 65535));
+    p.row_chunk = ceil_div(p.rows_per_group, chunks);
+    p.slots = ceil_div(p.rows_per_group, p.row_chunk);
+  }
+  const size_t partial_floats = size_t(2) * p.groups * p.slots * spec_.n;
+  const size_t row_sum_floats = b.cache == RowCache::kGlobal ? size_t(2) * rows : 0;
+  p.workspace_bytes = 4 * (partial_floats + row_sum_floats);
+  return p;
+}
+
+size_t Kernel::workspace_bytes(int64_t rows, int64_t rows_per_batch) const {
+  return plan(rows, rows_per_batch).workspace_bytes;
 }
 
 void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
   validate(a);
-  if (a.rows == 0) return;
   CUcontext current = nullptr;
   NORMJIT_CU(cuCtxGetCurrent(&current));
   if (current == nullptr) {
@@ -104,15 +189,57 @@ void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
                                               ": the calling thread's current CUDA context is not the primary "
                                               "context of the device this kernel was loaded on");
   }
-  FwdParams p{a.x, a.gamma, a.beta, a.y, a.mean, a.rstd, a.rows, a.row_stride, a.eps};
+  const bool backward = spec_.phase == Phase::kBackward;
+  if (a.rows == 0 && !backward) return;
+  NormParams p{};
+  p.x = a.x;
+  p.gamma = a.gamma;
+  p.beta = a.beta;
+  p.y = a.y;
+  p.mean = a.mean;
+  p.rstd = a.rstd;
+  p.dy = a.dy;
+  p.dx = a.dx;
+  p.mask = a.mask;
+  p.workspace = static_cast<float*>(a.workspace);
+  p.dgamma = a.dgamma;
+  p.dbeta = a.dbeta;
+  p.rows = a.rows;
+  p.row_stride = a.row_stride;
+  p.rows_per_group = spec_.norm == Norm::kAdaLayerNorm ? a.rows_per_batch : a.rows;
+  p.mask_stride = mask_row_bytes(spec_.n);
+  p.eps = a.eps;
+  p.clip_lower = a.clip_lower;
+  p.clip_upper = a.clip_upper;
   void* params[] = {&p};
-  const unsigned grid = static_cast<unsigned>((a.rows + rows_per_cta_ - 1) / rows_per_cta_);
-  NORMJIT_CU_CTX(cuLaunchKernel(function_, grid, 1, 1, threads_per_cta_, 1, 1, 0, stream, params, nullptr),
-                 "launching " + spec_string_);
+  auto run = [&](CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned threads, const char* what) {
+    if (gx == 0 || gy == 0 || gz == 0) return;
+    NORMJIT_CU_CTX(cuLaunchKernel(f, gx, gy, gz, threads, 1, 1, 0, stream, params, nullptr),
+                   std::string("launching ") + what + " of " + spec_string_);
+  };
+  if (!backward) {
+    run(function_, static_cast<unsigned>(ceil_div(a.rows, rows_per_cta_)), 1, 1, threads_per_cta_, "the kernel");
+    return;
+  }
+  const BackwardPlan plan_ = plan(a.rows, a.rows_per_batch);
+  p.partial_slots = static_cast<int>(plan_.slots);
+  p.row_chunk = static_cast<int>(plan_.row_chunk);
+  const unsigned groups = static_cast<unsigned>(plan_.groups);
+  if (a.rows > 0) {
+    if (spec_.block->cache == RowCache::kRegisters) {
+      run(function_, static_cast<unsigned>(plan_.slots), groups, 1, threads_per_cta_, "the fused backward");
+    } else {
+      run(function_, static_cast<unsigned>(a.rows), 1, 1, threads_per_cta_, "the row sums");
+      run(tiles_, static_cast<unsigned>(plan_.col_tiles), static_cast<unsigned>(plan_.slots), groups, 256,
+          "the column tiles");
+    }
+  }
+  // With no rows the reduction still runs over zero slots, so dgamma and dbeta come out zero.
+  run(reduce_, static_cast<unsigned>(ceil_div(spec_.n, 32)), groups, 1, 256, "the dgamma/dbeta reduction");
 }
 
 Runtime::Runtime(int device, std::filesystem::path cache_dir) : disk_cache_(std::move(cache_dir)) {
-  const DriverApi& cu = driver();
+  driver();
   int count = 0;
   NORMJIT_CU(cuDeviceGetCount(&count));
   if (device < 0 || device >= count)
@@ -135,7 +262,6 @@ Runtime::Runtime(int device, std::filesystem::path cache_dir) : disk_cache_(std:
   target_ = Target{device_.sm_major * 10 + device_.sm_minor};
   NORMJIT_CU(cuDevicePrimaryCtxRetain(&context_, cu_device_));
   NORMJIT_CU(cuCtxSetCurrent(context_));
-  (void)cu;
   detail::log().info("runtime on device {} ({}, {}, {} SMs), cache {}", device, device_.name, target_.str(),
                      device_.sm_count, disk_cache_.dir().string());
 }
@@ -166,14 +292,30 @@ const Kernel& Runtime::get(const Spec& spec) {
   NORMJIT_CU(cuCtxSetCurrent(context_));
   CUmodule module = nullptr;
   NORMJIT_CU_CTX(cuModuleLoadData(&module, binary.image.data()), "loading " + name + " (" + binary.arch + ")");
-  auto kernel = std::make_unique<Kernel>();
-  NORMJIT_CU_CTX(cuModuleGetFunction(&kernel->function_, module, binary.kernel_name.c_str()), "loading " + name);
   modules_.push_back(module);
+  auto kernel = std::make_unique<Kernel>();
+  auto function = [&](const std::string& suffix) {
+    CUfunction f = nullptr;
+    NORMJIT_CU_CTX(cuModuleGetFunction(&f, module, (binary.kernel_name + suffix).c_str()), "loading " + name);
+    return f;
+  };
+  if (resolved.phase == Phase::kBackward) {
+    const bool fused = resolved.block->cache == RowCache::kRegisters;
+    kernel->function_ = function(fused ? "_fused" : "_rowsums");
+    if (!fused) kernel->tiles_ = function("_tiles");
+    kernel->reduce_ = function("_reduce");
+  } else {
+    kernel->function_ = function("");
+  }
   kernel->context_ = context_;
   kernel->spec_ = resolved;
   kernel->spec_string_ = name;
   kernel->threads_per_cta_ = binary.threads_per_cta;
   kernel->rows_per_cta_ = binary.rows_per_cta;
+  kernel->sm_count_ = device_.sm_count;
+  int per_sm = 0;
+  NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel->function_, binary.threads_per_cta, 0));
+  kernel->resident_ctas_ = std::max(1, per_sm) * device_.sm_count;
   return *(kernels_[key] = std::move(kernel));
 }
 

@@ -113,12 +113,15 @@ int main(int argc, char** argv) {
   std::vector<std::string> spec_args;
   int64_t rows = 32768;
   int device = 0, warmup = 5, reps = 25, batch = 10, verify_rows = 16;
+  int64_t rows_per_batch = 0;
   std::string json_path, cache_dir;
   bool no_verify = false;
   unsigned seed = std::random_device{}();
   app.add_option("specs", spec_args, "Spec strings")->required();
   app.add_option("-M,--rows", rows, "Rows (M)")->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 31));
   app.add_option("--device", device, "GPU ordinal")->capture_default_str();
+  app.add_option("--rows-per-batch", rows_per_batch, "AdaLayerNorm: rows per batch (S); default: all rows")
+      ->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "Warm-up batches")->capture_default_str();
   app.add_option("--reps", reps, "Timed batches (median taken)")->capture_default_str()->check(CLI::Range(1, 100000));
   app.add_option("--batch", batch, "Launches per timed batch")->capture_default_str()->check(CLI::Range(1, 100000));
@@ -142,8 +145,6 @@ int main(int argc, char** argv) {
                 "first get");
     for (size_t si = 0; si < spec_args.size(); ++si) {
       const nj::Spec requested = nj::Spec::parse(spec_args[si]);
-      if (requested.phase == nj::Phase::kBackward)
-        throw nj::Error(nj::Status::kNotSupported, requested.str() + ": the bench covers forward kernels in this version");
       const auto t0 = Clock::now();
       const nj::RuntimeCounters before = rt.counters();
       const nj::Kernel& kernel = rt.get(requested);
@@ -157,20 +158,38 @@ int main(int argc, char** argv) {
       for (int i = 0; i < kHitLoops; ++i) (void)rt.get(spec);
       const double hit_ns = std::chrono::duration<double, std::nano>(Clock::now() - h0).count() / kHitLoops;
 
+      const bool backward = spec.phase == nj::Phase::kBackward;
+      const bool ada = spec.norm == nj::Norm::kAdaLayerNorm;
+      const bool bitmask = spec.epilogue == nj::Epilogue::kReluBitmask;
+      const int64_t rpb = ada ? (rows_per_batch > 0 ? rows_per_batch : rows) : 0;
+      const int64_t groups = ada ? rows / rpb : 1;
+      // The forward that feeds a backward its mean, rstd and mask.
+      nj::Spec fwd_spec = spec;
+      fwd_spec.block.reset();
+      if (backward) fwd_spec.phase = nj::Phase::kForwardTraining;
+      const nj::Kernel& forward = rt.get(fwd_spec);
+      const bool training = forward.spec().phase == nj::Phase::kForwardTraining;
+      const bool has_mean = (training || backward) && spec.norm != nj::Norm::kRMSNorm;
+
       const int xs = nj::dtype_size(spec.x_dtype), ws = nj::dtype_size(spec.w_dtype);
       const int64_t n = spec.n;
       const size_t x_bytes = size_t(rows) * n * xs;
-      // Rotate over enough buffer sets that x and y together exceed 4x the L2.
-      const int sets = static_cast<int>(std::clamp<int64_t>((4LL * dev.l2_bytes) / int64_t(2 * x_bytes) + 1, 1, 64));
-      DeviceBuffer x(x_bytes * sets), y(x_bytes * sets), gamma(n * ws), beta(spec.has_bias ? n * ws : 0),
-          mean(rows * 4 * sets), rstd(rows * 4 * sets);
-      const bool training = spec.phase == nj::Phase::kForwardTraining;
-      const bool has_mean = training && spec.norm == nj::Norm::kLayerNorm;
-      util.run_fill(x.get(), spec.x_dtype, (long long)(rows * n * sets), seed + 17 * si, 2.0f, 0.5f);
-      util.run_fill(gamma.get(), spec.w_dtype, n, seed + 17 * si + 1, 0.5f, 1.0f);
-      if (spec.has_bias) util.run_fill(beta.get(), spec.w_dtype, n, seed + 17 * si + 2, 0.5f, 0.0f);
+      const size_t mask_bytes = size_t(rows) * nj::mask_row_bytes(n);
+      // Rotate over enough buffer sets that the tensors one launch touches exceed 4x the L2.
+      const int64_t per_set = int64_t((backward ? 3 : 2) * x_bytes);
+      const int sets = static_cast<int>(std::clamp<int64_t>((4LL * dev.l2_bytes) / per_set + 1, 1, 64));
+      DeviceBuffer x(x_bytes * sets), y(x_bytes * sets), dy(backward ? x_bytes * sets : 0),
+          gamma(groups * n * ws), beta(spec.has_bias ? groups * n * ws : 0), mean(rows * 4 * sets),
+          rstd(rows * 4 * sets), mask(bitmask ? mask_bytes * sets : 0), dgamma(backward ? groups * n * ws : 0),
+          dbeta(backward && spec.has_bias ? groups * n * ws : 0),
+          workspace(backward ? kernel.workspace_bytes(rows, rpb) : 0);
+      const unsigned s0 = seed + 17 * static_cast<unsigned>(si);
+      util.run_fill(x.get(), spec.x_dtype, (long long)(rows * n * sets), s0, 2.0f, 0.5f);
+      util.run_fill(gamma.get(), spec.w_dtype, groups * n, s0 + 1, 0.5f, 1.0f);
+      if (spec.has_bias) util.run_fill(beta.get(), spec.w_dtype, groups * n, s0 + 2, 0.5f, 0.0f);
+      if (backward) util.run_fill(dy.get(), spec.x_dtype, (long long)(rows * n * sets), s0 + 3, 1.0f, 0.0f);
       NORMJIT_CU(cuMemsetD8(y.ptr, 0xff, y.bytes));  // poison: NaN in every dtype
-      auto args_for = [&](int set) {
+      auto forward_args = [&](int set) {
         nj::LaunchArgs a;
         a.x = static_cast<char*>(x.get()) + size_t(set) * x_bytes;
         a.y = static_cast<char*>(y.get()) + size_t(set) * x_bytes;
@@ -178,52 +197,96 @@ int main(int argc, char** argv) {
         a.beta = spec.has_bias ? beta.get() : nullptr;
         a.mean = has_mean ? reinterpret_cast<float*>(mean.get()) + size_t(set) * rows : nullptr;
         a.rstd = training ? reinterpret_cast<float*>(rstd.get()) + size_t(set) * rows : nullptr;
+        a.mask = bitmask ? reinterpret_cast<uint8_t*>(mask.get()) + size_t(set) * mask_bytes : nullptr;
+        a.clip_lower = 0.f;
+        a.clip_upper = 6.f;
         a.rows = rows;
         a.row_stride = n;
+        a.rows_per_batch = rpb;
         a.eps = 1e-5f;
         return a;
       };
-      kernel.launch(args_for(0));
+      auto backward_args = [&](int set) {
+        nj::LaunchArgs a = forward_args(set);
+        a.y = nullptr;
+        a.beta = spec.has_bias && spec.epilogue == nj::Epilogue::kGelu ? beta.get() : nullptr;
+        a.dy = static_cast<char*>(dy.get()) + size_t(set) * x_bytes;
+        a.dx = static_cast<char*>(y.get()) + size_t(set) * x_bytes;  // dx reuses y's buffers
+        a.dgamma = dgamma.get();
+        a.dbeta = spec.has_bias ? dbeta.get() : nullptr;
+        a.workspace = workspace.get();
+        a.workspace_bytes = workspace.bytes;
+        return a;
+      };
+      auto launch = [&](int set) {
+        if (backward) kernel.launch(backward_args(set));
+        else kernel.launch(forward_args(set));
+      };
+      if (backward) {
+        for (int set = 0; set < sets; ++set) forward.launch(forward_args(set));
+        NORMJIT_CU(cuMemsetD8(y.ptr, 0xff, y.bytes));
+      }
+      launch(0);
       NORMJIT_CU(cuCtxSynchronize());
 
+      // Sampled rows against the fp64 reference: y (forward) or dx (backward), and stats.
       double worst = 0;  // max over checked elements of err / (atol + rtol |ref|)
       if (!no_verify) {
         const int64_t check = std::min<int64_t>(rows, verify_rows);
-        std::vector<char> hx(n * xs), hy(n * xs), hg(n * ws), hb(spec.has_bias ? n * ws : 0);
-        NORMJIT_CU(cuMemcpyDtoH(hg.data(), gamma.ptr, hg.size()));
-        if (spec.has_bias) NORMJIT_CU(cuMemcpyDtoH(hb.data(), beta.ptr, hb.size()));
-        const nj::reference::Tolerance tol = nj::reference::tolerance(spec.x_dtype);
+        std::vector<char> hx(n * xs), hout(n * xs), hdy(n * xs), hg(n * ws), hb(spec.has_bias ? n * ws : 0);
+        std::vector<uint8_t> hmask(nj::mask_row_bytes(n));
+        const nj::reference::Tolerance tol =
+            backward ? nj::reference::backward_tolerance(spec.x_dtype) : nj::reference::tolerance(spec.x_dtype);
         for (int64_t c = 0; c < check; ++c) {
           const int64_t r = check == 1 ? 0 : c * (rows - 1) / (check - 1);
+          const int64_t w_row = ada ? r / rpb : 0;
+          NORMJIT_CU(cuMemcpyDtoH(hg.data(), gamma.ptr + w_row * n * ws, hg.size()));
+          if (spec.has_bias) NORMJIT_CU(cuMemcpyDtoH(hb.data(), beta.ptr + w_row * n * ws, hb.size()));
           NORMJIT_CU(cuMemcpyDtoH(hx.data(), x.ptr + r * n * xs, hx.size()));
-          NORMJIT_CU(cuMemcpyDtoH(hy.data(), y.ptr + r * n * xs, hy.size()));
-          const auto ref = nj::reference::forward(spec, hx.data(), hg.data(), spec.has_bias ? hb.data() : nullptr, 1, n, 1e-5);
+          NORMJIT_CU(cuMemcpyDtoH(hout.data(), y.ptr + r * n * xs, hout.size()));
+          float stat_mean = 0, stat_rstd = 0;
+          if (training || backward) NORMJIT_CU(cuMemcpyDtoH(&stat_rstd, rstd.ptr + r * 4, 4));
+          if (has_mean) NORMJIT_CU(cuMemcpyDtoH(&stat_mean, mean.ptr + r * 4, 4));
+          if (bitmask) NORMJIT_CU(cuMemcpyDtoH(hmask.data(), mask.ptr + r * hmask.size(), hmask.size()));
+          std::vector<double> want;
+          if (backward) {
+            NORMJIT_CU(cuMemcpyDtoH(hdy.data(), dy.ptr + r * n * xs, hdy.size()));
+            nj::Spec one = spec;
+            if (ada) one.norm = nj::Norm::kLayerNorm;  // one row, its batch's weights
+            want = nj::reference::backward(one, hdy.data(), hx.data(), hg.data(), spec.has_bias ? hb.data() : nullptr,
+                                           &stat_mean, &stat_rstd, hmask.data(), 1, n)
+                       .dx;
+          } else {
+            nj::Spec one = spec;
+            if (ada) one.norm = nj::Norm::kLayerNorm;
+            const auto ref = nj::reference::forward(one, hx.data(), hg.data(), spec.has_bias ? hb.data() : nullptr, 1,
+                                                    n, 1e-5, 0, 0.0, 6.0);
+            want = ref.y;
+            if (training) worst = std::max(worst, std::abs(stat_rstd - ref.rstd[0]) / (1e-6 + 1e-4 * ref.rstd[0]));
+            if (has_mean)
+              worst = std::max(worst, std::abs(stat_mean - ref.mean[0]) / (1e-5 + 1e-4 * std::abs(ref.mean[0])));
+          }
           for (int64_t i = 0; i < n; ++i) {
-            const double got = nj::reference::load(hy.data(), spec.x_dtype, i);
-            const double e = std::abs(got - ref.y[i]) / (tol.atol + tol.rtol * std::abs(ref.y[i]));
+            const double got = nj::reference::load(hout.data(), spec.x_dtype, i);
+            const double e = std::abs(got - want[i]) / (tol.atol + tol.rtol * std::abs(want[i]));
             worst = std::isnan(e) ? INFINITY : std::max(worst, e);
-          }
-          float stat = 0;
-          if (training) {
-            NORMJIT_CU(cuMemcpyDtoH(&stat, rstd.ptr + r * 4, 4));
-            worst = std::max(worst, std::abs(stat - ref.rstd[0]) / (1e-6 + 1e-4 * ref.rstd[0]));
-          }
-          if (has_mean) {
-            NORMJIT_CU(cuMemcpyDtoH(&stat, mean.ptr + r * 4, 4));
-            worst = std::max(worst, std::abs(stat - ref.mean[0]) / (1e-5 + 1e-4 * std::abs(ref.mean[0])));
           }
         }
         if (!(worst <= 1.0)) all_ok = false;
       }
 
-      const double us = time_median_us(warmup, reps, batch, [&](int i) { kernel.launch(args_for(i % sets)); });
+      const double us = time_median_us(warmup, reps, batch, [&](int i) { launch(i % sets); });
       const double copy_us = time_median_us(warmup, reps, batch, [&](int i) {
         const size_t off = size_t(i % sets) * x_bytes;
         NORMJIT_CU(cuMemcpyDtoDAsync(y.ptr + off, x.ptr + off, x_bytes, nullptr));
       });
-      // Each input read once, each output written once.
-      const double bytes = 2.0 * x_bytes + double(n) * ws * (spec.has_bias ? 2 : 1) +
-                           double(rows) * 4 * ((training ? 1 : 0) + (has_mean ? 1 : 0));
+      // Each input read once, each output written once. Backward, as genai_layers counts it:
+      // dy, x read and dx written (3·M·N·itemsize), gamma read and dgamma (+ dbeta) written.
+      const double weight_bytes = double(groups) * n * ws;
+      const double bytes =
+          backward ? 3.0 * x_bytes + weight_bytes * (2 + (spec.has_bias ? 1 : 0))
+                   : 2.0 * x_bytes + weight_bytes * (spec.has_bias ? 2 : 1) +
+                         double(rows) * 4 * ((training ? 1 : 0) + (has_mean ? 1 : 0)) + (bitmask ? mask_bytes : 0);
       const double gbps = bytes / us * 1e-3, copy_gbps = 2.0 * x_bytes / copy_us * 1e-3;
       std::printf("%-58s %8lld %10.2f %9.1f %9.1f %6.1f%% %9.3f %s %.2f ms\n", spec.str().c_str(), (long long)rows, us,
                   gbps, copy_gbps, 100.0 * gbps / copy_gbps, worst, first_get_kind, first_get_ms);

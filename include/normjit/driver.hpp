@@ -24,6 +24,7 @@ namespace normjit {
   X(cuModuleGetFunction)            \
   X(cuFuncSetAttribute)             \
   X(cuLaunchKernel)                 \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
   X(cuGetErrorName)                 \
   X(cuGetErrorString)               \
   X(cuMemAlloc)                     \

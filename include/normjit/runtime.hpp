@@ -1,4 +1,5 @@
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -13,17 +14,33 @@
 
 namespace normjit {
 
-// Raw device pointers and sizes for one launch. Layouts are row-major.
+// Raw device pointers and sizes for one launch. Row-major; x, y, dy and dx share row_stride.
+// Pointers a spec does not use must stay null (a non-null one is reported as a mismatch).
 struct LaunchArgs {
-  const void* x = nullptr;  // [rows, row_stride] x dtype, first n columns read
-  const void* gamma = nullptr;  // [n] weight dtype
-  const void* beta = nullptr;   // [n] weight dtype; required iff spec.has_bias
-  void* y = nullptr;            // [rows, row_stride] x dtype, first n columns written
-  float* mean = nullptr;        // [rows] f32; LayerNorm training only
-  float* rstd = nullptr;        // [rows] f32; training only
+  // Forward and backward inputs.
+  const void* x = nullptr;      // [rows, row_stride] x dtype, first n columns used
+  const void* gamma = nullptr;  // [n] weight dtype; AdaLayerNorm: [rows / rows_per_batch, n]
+  const void* beta = nullptr;   // like gamma. Forward: iff has_bias. Backward: iff has_bias and the
+                                // epilogue recomputes its input (gelu)
+  float* mean = nullptr;        // [rows] f32. LayerNorm/AdaLN: forward training writes, backward reads
+  float* rstd = nullptr;        // [rows] f32. Forward training writes, backward reads
+  // Forward output.
+  void* y = nullptr;  // [rows, row_stride] x dtype
+  // Backward.
+  const void* dy = nullptr;      // [rows, row_stride] x dtype
+  void* dx = nullptr;            // [rows, row_stride] x dtype
+  void* dgamma = nullptr;        // like gamma, weight dtype
+  void* dbeta = nullptr;         // like gamma, weight dtype; iff has_bias
+  void* workspace = nullptr;     // Kernel::workspace_bytes(rows, rows_per_batch) bytes, 16-byte aligned
+  size_t workspace_bytes = 0;
+  // relu_bitmask epilogue.
+  uint8_t* mask = nullptr;  // [rows, ceil(n / 8)] uint8; forward writes, backward reads
+  float clip_lower = 0.f;
+  float clip_upper = INFINITY;
   int64_t rows = 0;
-  int64_t row_stride = 0;       // elements between rows of x and y; >= n
-  float eps = 1e-5f;
+  int64_t row_stride = 0;      // elements between rows; >= n
+  int64_t rows_per_batch = 0;  // AdaLayerNorm: S of x [B, S, n] (rows = B * S); otherwise 0
+  float eps = 1e-5f;           // forward only
 };
 
 struct DeviceInfo {
@@ -39,21 +56,34 @@ class Kernel {
  public:
   const Spec& spec() const { return spec_; }
   const std::string& name() const { return spec_string_; }
-  // Validates every argument against the spec (naming the field and value), then launches.
+  // Validates every argument against the spec (naming the field and value), then launches:
+  // one kernel forward, two or three backward (the last reduces dgamma/dbeta in fixed order).
   // A thread with no current context gets the runtime's; another context is an error.
   void launch(const LaunchArgs& args, CUstream stream = nullptr) const;
-  // Checks only; throws Error(kInvalidArgument) naming the field. Exposed for tests.
+  // Checks only; throws Error(kInvalidArgument) naming the field.
   void validate(const LaunchArgs& args) const;
+  // Backward scratch for these sizes (0 for forward).
+  size_t workspace_bytes(int64_t rows, int64_t rows_per_batch = 0) const;
   int threads_per_cta() const { return threads_per_cta_; }
 
  private:
   friend class Runtime;
+  struct BackwardPlan {
+    int64_t groups = 1, rows_per_group = 0, slots = 0, row_chunk = 0, col_tiles = 0;
+    size_t workspace_bytes = 0;
+  };
+  BackwardPlan plan(int64_t rows, int64_t rows_per_batch) const;
+
   Spec spec_;
   std::string spec_string_;
-  CUfunction function_ = nullptr;
-  CUcontext context_ = nullptr;  // the device's primary context, where the module lives
+  CUfunction function_ = nullptr;  // forward; backward: fused, or row sums on the split route
+  CUfunction tiles_ = nullptr;     // backward split route
+  CUfunction reduce_ = nullptr;    // backward
+  CUcontext context_ = nullptr;    // the device's primary context, where the module lives
   int threads_per_cta_ = 0;
   int rows_per_cta_ = 0;
+  int resident_ctas_ = 0;          // function_'s CTAs resident on the whole GPU at once
+  int sm_count_ = 0;
 };
 
 struct RuntimeCounters {
@@ -97,10 +127,13 @@ class Runtime {
 };
 
 // Checks launch arguments against a resolved spec; throws Error(kInvalidArgument) naming the
-// field and its value. Needs no GPU.
+// field and its value. Needs no GPU. (The workspace size is checked at launch.)
 void validate_launch(const Spec& resolved_spec, const LaunchArgs& args);
 
 // Largest vector width (elements) that the pointers, stride and n allow for this spec's dtypes.
 int max_vec_for(const Spec& spec, const LaunchArgs& args);
+
+// Bytes per row of the relu_bitmask mask: ceil(n / 8).
+inline int64_t mask_row_bytes(int64_t n) { return (n + 7) / 8; }
 
 }  // namespace normjit

@@ -6,13 +6,19 @@
 
 namespace normjit {
 
-enum class Norm { kLayerNorm, kRMSNorm };
+enum class Norm { kLayerNorm, kRMSNorm, kAdaLayerNorm };
 enum class Phase { kForwardTraining, kForwardInference, kBackward };
 enum class DType { kF32, kF16, kBF16 };
 // The epilogue applied to the normalized output. Open set: each value has a row in the
-// epilogue table (generator/spec.cpp) naming its device functor; the norm kernels never change.
-enum class Epilogue { kNone };
-// Where a CTA keeps its row between the statistics pass and the output pass.
+// epilogue table (generator/spec.cpp) and a device functor (templates/normjit/epilogue_*.cuh);
+// the norm kernels never change.
+//   relu_bitmask: y = clamp(norm(x), lower, upper) plus a packed mask (bit k of byte j set when
+//                 lower < y < upper for feature 8j+k); backward multiplies dy by the mask.
+//   gelu:         y = gelu_tanh(norm(x)); backward recomputes the pre-activation.
+enum class Epilogue { kNone, kReluBitmask, kGelu };
+// Forward: where a CTA keeps its row between the statistics and output passes (reg) or that it
+// streams it twice (gmem). Backward: reg = one fused kernel with the row in registers; gmem =
+// row sums, then a column-tiled dx/dgamma kernel.
 enum class RowCache { kRegisters, kGlobal };
 
 struct BlockConfig {
@@ -36,7 +42,7 @@ struct Spec {
   DType x_dtype = DType::kBF16;
   DType w_dtype = DType::kBF16;
   int64_t n = 0;
-  bool has_bias = false;
+  bool has_bias = false;  // forward: beta is added; backward: dbeta (dbias) is produced
   Epilogue epilogue = Epilogue::kNone;
   std::optional<BlockConfig> block;  // filled by the heuristic when absent
 

@@ -1,12 +1,23 @@
-// Epilogue slot: the identity. An epilogue is a functor the norm kernel calls on each vector of
-// finished outputs before they are stored; adding one never touches the norm kernels.
+// Epilogue slot. An epilogue is a functor with two hooks the norm kernels call:
+//   forward<YT, kVec, kThreadsPerRow>(v, valid, p, row, col, lane): v holds kVec finished outputs (pre-activation); the
+//     functor rewrites them in place and may write side outputs. Every lane of the row group
+//     calls it (valid = false for lanes past the row's end), so it may use shuffles.
+//   backward(dy, pre, valid, p, row, col): rewrites dy into the gradient of the
+//     pre-activation. `pre` is the recomputed pre-activation when kNeedsPreActivation.
+// Adding an epilogue means a new header and a row in the generator's table; the norm kernels
+// never change.
 #pragma once
+#include "normjit/common.cuh"
 
 namespace normjit {
 
 struct EpilogueNone {
+  static constexpr bool kNeedsPreActivation = false;
+  template <class YT, int kVec, int kThreadsPerRow>
+  static __device__ __forceinline__ void forward(float (&)[kVec], bool, const NormParams&, long long, int, int) {}
   template <int kVec>
-  static __device__ __forceinline__ void apply(float (&)[kVec], long long /*row*/, int /*col*/) {}
+  static __device__ __forceinline__ void backward(float (&)[kVec], const float (&)[kVec], bool, const NormParams&,
+                                                  long long, int) {}
 };
 
 }  // namespace normjit

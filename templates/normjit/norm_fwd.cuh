@@ -61,22 +61,24 @@ __device__ __forceinline__ float pack_count(int first_pack, int lane) {
   return count;
 }
 
+// Normalizes, applies the epilogue and stores kCount packs. Every lane of the row group runs the
+// loop (the epilogue may shuffle); only valid packs of active rows are read and written.
 template <class Cfg, int kCount, class XT, class WT, int kVec>
-__device__ __forceinline__ void write_packs(const FwdParams& p, const Pack<XT, kVec> (&packs)[kCount],
-                                            int first_pack, int lane, long long row, XT* y, float center,
-                                            float shift, float rstd) {
+__device__ __forceinline__ void write_packs(const NormParams& p, const Pack<XT, kVec> (&packs)[kCount],
+                                            int first_pack, int lane, long long row, bool active, XT* y,
+                                            const WT* gamma, const WT* beta, float center, float shift,
+                                            float rstd) {
   using S = FwdShape<Cfg>;
-  const WT* gamma = static_cast<const WT*>(p.gamma);
-  const WT* beta = static_cast<const WT*>(p.beta);
 #pragma unroll
   for (int i = 0; i < kCount; ++i) {
     const int pack = (first_pack + i) * S::kThreads + lane;
-    if (pack < S::kVecs) {
-      const int col = pack * kVec;
+    const bool valid = active && pack < S::kVecs;
+    const int col = pack * kVec;
+    float out[kVec];
+    if (valid) {
       const Pack<WT, kVec> g = load_pack<WT, kVec>(gamma + col);
       Pack<WT, kVec> b;
       if constexpr (Cfg::kHasBias) b = load_pack<WT, kVec>(beta + col);
-      float out[kVec];
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         // The mean is center + shift, kept as two floats: one rounded fp32 mean would cost
@@ -85,7 +87,12 @@ __device__ __forceinline__ void write_packs(const FwdParams& p, const Pack<XT, k
         out[j] = xhat * to_float(g.v[j]);
         if constexpr (Cfg::kHasBias) out[j] += to_float(b.v[j]);
       }
-      Cfg::Epilogue::template apply<kVec>(out, row, col);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) out[j] = 0.f;
+    }
+    Cfg::Epilogue::template forward<XT, kVec, S::kThreads>(out, valid, p, row, col, lane);
+    if (valid) {
       Pack<XT, kVec> o;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(out[j]);
@@ -95,7 +102,7 @@ __device__ __forceinline__ void write_packs(const FwdParams& p, const Pack<XT, k
 }
 
 template <class Cfg>
-__device__ __forceinline__ void norm_fwd(const FwdParams& p) {
+__device__ __forceinline__ void norm_fwd(const NormParams& p) {
   using XT = typename Cfg::XT;
   using WT = typename Cfg::WT;
   using S = FwdShape<Cfg>;
@@ -114,6 +121,10 @@ __device__ __forceinline__ void norm_fwd(const FwdParams& p) {
   const long long offset = (active ? row : 0) * p.row_stride;
   const XT* x = static_cast<const XT*>(p.x) + offset;
   XT* y = static_cast<XT*>(p.y) + offset;
+  // AdaLayerNorm: gamma and beta have one row per group (batch) of rows_per_group rows.
+  const long long weight_offset = Cfg::kPerGroupWeights && active ? (row / p.rows_per_group) * Cfg::kN : 0;
+  const WT* gamma = static_cast<const WT*>(p.gamma) + weight_offset;
+  const WT* beta = Cfg::kHasBias ? static_cast<const WT*>(p.beta) + weight_offset : nullptr;
 
   // mean = center + shift (LayerNorm); both 0 for RMSNorm.
   float center = 0.f, shift = 0.f, rstd;
@@ -175,19 +186,17 @@ __device__ __forceinline__ void norm_fwd(const FwdParams& p) {
       p.rstd[row] = rstd;
     }
   }
-  if (!active) return;
-
   if constexpr (Cfg::kCache == RowCache::kRegisters) {
-    write_packs<Cfg, S::kIters, XT, WT>(p, cache, 0, lane, row, y, center, shift, rstd);
+    write_packs<Cfg, S::kIters, XT, WT>(p, cache, 0, lane, row, active, y, gamma, beta, center, shift, rstd);
   } else {
     for (int base = 0; base < S::kIters; base += S::kChunk) {
       Pack<XT, kVec> chunk[S::kChunk];
 #pragma unroll
       for (int i = 0; i < S::kChunk; ++i) {
         const int pack = (base + i) * S::kThreads + lane;
-        if (pack < S::kVecs) chunk[i] = load_pack<XT, kVec>(x + pack * kVec);
+        if (active && pack < S::kVecs) chunk[i] = load_pack<XT, kVec>(x + pack * kVec);
       }
-      write_packs<Cfg, S::kChunk, XT, WT>(p, chunk, base, lane, row, y, center, shift, rstd);
+      write_packs<Cfg, S::kChunk, XT, WT>(p, chunk, base, lane, row, active, y, gamma, beta, center, shift, rstd);
     }
   }
 }

@@ -1,19 +1,32 @@
 // Kernel parameters, shared by host and device code. Plain types only: NVRTC compiles this
 // without any system header, and the host passes the same struct by value to cuLaunchKernel.
+// One struct serves every kernel of a spec; each kernel reads the fields its phase uses.
 #pragma once
 
 namespace normjit {
 
-struct FwdParams {
-  const void* x;         // [rows, row_stride] x dtype; columns [0, N) are read
-  const void* gamma;     // [N] weight dtype
-  const void* beta;      // [N] weight dtype; null when the spec has no bias
-  void* y;               // [rows, row_stride] x dtype; columns [0, N) are written
-  float* mean;           // [rows] f32; LayerNorm training only, else null
-  float* rstd;           // [rows] f32; training only, else null
-  long long rows;        // number of rows
-  long long row_stride;  // elements between consecutive rows of x and of y
-  float eps;             // added to the variance (LayerNorm) or mean square (RMSNorm)
+struct NormParams {
+  const void* x;        // [rows, row_stride] x dtype; columns [0, N) are read
+  const void* gamma;    // [N] weight dtype; AdaLayerNorm: [groups, N], one row per batch
+  const void* beta;     // like gamma; null when the spec has no bias (backward: only gelu reads it)
+  void* y;              // forward: [rows, row_stride] x dtype
+  float* mean;          // [rows] f32; forward LayerNorm training writes it, backward reads it
+  float* rstd;          // [rows] f32; forward training writes it, backward reads it
+  const void* dy;       // backward: [rows, row_stride] x dtype
+  void* dx;             // backward: [rows, row_stride] x dtype
+  unsigned char* mask;  // relu_bitmask: [rows, ceil(N/8)] uint8; forward writes, backward reads
+  float* workspace;     // backward: fp32 partials of dgamma/dbeta and per-row sums
+  void* dgamma;         // backward: [groups, N] weight dtype
+  void* dbeta;          // backward: [groups, N] weight dtype; null without bias
+  long long rows;            // number of rows
+  long long row_stride;      // elements between consecutive rows of x, y, dy and dx
+  long long rows_per_group;  // AdaLayerNorm: rows per batch (S); otherwise rows
+  long long mask_stride;     // relu_bitmask: bytes per mask row, ceil(N / 8)
+  int partial_slots;         // backward: dgamma/dbeta partial rows per group in the workspace
+  int row_chunk;             // backward gmem path: rows per column-tile CTA
+  float eps;                 // added to the variance (LayerNorm) or mean square (RMSNorm)
+  float clip_lower;          // relu_bitmask: lower clip
+  float clip_upper;          // relu_bitmask: upper clip
 };
 
 }  // namespace normjit

@@ -16,6 +16,11 @@ TEST_CASE("generated source matches the golden files") {
       "rmsnorm.fwd_infer.f16.w_f16.n7",
       "layernorm.fwd_infer.f32.w_bf16.n262144",
       "rmsnorm.fwd_train.bf16.w_bf16.n128.bias",
+      "layernorm.bwd.bf16.w_f32.n4096.bias",
+      "layernorm.bwd.bf16.w_f32.n65536.bias",
+      "adalayernorm.fwd_train.f16.w_f16.n768.bias",
+      "layernorm.fwd_train.f32.w_f32.n768.bias.relu_bitmask",
+      "rmsnorm.bwd.f16.w_f16.n128.bias.gelu",
   };
   const bool update = std::getenv("NORMJIT_UPDATE_GOLDEN") != nullptr;
   for (const std::string text : specs) {
@@ -47,12 +52,14 @@ TEST_CASE("generated source binds parameters only and names the kernel after the
   CHECK(g.threads_per_cta == 128);
 }
 
-TEST_CASE("backward specs parse but are reported as not yet generated") {
-  try {
-    generate(resolve(Spec::parse("layernorm.bwd.bf16.w_bf16.n4096")));
-    FAIL("expected an error");
-  } catch (const Error& e) {
-    CHECK(e.status() == Status::kNotSupported);
-    CHECK(std::string(e.what()).find("layernorm.bwd.bf16.w_bf16.n4096") != std::string::npos);
-  }
+TEST_CASE("epilogues are a template slot: the norm kernels are the same text for every epilogue") {
+  const GeneratedSource none = generate(resolve(Spec::parse("layernorm.fwd_train.bf16.n768.bias")));
+  const GeneratedSource relu = generate(resolve(Spec::parse("layernorm.fwd_train.bf16.n768.bias.relu_bitmask")));
+  const GeneratedSource gelu = generate(resolve(Spec::parse("layernorm.fwd_train.bf16.n768.bias.gelu")));
+  CHECK(relu.source.find("#include \"normjit/epilogue_relu_bitmask.cuh\"") != std::string::npos);
+  CHECK(gelu.source.find("using Epilogue = normjit::EpilogueGelu;") != std::string::npos);
+  CHECK(none.source.find("using Epilogue = normjit::EpilogueNone;") != std::string::npos);
+  // Backward routes: fused for rows in registers, row sums + tiles beyond.
+  CHECK(generate(resolve(Spec::parse("rmsnorm.bwd.bf16.n4096"))).source.find("#if 1") != std::string::npos);
+  CHECK(generate(resolve(Spec::parse("rmsnorm.bwd.bf16.n65536"))).source.find("#if 0") != std::string::npos);
 }

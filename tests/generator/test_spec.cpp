@@ -6,7 +6,7 @@ using namespace normjit;
 
 TEST_CASE("spec strings round-trip over the whole forward space and with block configs") {
   int count = 0;
-  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm})
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
     for (Phase phase : {Phase::kForwardTraining, Phase::kForwardInference, Phase::kBackward})
       for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
         for (DType w : {DType::kF32, DType::kF16, DType::kBF16})
@@ -14,6 +14,7 @@ TEST_CASE("spec strings round-trip over the whole forward space and with block c
             for (bool bias : {false, true}) {
               Spec s = Spec::make(norm, phase, x, n, bias);
               s.w_dtype = w;
+              s.epilogue = static_cast<Epilogue>(count % 3);
               CHECK(Spec::parse(s.str()) == s);
               const Spec r = resolve(s);
               REQUIRE(r.block.has_value());
@@ -21,7 +22,7 @@ TEST_CASE("spec strings round-trip over the whole forward space and with block c
               CHECK(r.str() != s.str());
               ++count;
             }
-  CHECK(count == 2 * 3 * 3 * 3 * 8 * 2);
+  CHECK(count == 3 * 3 * 3 * 3 * 8 * 2);
 }
 
 TEST_CASE("canonical form is stable and human readable") {
@@ -41,6 +42,12 @@ TEST_CASE("canonical form is stable and human readable") {
   CHECK(c.block->rows_per_cta == 16);
   CHECK(c.block->vec == 8);
   CHECK(c.block->cache == RowCache::kRegisters);
+  const Spec e = Spec::parse("adalayernorm.bwd.bf16.w_f32.n768.bias.relu_bitmask");
+  CHECK(e.norm == Norm::kAdaLayerNorm);
+  CHECK(e.phase == Phase::kBackward);
+  CHECK(e.epilogue == Epilogue::kReluBitmask);
+  CHECK(e.str() == "adalayernorm.bwd.bf16.w_f32.n768.bias.relu_bitmask");
+  CHECK(Spec::parse("rmsnorm.fwd_infer.f16.n64.gelu").epilogue == Epilogue::kGelu);
 }
 
 TEST_CASE("bad spec strings are rejected with a message naming the problem") {
@@ -61,7 +68,8 @@ TEST_CASE("bad spec strings are rejected with a message naming the problem") {
       {"layernorm.fwd_train.bf16.w_bf16.n0", "n=0 is outside"},
       {"layernorm.fwd_train.bf16.w_bf16.n262145", "n=262145 is outside"},
       {"layernorm.fwd_train.bf16.w_bf16.n99999999999999999999", "not n<integer>"},
-      {"layernorm.fwd_train.bf16.w_bf16.n64.gelu", "unknown token 'gelu'"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.swish", "unknown token 'swish'"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.gelu.relu_bitmask", "trailing token 'relu_bitmask'"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.none", "unknown token 'none'"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.bias.bias", "unknown token 'bias'"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t32_r4_v8", "row cache"},
@@ -102,6 +110,11 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.fwd_train.bf16.n65536") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
   CHECK(block("layernorm.fwd_train.bf16.n262144").cache == RowCache::kGlobal);
   CHECK(block("layernorm.fwd_train.f32.n65536").cache == RowCache::kGlobal);
+  // Backward: fewer elements per thread; past 512 threads the split route.
+  CHECK(block("layernorm.bwd.bf16.w_f32.n4096.bias") == BlockConfig{256, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n512.bias") == BlockConfig{32, 8, 8, RowCache::kRegisters});
+  CHECK(block("rmsnorm.bwd.f32.n8192") == BlockConfig{512, 1, 4, RowCache::kRegisters});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
   // A given block config is kept as is.
   CHECK(block("layernorm.fwd_train.bf16.n4096.cfg_t512_r1_v8_reg") == BlockConfig{512, 1, 8, RowCache::kRegisters});
 }

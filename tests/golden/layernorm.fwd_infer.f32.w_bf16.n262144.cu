@@ -9,6 +9,7 @@ struct Cfg {
   using WT = normjit::bf16;
   using Epilogue = normjit::EpilogueNone;
   static constexpr normjit::NormKind kNorm = normjit::NormKind::kLayerNorm;
+  static constexpr bool kPerGroupWeights = false;
   static constexpr bool kTraining = false;
   static constexpr bool kHasBias = false;
   static constexpr int kN = 262144;
@@ -20,6 +21,6 @@ struct Cfg {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(1024)
-normjit_layernorm_fwd_infer_f32_w_bf16_n262144_cfg_t1024_r1_v4_gmem(const normjit::FwdParams params) {
+normjit_layernorm_fwd_infer_f32_w_bf16_n262144_cfg_t1024_r1_v4_gmem(const normjit::NormParams params) {
   normjit::norm_fwd<Cfg>(params);
 }

@@ -9,6 +9,7 @@ struct Cfg {
   using WT = normjit::f32;
   using Epilogue = normjit::EpilogueNone;
   static constexpr normjit::NormKind kNorm = normjit::NormKind::kLayerNorm;
+  static constexpr bool kPerGroupWeights = false;
   static constexpr bool kTraining = true;
   static constexpr bool kHasBias = true;
   static constexpr int kN = 4096;
@@ -20,6 +21,6 @@ struct Cfg {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(128)
-normjit_layernorm_fwd_train_bf16_w_f32_n4096_bias_cfg_t128_r1_v8_reg(const normjit::FwdParams params) {
+normjit_layernorm_fwd_train_bf16_w_f32_n4096_bias_cfg_t128_r1_v8_reg(const normjit::NormParams params) {
   normjit::norm_fwd<Cfg>(params);
 }

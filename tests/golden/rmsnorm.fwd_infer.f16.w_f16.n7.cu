@@ -9,6 +9,7 @@ struct Cfg {
   using WT = normjit::f16;
   using Epilogue = normjit::EpilogueNone;
   static constexpr normjit::NormKind kNorm = normjit::NormKind::kRMSNorm;
+  static constexpr bool kPerGroupWeights = false;
   static constexpr bool kTraining = false;
   static constexpr bool kHasBias = false;
   static constexpr int kN = 7;
@@ -20,6 +21,6 @@ struct Cfg {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(256)
-normjit_rmsnorm_fwd_infer_f16_w_f16_n7_cfg_t8_r32_v1_reg(const normjit::FwdParams params) {
+normjit_rmsnorm_fwd_infer_f16_w_f16_n7_cfg_t8_r32_v1_reg(const normjit::NormParams params) {
   normjit::norm_fwd<Cfg>(params);
 }

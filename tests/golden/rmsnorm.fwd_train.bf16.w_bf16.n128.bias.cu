@@ -9,6 +9,7 @@ struct Cfg {
   using WT = normjit::bf16;
   using Epilogue = normjit::EpilogueNone;
   static constexpr normjit::NormKind kNorm = normjit::NormKind::kRMSNorm;
+  static constexpr bool kPerGroupWeights = false;
   static constexpr bool kTraining = true;
   static constexpr bool kHasBias = true;
   static constexpr int kN = 128;
@@ -20,6 +21,6 @@ struct Cfg {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(256)
-normjit_rmsnorm_fwd_train_bf16_w_bf16_n128_bias_cfg_t16_r16_v8_reg(const normjit::FwdParams params) {
+normjit_rmsnorm_fwd_train_bf16_w_bf16_n128_bias_cfg_t16_r16_v8_reg(const normjit::NormParams params) {
   normjit::norm_fwd<Cfg>(params);
 }

@@ -10,10 +10,13 @@
 
 using namespace normjit;
 
-TEST_CASE("every forward specialization compiles for sm_90 over a grid of N") {
+TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
+  const Norm norms[] = {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm};
+  const Phase phases[] = {Phase::kForwardTraining, Phase::kForwardInference, Phase::kBackward};
   std::vector<Spec> specs;
-  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm})
-    for (Phase phase : {Phase::kForwardTraining, Phase::kForwardInference})
+  // Every op, phase, x dtype x weight dtype and bias, over odd and even N.
+  for (Norm norm : norms)
+    for (Phase phase : phases)
       for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
         for (DType w : {DType::kF32, DType::kF16, DType::kBF16})
           for (bool bias : {false, true})
@@ -22,11 +25,22 @@ TEST_CASE("every forward specialization compiles for sm_90 over a grid of N") {
               s.w_dtype = w;
               specs.push_back(resolve(s));
             }
+  // The epilogues with every op and phase.
+  for (Epilogue ep : {Epilogue::kReluBitmask, Epilogue::kGelu})
+    for (Norm norm : norms)
+      for (Phase phase : phases)
+        for (DType x : {DType::kF32, DType::kBF16})
+          for (int64_t n : {3, 7, 127, 768, 4097}) {
+            Spec s = Spec::make(norm, phase, x, n, true);
+            s.epilogue = ep;
+            specs.push_back(resolve(s));
+          }
   // Every strategy and the size extremes, per x dtype.
   for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
-    for (int64_t n : {2, 32, 256, 768, 2880, 4096, 5120, 8192, 65536, 131072, 262144})
-      for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm})
-        specs.push_back(resolve(Spec::make(norm, Phase::kForwardTraining, x, n, true)));
+    for (int64_t n : {2, 32, 256, 768, 2880, 4096, 5120, 8192, 16384, 65536, 131072, 262144})
+      for (Norm norm : norms)
+        for (Phase phase : {Phase::kForwardTraining, Phase::kBackward})
+          specs.push_back(resolve(Spec::make(norm, phase, x, n, true)));
 
   std::atomic<size_t> next{0};
   std::mutex mutex;

@@ -17,8 +17,20 @@ LaunchArgs good_args(const Spec& s) {
   a.gamma = reinterpret_cast<const void*>(0x300000);
   a.beta = s.has_bias ? reinterpret_cast<const void*>(0x400000) : nullptr;
   const bool training = s.phase == Phase::kForwardTraining;
-  a.mean = training && s.norm == Norm::kLayerNorm ? reinterpret_cast<float*>(0x500000) : nullptr;
-  a.rstd = training ? reinterpret_cast<float*>(0x600000) : nullptr;
+  const bool backward = s.phase == Phase::kBackward;
+  a.mean = (training || backward) && s.norm != Norm::kRMSNorm ? reinterpret_cast<float*>(0x500000) : nullptr;
+  a.rstd = training || backward ? reinterpret_cast<float*>(0x600000) : nullptr;
+  if (backward) {
+    a.y = nullptr;
+    a.beta = nullptr;
+    a.dy = reinterpret_cast<const void*>(0x700000);
+    a.dx = reinterpret_cast<void*>(0x800000);
+    a.dgamma = reinterpret_cast<void*>(0x900000);
+    a.dbeta = s.has_bias ? reinterpret_cast<void*>(0xa00000) : nullptr;
+    a.workspace = reinterpret_cast<void*>(0xb00000);
+  }
+  if (s.epilogue == Epilogue::kReluBitmask) a.mask = reinterpret_cast<uint8_t*>(0xc00000);
+  if (s.norm == Norm::kAdaLayerNorm) a.rows_per_batch = 5;
   a.rows = 10;
   a.row_stride = s.n;
   a.eps = 1e-5f;
@@ -42,7 +54,9 @@ void expect_error(const Spec& s, const LaunchArgs& a, const std::string& needle)
 
 TEST_CASE("valid arguments pass") {
   for (const char* text : {"layernorm.fwd_train.bf16.n4096.bias", "rmsnorm.fwd_infer.f32.w_bf16.n7",
-                           "rmsnorm.fwd_train.f16.n128"}) {
+                           "rmsnorm.fwd_train.f16.n128", "layernorm.bwd.bf16.w_f32.n4096.bias",
+                           "adalayernorm.bwd.f16.n768.bias.relu_bitmask", "rmsnorm.bwd.f32.n100",
+                           "adalayernorm.fwd_train.f16.n768.bias"}) {
     const Spec s = resolve(Spec::parse(text));
     CHECK_NOTHROW(validate_launch(s, good_args(s)));
     LaunchArgs zero = good_args(s);
@@ -74,12 +88,37 @@ TEST_CASE("each bad argument is named with its value") {
 
   const Spec rms_infer = resolve(Spec::parse("rmsnorm.fwd_infer.f16.n4096"));
   a = good_args(rms_infer); a.beta = reinterpret_cast<const void*>(0x400000);
-  expect_error(rms_infer, a, "beta=0x400000 is given but the spec has no bias");
+  expect_error(rms_infer, a, "beta=0x400000 is given but fwd_infer rmsnorm does not use it");
   a = good_args(rms_infer); a.rstd = reinterpret_cast<float*>(0x600000);
-  expect_error(rms_infer, a, "rstd=0x600000 is given but inference");
+  expect_error(rms_infer, a, "rstd=0x600000 is given but fwd_infer rmsnorm does not use it");
   const Spec rms_train = resolve(Spec::parse("rmsnorm.fwd_train.f16.n4096"));
   a = good_args(rms_train); a.mean = reinterpret_cast<float*>(0x500000);
-  expect_error(rms_train, a, "writes no mean");
+  expect_error(rms_train, a, "mean=0x500000 is given but fwd_train rmsnorm does not use it");
+  a = good_args(rms_train); a.dx = reinterpret_cast<void*>(0x800000);
+  expect_error(rms_train, a, "dx=0x800000 is given but fwd_train");
+
+  const Spec bwd = resolve(Spec::parse("layernorm.bwd.bf16.w_f32.n4096.bias"));
+  a = good_args(bwd); a.dy = nullptr; expect_error(bwd, a, "dy is null; bwd needs it");
+  a = good_args(bwd); a.dgamma = nullptr; expect_error(bwd, a, "dgamma is null");
+  a = good_args(bwd); a.dbeta = nullptr; expect_error(bwd, a, "dbeta is null");
+  a = good_args(bwd); a.workspace = nullptr; expect_error(bwd, a, "workspace is null");
+  a = good_args(bwd); a.y = reinterpret_cast<void*>(0x200000); expect_error(bwd, a, "y=0x200000 is given but bwd");
+  a = good_args(bwd); a.beta = reinterpret_cast<const void*>(0x400000); expect_error(bwd, a, "beta=0x400000 is given");
+  a = good_args(bwd); a.dgamma = reinterpret_cast<void*>(0x900002); expect_error(bwd, a, "dgamma=0x900002 is not aligned to 4");
+  a = good_args(bwd); a.workspace = reinterpret_cast<void*>(0xb00008); expect_error(bwd, a, "workspace=0xb00008 is not aligned");
+
+  const Spec gelu = resolve(Spec::parse("rmsnorm.bwd.bf16.n4096.bias.gelu"));
+  a = good_args(gelu); expect_error(gelu, a, "beta is null; bwd needs it");
+
+  const Spec ada = resolve(Spec::parse("adalayernorm.fwd_train.f16.n768.bias"));
+  a = good_args(ada); a.rows_per_batch = 0; expect_error(ada, a, "rows_per_batch=0 must be >= 1");
+  a = good_args(ada); a.rows_per_batch = 3; expect_error(ada, a, "rows=10 is not a multiple of rows_per_batch=3");
+  a = good_args(ln); a.rows_per_batch = 5; expect_error(ln, a, "rows_per_batch=5 is given but only adalayernorm");
+
+  const Spec relu = resolve(Spec::parse("layernorm.fwd_train.f32.n768.bias.relu_bitmask"));
+  a = good_args(relu); a.mask = nullptr; expect_error(relu, a, "mask is null");
+  a = good_args(relu); a.clip_lower = 6.f; a.clip_upper = 0.f; expect_error(relu, a, "clip_lower=6.000000 must be below");
+  a = good_args(ln); a.mask = reinterpret_cast<uint8_t*>(0xc00000); expect_error(ln, a, "mask=0xc00000 is given");
 }
 
 TEST_CASE("max_vec_for narrows the vector to what pointers and stride allow") {

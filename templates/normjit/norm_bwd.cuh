@@ -1,0 +1,359 @@
+// LayerNorm / RMSNorm / AdaLayerNorm backward: dx, and dgamma/dbeta through fp32 partials that a
+// fixed-order second stage reduces, so results are bitwise reproducible (no float atomics).
+//
+//   xhat = (x - mean) * rstd            (RMSNorm: mean = 0)
+//   d    = epilogue'(dy)                (the gradient of the pre-activation)
+//   dx   = rstd * (gamma*d - mean_N(gamma*d) - xhat * mean_N(gamma*d*xhat))
+//          (RMSNorm: without the mean_N(gamma*d) term)
+//   dgamma = sum_rows d * xhat,  dbeta = sum_rows d   (per group for AdaLayerNorm)
+//
+// Two routes, chosen per hidden size at generation time:
+//   fused (kRegisters): a persistent grid; each CTA walks its rows with the row in registers and
+//     keeps its columns' dgamma/dbeta sums in registers, then writes one partial row.
+//   split (kGlobal): norm_bwd_rowsums forms the two row sums; norm_bwd_tiles, column-tiled,
+//     forms dx and each tile's partial sums over a chunk of rows.
+// norm_bwd_reduce then sums the partials of each group in slot order.
+//
+// Workspace (fp32): [2][groups][partial_slots][N] partials (dgamma, then dbeta), followed on the
+// split route by [rows][2] row sums.
+#pragma once
+#include "normjit/common.cuh"
+
+namespace normjit {
+
+template <class Cfg>
+struct BwdShape {
+  static constexpr int kVec = Cfg::kVec;
+  static constexpr int kThreads = Cfg::kThreadsPerRow;
+  static constexpr int kVecs = Cfg::kN / kVec;
+  static constexpr int kIters = (kVecs + kThreads - 1) / kThreads;
+  static constexpr int kCtaThreads = kThreads * Cfg::kRowsPerCta;
+  static constexpr int kTileThreads = 256;  // norm_bwd_tiles and norm_bwd_reduce
+  static constexpr int kChunk = kIters < 4 ? kIters : 4;
+  static constexpr float kInvN = 1.0f / static_cast<float>(Cfg::kN);
+  static_assert(Cfg::kN % kVec == 0, "vec must divide N");
+};
+
+template <class Cfg>
+__device__ __forceinline__ long long bwd_groups(const NormParams& p) {
+  return Cfg::kPerGroupWeights ? p.rows / p.rows_per_group : 1;
+}
+
+template <class Cfg>
+__device__ __forceinline__ float* bwd_partial(const NormParams& p, int which, long long group, long long slot) {
+  return p.workspace + ((which * bwd_groups<Cfg>(p) + group) * p.partial_slots + slot) * Cfg::kN;
+}
+
+template <class Cfg>
+__device__ __forceinline__ float2* bwd_row_sums(const NormParams& p) {
+  return reinterpret_cast<float2*>(p.workspace + 2 * bwd_groups<Cfg>(p) * p.partial_slots * Cfg::kN);
+}
+
+// xhat and d (dy through the epilogue's backward) for one pack.
+template <class Cfg, class XT, class WT, int kVec>
+__device__ __forceinline__ void pack_xhat_grad(const Pack<XT, kVec>& x, const Pack<XT, kVec>& dy,
+                                               const Pack<WT, kVec>& g, const WT* beta, const NormParams& p,
+                                               long long row, int col, float mean, float rstd,
+                                               float (&xhat)[kVec], float (&d)[kVec]) {
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    xhat[j] = (to_float(x.v[j]) - mean) * rstd;
+    d[j] = to_float(dy.v[j]);
+  }
+  float pre[kVec];
+  if constexpr (Cfg::Epilogue::kNeedsPreActivation) {
+    Pack<WT, kVec> b;
+    if constexpr (Cfg::kHasBias) b = load_pack<WT, kVec>(beta + col);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      pre[j] = xhat[j] * to_float(g.v[j]);
+      if constexpr (Cfg::kHasBias) pre[j] += to_float(b.v[j]);
+    }
+  }
+  Cfg::Epilogue::template backward<kVec>(d, pre, true, p, row, col);
+}
+
+template <class Cfg>
+__device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
+  using XT = typename Cfg::XT;
+  using WT = typename Cfg::WT;
+  using S = BwdShape<Cfg>;
+  constexpr int kVec = Cfg::kVec;
+  constexpr int kRows = Cfg::kRowsPerCta;
+  constexpr bool kLayerNorm = Cfg::kNorm == NormKind::kLayerNorm;
+  __shared__ float2 pair_scratch[S::kThreads > 32 ? S::kThreads / 32 : 1];
+
+  const int lane = threadIdx.x % S::kThreads;
+  const int row_in_cta = threadIdx.x / S::kThreads;
+  const long long group = blockIdx.y;
+  const long long weight_offset = Cfg::kPerGroupWeights ? group * Cfg::kN : 0;
+  const WT* gamma = static_cast<const WT*>(p.gamma) + weight_offset;
+  const WT* beta = Cfg::kHasBias && p.beta ? static_cast<const WT*>(p.beta) + weight_offset : nullptr;
+
+  float acc_g[S::kIters][kVec], acc_b[S::kIters][kVec];
+#pragma unroll
+  for (int i = 0; i < S::kIters; ++i)
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) acc_g[i][j] = acc_b[i][j] = 0.f;
+
+  const long long row_blocks = (p.rows_per_group + kRows - 1) / kRows;
+  for (long long block = blockIdx.x; block < row_blocks; block += gridDim.x) {
+    const long long local = block * kRows + row_in_cta;
+    const bool active = local < p.rows_per_group;
+    const long long row = group * p.rows_per_group + (active ? local : 0);
+    const long long offset = row * p.row_stride;
+    const XT* x = static_cast<const XT*>(p.x) + offset;
+    const XT* dy = static_cast<const XT*>(p.dy) + offset;
+    Pack<XT, kVec> xs[S::kIters], dys[S::kIters];
+#pragma unroll
+    for (int i = 0; i < S::kIters; ++i) {
+      const int pack = i * S::kThreads + lane;
+      if (active && pack < S::kVecs) {
+        xs[i] = load_pack<XT, kVec>(x + pack * kVec);
+        dys[i] = load_pack<XT, kVec>(dy + pack * kVec);
+      }
+    }
+    const float mean = kLayerNorm && active ? p.mean[row] : 0.f;
+    const float rstd = active ? p.rstd[row] : 0.f;
+
+    float gd[S::kIters][kVec];  // gamma * d
+    float c1 = 0.f, c2 = 0.f;
+#pragma unroll
+    for (int i = 0; i < S::kIters; ++i) {
+      const int pack = i * S::kThreads + lane;
+      const int col = pack * kVec;
+      if (active && pack < S::kVecs) {
+        const Pack<WT, kVec> g = load_pack<WT, kVec>(gamma + col);
+        float xhat[kVec], d[kVec];
+        pack_xhat_grad<Cfg>(xs[i], dys[i], g, beta, p, row, col, mean, rstd, xhat, d);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          acc_g[i][j] += d[j] * xhat[j];
+          acc_b[i][j] += d[j];
+          gd[i][j] = d[j] * to_float(g.v[j]);
+          c1 += gd[i][j];
+          c2 += gd[i][j] * xhat[j];
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) gd[i][j] = 0.f;
+      }
+    }
+    row_sum_pair<S::kThreads>(c1, c2, pair_scratch);
+    c1 = kLayerNorm ? c1 * S::kInvN : 0.f;
+    c2 *= S::kInvN;
+    XT* dx = static_cast<XT*>(p.dx) + offset;
+#pragma unroll
+    for (int i = 0; i < S::kIters; ++i) {
+      const int pack = i * S::kThreads + lane;
+      if (active && pack < S::kVecs) {
+        Pack<XT, kVec> o;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float xhat = (to_float(xs[i].v[j]) - mean) * rstd;
+          o.v[j] = Convert<XT>::from(rstd * (gd[i][j] - c1 - xhat * c2));
+        }
+        store_pack<XT, kVec>(dx + pack * kVec, o);
+      }
+    }
+    // The next row's reduction reuses pair_scratch.
+    if constexpr (S::kThreads > 32) __syncthreads();
+  }
+
+  // One partial row per CTA: rows of a CTA that share columns are summed in a fixed order.
+  float* out_g = bwd_partial<Cfg>(p, 0, group, blockIdx.x);
+  float* out_b = bwd_partial<Cfg>(p, 1, group, blockIdx.x);
+  if constexpr (kRows == 1) {
+#pragma unroll
+    for (int i = 0; i < S::kIters; ++i) {
+      const int pack = i * S::kThreads + lane;
+      if (pack < S::kVecs) {
+        Pack<float, kVec> g, b;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          g.v[j] = acc_g[i][j];
+          b.v[j] = acc_b[i][j];
+        }
+        store_pack<float, kVec>(out_g + pack * kVec, g);
+        if constexpr (Cfg::kHasBias) store_pack<float, kVec>(out_b + pack * kVec, b);
+      }
+    }
+  } else {
+    // Sub-warp rows: fold the row groups of each warp together (lanes kThreads apart own the
+    // same columns), then the warps through shared memory.
+#pragma unroll
+    for (int offset = S::kThreads; offset < 32; offset <<= 1)
+#pragma unroll
+      for (int i = 0; i < S::kIters; ++i)
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          acc_g[i][j] += __shfl_xor_sync(0xffffffffu, acc_g[i][j], offset);
+          acc_b[i][j] += __shfl_xor_sync(0xffffffffu, acc_b[i][j], offset);
+        }
+    constexpr int kWarps = S::kCtaThreads / 32;
+    constexpr int kCols = S::kIters * S::kThreads * kVec;
+    __shared__ float fold[kWarps][kCols];
+    const int warp = threadIdx.x / 32;
+    for (int which = 0; which < (Cfg::kHasBias ? 2 : 1); ++which) {
+      if (threadIdx.x % 32 < S::kThreads) {
+#pragma unroll
+        for (int i = 0; i < S::kIters; ++i)
+#pragma unroll
+          for (int j = 0; j < kVec; ++j)
+            fold[warp][(i * S::kThreads + lane) * kVec + j] = which == 0 ? acc_g[i][j] : acc_b[i][j];
+      }
+      __syncthreads();
+      float* out = which == 0 ? out_g : out_b;
+      for (int c = threadIdx.x; c < Cfg::kN; c += S::kCtaThreads) {
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) sum += fold[w][c];
+        out[c] = sum;
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// Split route, step 1: per row, sum(gamma*d) and sum(gamma*d*xhat), streamed in chunks.
+template <class Cfg>
+__device__ __forceinline__ void norm_bwd_rowsums(const NormParams& p) {
+  using XT = typename Cfg::XT;
+  using WT = typename Cfg::WT;
+  using S = BwdShape<Cfg>;
+  constexpr int kVec = Cfg::kVec;
+  constexpr bool kLayerNorm = Cfg::kNorm == NormKind::kLayerNorm;
+  static_assert(Cfg::kRowsPerCta == 1, "the split route streams one row per CTA");
+  __shared__ float2 pair_scratch[S::kThreads > 32 ? S::kThreads / 32 : 1];
+  const int lane = threadIdx.x;
+  const long long row = blockIdx.x;
+  const long long weight_offset = Cfg::kPerGroupWeights ? (row / p.rows_per_group) * Cfg::kN : 0;
+  const WT* gamma = static_cast<const WT*>(p.gamma) + weight_offset;
+  const WT* beta = Cfg::kHasBias && p.beta ? static_cast<const WT*>(p.beta) + weight_offset : nullptr;
+  const XT* x = static_cast<const XT*>(p.x) + row * p.row_stride;
+  const XT* dy = static_cast<const XT*>(p.dy) + row * p.row_stride;
+  const float mean = kLayerNorm ? p.mean[row] : 0.f;
+  const float rstd = p.rstd[row];
+  float c1 = 0.f, c2 = 0.f;
+  for (int base = 0; base < S::kIters; base += S::kChunk) {
+    Pack<XT, kVec> xs[S::kChunk], dys[S::kChunk];
+#pragma unroll
+    for (int i = 0; i < S::kChunk; ++i) {
+      const int pack = (base + i) * S::kThreads + lane;
+      if (pack < S::kVecs) {
+        xs[i] = load_pack<XT, kVec>(x + pack * kVec);
+        dys[i] = load_pack<XT, kVec>(dy + pack * kVec);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < S::kChunk; ++i) {
+      const int pack = (base + i) * S::kThreads + lane;
+      if (pack < S::kVecs) {
+        const int col = pack * kVec;
+        const Pack<WT, kVec> g = load_pack<WT, kVec>(gamma + col);
+        float xhat[kVec], d[kVec];
+        pack_xhat_grad<Cfg>(xs[i], dys[i], g, beta, p, row, col, mean, rstd, xhat, d);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float gd = d[j] * to_float(g.v[j]);
+          c1 += gd;
+          c2 += gd * xhat[j];
+        }
+      }
+    }
+  }
+  row_sum_pair<S::kThreads>(c1, c2, pair_scratch);
+  if (lane == 0) bwd_row_sums<Cfg>(p)[row] = make_float2(c1, c2);
+}
+
+// Split route, step 2: a CTA owns kTileThreads packs of columns and row_chunk rows of one group:
+// dx for its tile, and its columns' partial dgamma/dbeta over those rows.
+template <class Cfg>
+__device__ __forceinline__ void norm_bwd_tiles(const NormParams& p) {
+  using XT = typename Cfg::XT;
+  using WT = typename Cfg::WT;
+  using S = BwdShape<Cfg>;
+  constexpr int kVec = Cfg::kVec;
+  constexpr bool kLayerNorm = Cfg::kNorm == NormKind::kLayerNorm;
+  const int pack = blockIdx.x * S::kTileThreads + threadIdx.x;
+  if (pack >= S::kVecs) return;  // no barriers or shuffles below
+  const int col = pack * kVec;
+  const long long group = blockIdx.z;
+  const long long weight_offset = Cfg::kPerGroupWeights ? group * Cfg::kN : 0;
+  const WT* beta = Cfg::kHasBias && p.beta ? static_cast<const WT*>(p.beta) + weight_offset : nullptr;
+  const Pack<WT, kVec> g = load_pack<WT, kVec>(static_cast<const WT*>(p.gamma) + weight_offset + col);
+  const float2* sums = bwd_row_sums<Cfg>(p);
+  const long long begin = static_cast<long long>(blockIdx.y) * p.row_chunk;
+  const long long end = begin + p.row_chunk < p.rows_per_group ? begin + p.row_chunk : p.rows_per_group;
+  float acc_g[kVec], acc_b[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) acc_g[j] = acc_b[j] = 0.f;
+#pragma unroll 4
+  for (long long local = begin; local < end; ++local) {
+    const long long row = group * p.rows_per_group + local;
+    const long long offset = row * p.row_stride + col;
+    const Pack<XT, kVec> x = load_pack<XT, kVec>(static_cast<const XT*>(p.x) + offset);
+    const Pack<XT, kVec> dy = load_pack<XT, kVec>(static_cast<const XT*>(p.dy) + offset);
+    const float mean = kLayerNorm ? p.mean[row] : 0.f;
+    const float rstd = p.rstd[row];
+    const float2 c = sums[row];
+    const float c1 = kLayerNorm ? c.x * S::kInvN : 0.f;
+    const float c2 = c.y * S::kInvN;
+    float xhat[kVec], d[kVec];
+    pack_xhat_grad<Cfg>(x, dy, g, beta, p, row, col, mean, rstd, xhat, d);
+    Pack<XT, kVec> o;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      acc_g[j] += d[j] * xhat[j];
+      acc_b[j] += d[j];
+      o.v[j] = Convert<XT>::from(rstd * (d[j] * to_float(g.v[j]) - c1 - xhat[j] * c2));
+    }
+    store_pack<XT, kVec>(static_cast<XT*>(p.dx) + offset, o);
+  }
+  Pack<float, kVec> pg, pb;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    pg.v[j] = acc_g[j];
+    pb.v[j] = acc_b[j];
+  }
+  store_pack<float, kVec>(bwd_partial<Cfg>(p, 0, group, blockIdx.y) + col, pg);
+  if constexpr (Cfg::kHasBias) store_pack<float, kVec>(bwd_partial<Cfg>(p, 1, group, blockIdx.y) + col, pb);
+}
+
+// Stage 2: per group, sums the partial rows in slot order. A CTA covers 32 columns with 8 lanes
+// of slots each; the 8 lane sums are then added in lane order. Same order every run.
+template <class Cfg>
+__device__ __forceinline__ void norm_bwd_reduce(const NormParams& p) {
+  using WT = typename Cfg::WT;
+  constexpr int kSlotLanes = BwdShape<Cfg>::kTileThreads / 32;
+  __shared__ float fold[2][kSlotLanes][33];
+  const int c = threadIdx.x % 32;
+  const int slot_lane = threadIdx.x / 32;
+  const int col = blockIdx.x * 32 + c;
+  const long long group = blockIdx.y;
+  float sum_g = 0.f, sum_b = 0.f;
+  if (col < Cfg::kN) {
+    const float* in_g = bwd_partial<Cfg>(p, 0, group, 0) + col;
+    const float* in_b = bwd_partial<Cfg>(p, 1, group, 0) + col;
+#pragma unroll 4
+    for (int s = slot_lane; s < p.partial_slots; s += kSlotLanes) {
+      sum_g += in_g[static_cast<long long>(s) * Cfg::kN];
+      if constexpr (Cfg::kHasBias) sum_b += in_b[static_cast<long long>(s) * Cfg::kN];
+    }
+  }
+  fold[0][slot_lane][c] = sum_g;
+  fold[1][slot_lane][c] = sum_b;
+  __syncthreads();
+  if (slot_lane == 0 && col < Cfg::kN) {
+    float g = 0.f, b = 0.f;
+#pragma unroll
+    for (int l = 0; l < kSlotLanes; ++l) {
+      g += fold[0][l][c];
+      b += fold[1][l][c];
+    }
+    static_cast<WT*>(p.dgamma)[group * Cfg::kN + col] = Convert<WT>::from(g);
+    if constexpr (Cfg::kHasBias) static_cast<WT*>(p.dbeta)[group * Cfg::kN + col] = Convert<WT>::from(b);
+  }
+}
+
+}  // namespace normjit

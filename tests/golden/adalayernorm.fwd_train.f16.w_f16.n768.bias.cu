@@ -1,0 +1,26 @@
+// normjit kernel adalayernorm.fwd_train.f16.w_f16.n768.bias.cfg_t32_r4_v8_reg
+// Generated from templates/norm_fwd.cu.in: parameter binding only; the logic is in norm_fwd.cuh.
+#include "normjit/norm_fwd.cuh"
+#include "normjit/epilogue_none.cuh"
+
+namespace {
+struct Cfg {
+  using XT = normjit::f16;
+  using WT = normjit::f16;
+  using Epilogue = normjit::EpilogueNone;
+  static constexpr normjit::NormKind kNorm = normjit::NormKind::kLayerNorm;
+  static constexpr bool kPerGroupWeights = true;
+  static constexpr bool kTraining = true;
+  static constexpr bool kHasBias = true;
+  static constexpr int kN = 768;
+  static constexpr int kVec = 8;
+  static constexpr int kThreadsPerRow = 32;
+  static constexpr int kRowsPerCta = 4;
+  static constexpr normjit::RowCache kCache = normjit::RowCache::kRegisters;
+};
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(128)
+normjit_adalayernorm_fwd_train_f16_w_f16_n768_bias_cfg_t32_r4_v8_reg(const normjit::NormParams params) {
+  normjit::norm_fwd<Cfg>(params);
+}

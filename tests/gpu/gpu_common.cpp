@@ -1,0 +1,211 @@
+#include "tests/gpu/gpu_common.hpp"
+
+namespace gpu_test {
+
+namespace {
+
+Spec forward_of(const Spec& s) {
+  Spec f = s;
+  f.phase = Phase::kForwardTraining;
+  f.block.reset();
+  return f;
+}
+
+struct Shapes {
+  int64_t n, stride, elems, groups, mask_bytes;
+  int xs, ws;
+};
+
+Shapes shapes_of(const Case& c) {
+  Shapes sh;
+  sh.n = c.spec.n;
+  sh.stride = c.row_stride ? c.row_stride : sh.n;
+  sh.elems = (c.rows + 1) * sh.stride + c.x_offset;  // one row past the end stays untouched
+  sh.groups = groups_of(c);
+  sh.mask_bytes = (c.rows + 1) * mask_row_bytes(sh.n);
+  sh.xs = dtype_size(c.spec.x_dtype);
+  sh.ws = dtype_size(c.spec.w_dtype);
+  return sh;
+}
+
+// Launches through the kernel resolved for these pointers, with its workspace when backward.
+void launch(const Spec& spec, LaunchArgs a) {
+  const Kernel& k = runtime().get(spec.block ? spec : resolve(spec, max_vec_for(spec, a)));
+  std::unique_ptr<DeviceMem> workspace;
+  if (spec.phase == Phase::kBackward) {
+    a.workspace_bytes = k.workspace_bytes(a.rows, a.rows_per_batch);
+    workspace = std::make_unique<DeviceMem>(a.workspace_bytes);
+    NORMJIT_CU(cuMemsetD8(workspace->ptr, 0xff, workspace->bytes));  // stale partials must not matter
+    a.workspace = workspace->get();
+  }
+  k.launch(a);
+  NORMJIT_CU(cuCtxSynchronize());
+}
+
+}  // namespace
+
+ForwardRun run_forward(const Case& c) {
+  const Spec s = c.spec.phase == Phase::kBackward ? forward_of(c.spec) : c.spec;
+  const Shapes sh = shapes_of(c);
+  const bool training = s.phase == Phase::kForwardTraining;
+  const bool has_mean = training && s.norm != Norm::kRMSNorm;
+  const bool bitmask = s.epilogue == Epilogue::kReluBitmask;
+  ForwardRun run;
+  run.x = random_tensor(s.x_dtype, sh.elems, c.center, 1.0);
+  run.gamma = random_tensor(s.w_dtype, sh.groups * sh.n, 1.0, 0.5);
+  run.beta = random_tensor(s.w_dtype, sh.groups * sh.n, 0.0, 0.5);
+  DeviceMem x(run.x.size()), y(run.x.size()), g(run.gamma.size()), b(run.beta.size()), mean(4 * (c.rows + 1)),
+      rstd(4 * (c.rows + 1)), mask(sh.mask_bytes);
+  x.upload(run.x.data(), run.x.size());
+  g.upload(run.gamma.data(), run.gamma.size());
+  b.upload(run.beta.data(), run.beta.size());
+  y.poison();
+  mean.poison();
+  rstd.poison();
+  mask.poison();
+
+  LaunchArgs a;
+  a.x = x.get() + c.x_offset * sh.xs;
+  a.y = y.get() + c.x_offset * sh.xs;
+  a.gamma = g.get();
+  a.beta = s.has_bias ? b.get() : nullptr;
+  a.mean = has_mean ? reinterpret_cast<float*>(mean.get()) : nullptr;
+  a.rstd = training ? reinterpret_cast<float*>(rstd.get()) : nullptr;
+  a.mask = bitmask ? reinterpret_cast<uint8_t*>(mask.get()) : nullptr;
+  a.clip_lower = c.clip_lower;
+  a.clip_upper = c.clip_upper;
+  a.rows = c.rows;
+  a.row_stride = sh.stride;
+  a.rows_per_batch = c.rows_per_batch;
+  a.eps = 1e-5f;
+  launch(s, a);
+  run.y.resize(run.x.size());
+  y.download(run.y.data(), run.y.size());
+  run.mean.resize(c.rows + 1);
+  run.rstd.resize(c.rows + 1);
+  mean.download(run.mean.data(), 4 * (c.rows + 1));
+  rstd.download(run.rstd.data(), 4 * (c.rows + 1));
+  run.mask.resize(sh.mask_bytes);
+  mask.download(run.mask.data(), run.mask.size());
+
+  const auto ref = reference::forward(s, run.x.data() + c.x_offset * sh.xs, run.gamma.data(),
+                                      s.has_bias ? run.beta.data() : nullptr, c.rows, sh.stride, 1e-5,
+                                      c.rows_per_batch, c.clip_lower, c.clip_upper);
+  reference::Tolerance tol = reference::tolerance(s.x_dtype);
+  if (c.atol >= 0) tol = {c.atol, c.rtol};
+  Worst worst;
+  for (int64_t r = 0; r < c.rows; ++r) {
+    for (int64_t i = 0; i < sh.n; ++i) {
+      const double got = reference::load(run.y.data(), s.x_dtype, c.x_offset + r * sh.stride + i);
+      const double want = ref.y[r * sh.n + i];
+      worst.add(got, want, tol.atol, tol.rtol);
+      if (bitmask) {
+        const bool bit = (run.mask[r * mask_row_bytes(sh.n) + i / 8] >> (i % 8)) & 1;
+        // Exact against the y the GPU stored; against the reference, except within the
+        // tolerance of a clip boundary, where rounding decides.
+        if (bit != (c.clip_lower < got && got < c.clip_upper)) ++run.mask_mismatches;
+        const double margin = tol.atol + tol.rtol * std::abs(want);
+        const bool near_edge = std::abs(want - c.clip_lower) <= margin || std::abs(want - c.clip_upper) <= margin;
+        if (!near_edge && bit != (c.clip_lower < want && want < c.clip_upper)) ++run.mask_ref_mismatches;
+      }
+    }
+    if (bitmask)  // bits past n in the last byte are 0
+      for (int64_t i = sh.n; i < mask_row_bytes(sh.n) * 8; ++i)
+        if ((run.mask[r * mask_row_bytes(sh.n) + i / 8] >> (i % 8)) & 1) ++run.mask_mismatches;
+    if (training) worst.add(run.rstd[r], ref.rstd[r], 1e-6, 1e-4);
+    if (has_mean) worst.add(run.mean[r], ref.mean[r], 1e-5, 1e-4);
+  }
+  // Padding between rows and the row past the end keep their poison.
+  const std::vector<char> poison(16, static_cast<char>(0xff));
+  for (int64_t r = 0; r <= c.rows; ++r)
+    for (int64_t i = (r == c.rows ? 0 : sh.n); i < sh.stride; ++i)
+      if (std::memcmp(run.y.data() + (c.x_offset + r * sh.stride + i) * sh.xs, poison.data(), sh.xs) != 0)
+        worst.value = INFINITY;
+  if (training && std::memcmp(&run.rstd[c.rows], poison.data(), 4) != 0) worst.value = INFINITY;
+  if (bitmask && run.mask[c.rows * mask_row_bytes(sh.n)] != 0xff) worst.value = INFINITY;
+  run.worst = worst.value;
+  return run;
+}
+
+BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>* all_dgamma,
+                         std::vector<std::vector<char>>* all_dx) {
+  const Spec& s = c.spec;
+  const Shapes sh = shapes_of(c);
+  const ForwardRun fwd = run_forward(c);  // mean, rstd and mask from the GPU forward
+  const std::vector<char> dy_host = random_tensor(s.x_dtype, sh.elems, 0.0, 1.0);
+  DeviceMem x(fwd.x.size()), dy(dy_host.size()), dx(fwd.x.size()), g(fwd.gamma.size()), b(fwd.beta.size()),
+      mean(4 * (c.rows + 1)), rstd(4 * (c.rows + 1)), mask(sh.mask_bytes), dg(sh.groups * sh.n * sh.ws),
+      db(sh.groups * sh.n * sh.ws);
+  x.upload(fwd.x.data(), fwd.x.size());
+  dy.upload(dy_host.data(), dy_host.size());
+  g.upload(fwd.gamma.data(), fwd.gamma.size());
+  b.upload(fwd.beta.data(), fwd.beta.size());
+  mean.upload(fwd.mean.data(), 4 * (c.rows + 1));
+  rstd.upload(fwd.rstd.data(), 4 * (c.rows + 1));
+  mask.upload(fwd.mask.data(), fwd.mask.size());
+  const bool bitmask = s.epilogue == Epilogue::kReluBitmask;
+
+  LaunchArgs a;
+  a.x = x.get() + c.x_offset * sh.xs;
+  a.dy = dy.get() + c.x_offset * sh.xs;
+  a.dx = dx.get() + c.x_offset * sh.xs;
+  a.gamma = g.get();
+  a.beta = s.has_bias && s.epilogue == Epilogue::kGelu ? b.get() : nullptr;
+  a.mean = s.norm != Norm::kRMSNorm ? reinterpret_cast<float*>(mean.get()) : nullptr;
+  a.rstd = reinterpret_cast<float*>(rstd.get());
+  a.mask = bitmask ? reinterpret_cast<uint8_t*>(mask.get()) : nullptr;
+  a.dgamma = dg.get();
+  a.dbeta = s.has_bias ? db.get() : nullptr;
+  a.rows = c.rows;
+  a.row_stride = sh.stride;
+  a.rows_per_batch = c.rows_per_batch;
+  BackwardRun run;
+  for (int rep = 0; rep < reps; ++rep) {
+    dx.poison();
+    dg.poison();
+    db.poison();
+    launch(s, a);
+    run.dx_bytes.resize(fwd.x.size());
+    dx.download(run.dx_bytes.data(), run.dx_bytes.size());
+    run.dgamma_bytes.resize(sh.groups * sh.n * sh.ws);
+    dg.download(run.dgamma_bytes.data(), run.dgamma_bytes.size());
+    run.dbeta_bytes.resize(run.dgamma_bytes.size());
+    db.download(run.dbeta_bytes.data(), run.dbeta_bytes.size());
+    if (all_dgamma) all_dgamma->push_back(run.dgamma_bytes);
+    if (all_dx) all_dx->push_back(run.dx_bytes);
+  }
+
+  const auto ref = reference::backward(s, dy_host.data() + c.x_offset * sh.xs, fwd.x.data() + c.x_offset * sh.xs,
+                                       fwd.gamma.data(), s.has_bias ? fwd.beta.data() : nullptr, fwd.mean.data(),
+                                       fwd.rstd.data(), fwd.mask.data(), c.rows, sh.stride, c.rows_per_batch);
+  reference::Tolerance tx = reference::backward_tolerance(s.x_dtype), tw = reference::backward_tolerance(s.w_dtype);
+  if (c.atol >= 0) tx = tw = {c.atol, c.rtol};
+  Worst wdx, wdg, wdb;
+  for (int64_t r = 0; r < c.rows; ++r)
+    for (int64_t i = 0; i < sh.n; ++i)
+      wdx.add(reference::load(run.dx_bytes.data(), s.x_dtype, c.x_offset + r * sh.stride + i), ref.dx[r * sh.n + i],
+              tx.atol, tx.rtol);
+  // dgamma/dbeta are sums over rows: atol relative to the largest magnitude in the tensor.
+  double gmax = 1, bmax = 1;
+  for (double v : ref.dgamma) gmax = std::max(gmax, std::abs(v));
+  for (double v : ref.dbeta) bmax = std::max(bmax, std::abs(v));
+  for (int64_t i = 0; i < sh.groups * sh.n; ++i) {
+    wdg.add(reference::load(run.dgamma_bytes.data(), s.w_dtype, i), ref.dgamma[i], tw.atol * gmax, tw.rtol);
+    if (s.has_bias)
+      wdb.add(reference::load(run.dbeta_bytes.data(), s.w_dtype, i), ref.dbeta[i], tw.atol * bmax, tw.rtol);
+  }
+  // Padding between rows keeps its poison.
+  const std::vector<char> poison(16, static_cast<char>(0xff));
+  for (int64_t r = 0; r <= c.rows; ++r)
+    for (int64_t i = (r == c.rows ? 0 : sh.n); i < sh.stride; ++i)
+      if (std::memcmp(run.dx_bytes.data() + (c.x_offset + r * sh.stride + i) * sh.xs, poison.data(), sh.xs) != 0)
+        wdx.value = INFINITY;
+  run.dx = wdx.value;
+  run.dgamma = wdg.value;
+  run.dbeta = wdb.value;
+  // The forward inside must itself be right.
+  if (!(fwd.worst <= 1.0)) run.dx = INFINITY;
+  return run;
+}
+
+}  // namespace gpu_test

@@ -1,0 +1,123 @@
+// Shared pieces of the GPU tests: one runtime, fresh random inputs, device buffers, and
+// forward/backward runners that check against the fp64 reference.
+#pragma once
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "normjit/normjit.hpp"
+#include "normjit/reference.hpp"
+
+namespace gpu_test {
+using namespace normjit;
+
+inline Runtime& runtime() {
+  static Runtime rt(0);
+  return rt;
+}
+
+inline std::mt19937_64& rng() {
+  static std::mt19937_64 r([] {
+    const uint64_t seed = std::random_device{}();
+    std::printf("gpu tests: seed %llu\n", static_cast<unsigned long long>(seed));
+    return seed;
+  }());
+  return r;
+}
+
+struct DeviceMem {
+  CUdeviceptr ptr = 0;
+  size_t bytes = 0;
+  explicit DeviceMem(size_t n) : bytes(std::max<size_t>(n, 16)) {
+    runtime();  // its context must be current before this test's own allocations
+    NORMJIT_CU(cuMemAlloc(&ptr, bytes));
+  }
+  ~DeviceMem() { driver().cuMemFree(ptr); }
+  DeviceMem(const DeviceMem&) = delete;
+  DeviceMem& operator=(const DeviceMem&) = delete;
+  char* get() const { return reinterpret_cast<char*>(ptr); }
+  void upload(const void* src, size_t n) { NORMJIT_CU(cuMemcpyHtoD(ptr, src, n)); }
+  void download(void* dst, size_t n) const { NORMJIT_CU(cuMemcpyDtoH(dst, ptr, n)); }
+  void poison() { NORMJIT_CU(cuMemsetD8(ptr, 0xff, bytes)); }  // NaN in every float dtype
+};
+
+// Weight dtypes tested with an x dtype: the same, and the other common pairing.
+inline std::vector<DType> weight_dtypes_for(DType x) {
+  return x == DType::kF32 ? std::vector<DType>{DType::kF32, DType::kBF16} : std::vector<DType>{x, DType::kF32};
+}
+
+inline std::vector<char> random_tensor(DType d, int64_t count, double center, double scale) {
+  std::vector<char> v(count * dtype_size(d));
+  std::normal_distribution<double> normal(0.0, 1.0);
+  for (int64_t i = 0; i < count; ++i) reference::store(v.data(), d, i, float(center + scale * normal(rng())));
+  return v;
+}
+
+// Tracks the worst |got - ref| / (atol + rtol |ref|); NaN counts as a failure.
+struct Worst {
+  double value = 0;
+  void add(double got, double want, double atol, double rtol) {
+    const double e = std::abs(got - want) / (atol + rtol * std::abs(want));
+    value = std::isnan(e) ? INFINITY : std::max(value, e);
+  }
+};
+
+struct Case {
+  Spec spec;              // forward or backward spec (block config from the heuristic)
+  int64_t rows = 1;
+  int64_t row_stride = 0;      // 0: n
+  int64_t x_offset = 0;        // elements: shifts x/y/dy/dx off 16-byte alignment
+  int64_t rows_per_batch = 0;  // AdaLayerNorm
+  double center = 0.0;         // x = center + noise
+  float clip_lower = 0.f, clip_upper = 6.f;
+  // Optional tolerances overriding the per-dtype defaults (the seeds' own, for their cases).
+  double atol = -1, rtol = -1;
+};
+
+inline int64_t groups_of(const Case& c) {
+  return c.spec.norm == Norm::kAdaLayerNorm ? c.rows / c.rows_per_batch : 1;
+}
+
+// Everything a forward run produced, on the host.
+struct ForwardRun {
+  std::vector<char> x, gamma, beta, y;
+  std::vector<float> mean, rstd;
+  std::vector<uint8_t> mask;
+  double worst = 0;          // y, mean, rstd against the reference
+  int64_t mask_mismatches = 0;  // mask vs (lower < y < upper) of the y the GPU stored
+  int64_t mask_ref_mismatches = 0;  // mask vs the reference, away from the clip boundaries
+};
+
+ForwardRun run_forward(const Case& c);
+
+struct BackwardRun {
+  double dx = 0, dgamma = 0, dbeta = 0;  // worst err / tol per output
+  std::vector<char> dx_bytes, dgamma_bytes, dbeta_bytes;
+};
+
+// Runs the forward (training) to get mean/rstd/mask, then the backward `reps` times on the same
+// inputs (for determinism checks the bytes of the last run are returned).
+BackwardRun run_backward(const Case& c, int reps = 1, std::vector<std::vector<char>>* all_dgamma = nullptr,
+                         std::vector<std::vector<char>>* all_dx = nullptr);
+
+// Compiles (or loads) many specs on all cores before the checks run.
+inline void warm(const std::vector<Spec>& specs) {
+  runtime();
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t)
+    threads.emplace_back([&] {
+      for (size_t i; (i = next++) < specs.size();)
+        runtime().disk_cache().get_or_compile(resolve(specs[i]), runtime().target());
+    });
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace gpu_test

@@ -1,0 +1,171 @@
+// Backward kernels against the fp64 reference (with the GPU forward's mean/rstd/mask), the
+// seeds' cases with their tolerances, and bitwise determinism.
+#include "tests/gpu/gpu_common.hpp"
+
+using namespace gpu_test;
+
+TEST_CASE("backward matches the fp64 reference over ops x dtypes x N x rows") {
+  const int64_t ns[] = {1, 7, 127, 256, 1000, 2880, 4096, 4097, 8192, 16384, 65536, 262144};
+  std::vector<Case> cases;
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
+    for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
+      for (DType w : weight_dtypes_for(x))
+        for (int64_t n : ns)
+          for (bool bias : {false, true}) {
+            Case c;
+            c.spec = Spec::make(norm, Phase::kBackward, x, n, bias);
+            c.spec.w_dtype = w;
+            for (int64_t rows : {int64_t(1), n >= 65536 ? int64_t(5) : int64_t(67), n <= 1000 ? int64_t(1031) : int64_t(0)}) {
+              if (rows == 0) continue;
+              c.rows = rows;
+              c.rows_per_batch = norm == Norm::kAdaLayerNorm ? rows : 0;
+              cases.push_back(c);
+            }
+            if (norm == Norm::kAdaLayerNorm && n <= 8192) {
+              c.rows = 3 * 41;
+              c.rows_per_batch = 41;
+              cases.push_back(c);
+            }
+          }
+  std::vector<Spec> specs;
+  for (const auto& c : cases) {
+    specs.push_back(c.spec);
+    Spec f = c.spec;
+    f.phase = Phase::kForwardTraining;
+    specs.push_back(f);
+  }
+  warm(specs);
+  for (const Case& c : cases) {
+    const std::string name = c.spec.str();
+    CAPTURE(name);
+    CAPTURE(c.rows);
+    CAPTURE(c.rows_per_batch);
+    const BackwardRun r = run_backward(c);
+    CHECK(r.dx <= 1.0);
+    CHECK(r.dgamma <= 1.0);
+    CHECK(r.dbeta <= 1.0);
+  }
+  MESSAGE(cases.size() << " backward cases checked on " << runtime().device().name);
+}
+
+TEST_CASE("epilogue backward: relu_bitmask consumes the mask, gelu recomputes its input") {
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
+    for (Epilogue ep : {Epilogue::kReluBitmask, Epilogue::kGelu})
+      for (DType x : {DType::kF32, DType::kBF16})
+        for (int64_t n : {1, 7, 9, 768, 4097, 8192, 65536}) {
+          Case c;
+          c.spec = Spec::make(norm, Phase::kBackward, x, n, true);
+          c.spec.w_dtype = DType::kF32;
+          c.spec.epilogue = ep;
+          c.rows = n >= 65536 ? 5 : 67;
+          c.rows_per_batch = norm == Norm::kAdaLayerNorm ? c.rows : 0;
+          c.clip_upper = 1.5f;
+          const std::string name = c.spec.str();
+          CAPTURE(name);
+          const BackwardRun r = run_backward(c);
+          CHECK(r.dx <= 1.0);
+          CHECK(r.dgamma <= 1.0);
+          CHECK(r.dbeta <= 1.0);
+        }
+}
+
+TEST_CASE("unaligned and strided backward") {
+  for (const char* text : {"layernorm.bwd.bf16.w_f32.n4096.bias", "rmsnorm.bwd.f16.w_f16.n768",
+                           "layernorm.bwd.bf16.w_f32.n65536.bias"}) {
+    const std::string name = text;
+    for (int64_t offset : {0, 1})
+      for (int64_t pad : {0, 3}) {
+        Case c;
+        c.spec = Spec::parse(text);
+        c.rows = 33;
+        c.row_stride = c.spec.n + pad;
+        c.x_offset = offset;
+        CAPTURE(name);
+        CAPTURE(offset);
+        CAPTURE(pad);
+        const BackwardRun r = run_backward(c);
+        CHECK(r.dx <= 1.0);
+        CHECK(r.dgamma <= 1.0);
+        CHECK(r.dbeta <= 1.0);
+      }
+  }
+}
+
+TEST_CASE("seed 000: AdaLayerNorm 4x1024x768 fp16, forward training and backward (atol 5e-3, rtol 3e-3)") {
+  Case c;
+  c.spec = Spec::parse("adalayernorm.bwd.f16.w_f16.n768.bias");
+  c.rows = 4 * 1024;
+  c.rows_per_batch = 1024;
+  c.atol = 5e-3;
+  c.rtol = 3e-3;
+  Case f = c;
+  f.spec.phase = Phase::kForwardTraining;
+  CHECK(run_forward(f).worst <= 1.0);
+  const BackwardRun r = run_backward(c);
+  CHECK(r.dx <= 1.0);
+  CHECK(r.dgamma <= 1.0);
+  CHECK(r.dbeta <= 1.0);
+}
+
+TEST_CASE("seed 001: LayerNorm + clamped ReLU [0, 6] 4096x768 fp32, bitmask exact, grads at 2e-4") {
+  Case f;
+  f.spec = Spec::parse("layernorm.fwd_train.f32.w_f32.n768.bias.relu_bitmask");
+  f.rows = 4096;
+  f.clip_lower = 0.f;
+  f.clip_upper = 6.f;
+  const ForwardRun r = run_forward(f);
+  CHECK(r.worst <= 1.0);
+  CHECK(r.mask_mismatches == 0);
+  CHECK(r.mask_ref_mismatches == 0);
+  Case b = f;
+  b.spec.phase = Phase::kBackward;
+  b.atol = 2e-4;
+  b.rtol = 2e-4;
+  const BackwardRun g = run_backward(b);
+  CHECK(g.dx <= 1.0);
+  CHECK(g.dgamma <= 1.0);
+  CHECK(g.dbeta <= 1.0);
+}
+
+TEST_CASE("seed 003: RMSNorm 4096x128 fp16 with bias, forward training and backward with dbias") {
+  Case c;
+  c.spec = Spec::parse("rmsnorm.bwd.f16.w_f16.n128.bias");
+  c.rows = 4096;
+  c.atol = 5e-3;
+  c.rtol = 3e-3;
+  Case f = c;
+  f.spec.phase = Phase::kForwardTraining;
+  CHECK(run_forward(f).worst <= 1.0);
+  const BackwardRun r = run_backward(c);
+  CHECK(r.dx <= 1.0);
+  CHECK(r.dgamma <= 1.0);
+  CHECK(r.dbeta <= 1.0);
+}
+
+TEST_CASE("dgamma, dbeta and dx are bitwise identical across 10 runs") {
+  for (const char* text : {"layernorm.bwd.bf16.w_f32.n4096.bias", "rmsnorm.bwd.bf16.w_bf16.n256.bias",
+                           "adalayernorm.bwd.f16.w_f32.n768.bias", "layernorm.bwd.bf16.w_f32.n65536.bias",
+                           "layernorm.bwd.f32.w_f32.n7.bias.relu_bitmask"}) {
+    Case c;
+    c.spec = Spec::parse(text);
+    c.rows = c.spec.n >= 65536 ? 257 : 4099;
+    c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? c.rows : 0;
+    std::vector<std::vector<char>> dgammas, dxs;
+    const BackwardRun r = run_backward(c, 10, &dgammas, &dxs);
+    const std::string name = text;
+    CAPTURE(name);
+    CHECK(r.dgamma <= 1.0);
+    REQUIRE(dgammas.size() == 10);
+    int identical = 0;
+    for (size_t i = 1; i < dgammas.size(); ++i) identical += dgammas[i] == dgammas[0] && dxs[i] == dxs[0];
+    CHECK(identical == 9);
+  }
+}
+
+TEST_CASE("backward with zero rows writes zero dgamma") {
+  Case c;
+  c.spec = Spec::parse("layernorm.bwd.f32.w_f32.n64.bias");
+  c.rows = 0;
+  const BackwardRun r = run_backward(c);
+  for (size_t i = 0; i < 64; ++i) CHECK(reference::load(r.dgamma_bytes.data(), DType::kF32, i) == 0.f);
+}
