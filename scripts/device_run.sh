@@ -46,8 +46,8 @@ if [[ $STAGE == all || $STAGE == bench ]]; then
   SUB=""; for n in 256 1024 4096 16384 65536; do SUB="$SUB layernorm.fwd_train.bf16.n$n.bias rmsnorm.fwd_train.bf16.n$n"; done
   [[ -n ${OFC_LEVELS:-} ]] && NORMJIT_NVRTC_EXTRA_OPTIONS="-Ofc=mid" build/normjit-bench --rows 32768 --cache-dir /tmp/njcache-mid $SUB 2>&1 | tail -11 | tee "$OUT/normjit_fwd_ofc_mid.txt"
   [[ ${PEERS:-1} == 1 ]] || exit 0
-  PYTHONUNBUFFERED=1 python3 bench/peers.py --json "$OUT/peers_fwd.json" >"$OUT/peers_fwd.txt" 2>&1
-  PYTHONUNBUFFERED=1 python3 bench/peers.py --phase bwd --json "$OUT/peers_bwd.json" >"$OUT/peers_bwd.txt" 2>&1
+  PYTHONUNBUFFERED=1 timeout ${PEER_FWD_S:-200} python3 bench/peers.py --json "$OUT/peers_fwd.json" >"$OUT/peers_fwd.txt" 2>&1
+  PYTHONUNBUFFERED=1 timeout ${PEER_BWD_S:-260} python3 bench/peers.py --phase bwd --json "$OUT/peers_bwd.json" >"$OUT/peers_bwd.txt" 2>&1
   grep -E "skip|fall" "$OUT"/peers_*.txt | head
   python3 bench/report.py "$OUT/normjit_fwd.json" "$OUT/peers_fwd.json" fwd | tee "$OUT/table_fwd.md"
   python3 bench/report.py "$OUT/normjit_bwd.json" "$OUT/peers_bwd.json" bwd | tee "$OUT/table_bwd.md"
