@@ -96,6 +96,12 @@ def norm_fn(norm, n, eps):
     return lambda x, w, b: F.rms_norm(x, (n,), w, eps)
 
 
+def upcast_fn(norm, n, eps):
+    """genai_layers' reference forward: x upcast to fp32 (so mixed bf16 x / fp32 weights run), y cast back."""
+    f = norm_fn(norm, n, eps)
+    return lambda x, w, b: f(x.float(), w, b).to(x.dtype)
+
+
 def autograd_grads(norm, f, xs, dys, w, b):
     """Per buffer set, one forward graph built up front; each call then runs only its backward.
 
@@ -133,6 +139,9 @@ def eager_candidates(norm, n, eps, xs, dys, w, b):
         out.append(("aten.native_layer_norm_backward", ln_native))
     elif hasattr(aten, "_fused_rms_norm_backward") and hasattr(aten, "_fused_rms_norm"):
         out.append(("aten._fused_rms_norm_backward", rms_fused))
+    if xs[0].dtype != w.dtype:
+        # Eager kernels reject mixed dtypes; genai_layers' eager backend upcasts x instead.
+        out.append(("autograd(x upcast, genai_layers)", lambda: autograd_grads(norm, upcast_fn(norm, n, eps), xs, dys, w, b)))
     out.append(("autograd", lambda: autograd_grads(norm, norm_fn(norm, n, eps), xs, dys, w, b)))
     return out
 
@@ -156,7 +165,13 @@ def compile_candidates(norm, n, eps, xs, dys, w, b):
         # Fallback: compiled forward, its AOT-compiled backward run by autograd (the training path).
         return autograd_grads(norm, torch.compile(f, dynamic=False), xs, dys, w, b)
 
-    return [("compile(func.vjp)", vjp), ("compile(fwd)+autograd", fwd_then_autograd)]
+    def genai_layers():
+        # genai_layers' "compiled" backend: the compiled upcast forward, then autograd runs its
+        # AOT-compiled backward; only the backward is timed.
+        return autograd_grads(norm, torch.compile(upcast_fn(norm, n, eps), dynamic=False, fullgraph=True), xs, dys, w, b)
+
+    return [("compile(fwd, genai_layers)+autograd", genai_layers), ("compile(func.vjp)", vjp),
+            ("compile(fwd)+autograd", fwd_then_autograd)]
 
 
 def reference_errors(norm, n, eps, x, dy, w, b, dx, dw, chunk_elems=1 << 26):

@@ -22,6 +22,14 @@ if [[ $STAGE == all || $STAGE == tests ]]; then
     -tc="strided*,variance*,unaligned*,seed*,epilogue backward*" \
     >"$OUT/memcheck.log" 2>&1; echo "== memcheck rc=$? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"; tail -3 "$OUT/memcheck.log"
 fi
+if [[ $STAGE == bwd ]]; then
+  NS="256 512 1024 2048 4096 8192 16384 32768 65536"
+  BSPECS=""; for n in $NS; do BSPECS="$BSPECS layernorm.bwd.bf16.w_f32.n$n.bias rmsnorm.bwd.bf16.w_f32.n$n"; done
+  build/normjit-bench --rows 32768 --json "$OUT/normjit_bwd.json" $BSPECS 2>&1 | tee "$OUT/normjit_bwd.txt" | tail -3
+  PYTHONUNBUFFERED=1 timeout ${PEER_BWD_S:-300} python3 bench/peers.py --phase bwd --json "$OUT/peers_bwd.json" >"$OUT/peers_bwd.txt" 2>&1
+  grep -E "^torch|skip|fell" "$OUT/peers_bwd.txt" | cut -c1-150
+  python3 bench/report.py "$OUT/normjit_bwd.json" "$OUT/peers_bwd.json" bwd | tee "$OUT/table_bwd.md"
+fi
 if [[ $STAGE == all || $STAGE == bench ]]; then
   NS="256 512 1024 2048 4096 8192 16384 32768 65536"
   SPECS=""; for n in $NS; do SPECS="$SPECS layernorm.fwd_train.bf16.n$n.bias rmsnorm.fwd_train.bf16.n$n"; done
