@@ -22,5 +22,5 @@ cd "$BUILD_DIR"
 ctest --output-on-failure "$@"
 # ctest lists a skipped test without its output; say why the GPU tests were skipped.
 if [ "$*" != "-N" ] && ! tests/normjit_gpu_tests --list-test-cases >/dev/null 2>&1; then
-  tests/normjit_gpu_tests | head -1
+  tests/normjit_gpu_tests | head -1 || true  # exits 77 by design
 fi
