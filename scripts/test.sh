@@ -19,8 +19,8 @@ export PATH=/usr/local/cuda/bin:$PATH
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 cd "$BUILD_DIR"
-ctest --output-on-failure "$@"
-# ctest lists a skipped test without its output; say why the GPU tests were skipped.
+# ctest lists a skipped test without its output; say up front why the GPU tests will be skipped.
 if [ "$*" != "-N" ] && ! tests/normjit_gpu_tests --list-test-cases >/dev/null 2>&1; then
   tests/normjit_gpu_tests | head -1 || true  # exits 77 by design
 fi
+ctest --output-on-failure "$@"
