@@ -38,33 +38,25 @@ Spec resolve(const Spec& spec, int max_vec) {
   while (b.vec > 1 && s.n % b.vec != 0) b.vec /= 2;
   const int64_t packs = s.n / b.vec;
 
-  if (s.phase == Phase::kBackward) {
-    // Backward keeps x, dy, gamma*d and two accumulators per element: fewer elements per thread.
-    const int64_t per_thread = std::max<int64_t>(1, kBackwardElements / b.vec);
-    if (packs <= 32) {
-      b.threads_per_row = next_pow2(packs);
-      b.rows_per_cta = 256 / b.threads_per_row;
-      b.cache = RowCache::kRegisters;
-    } else if (packs <= 32 * per_thread) {
-      b.threads_per_row = 32;
-      b.rows_per_cta = 8;
-      b.cache = RowCache::kRegisters;
-    } else {
-      const int64_t want = (packs + per_thread - 1) / per_thread;
-      b.rows_per_cta = 1;
-      if (want <= kBackwardMaxFusedThreads) {
-        b.threads_per_row = static_cast<int>((want + 31) / 32 * 32);
-        b.cache = RowCache::kRegisters;
-      } else {
-        b.threads_per_row = 1024;  // the row-sum pass streams the row
-        b.cache = RowCache::kGlobal;
-      }
-    }
-  } else if (packs <= 32) {
+  if (packs <= 32) {
     // Tiny rows: a power-of-two group of lanes per row, 256 threads per CTA.
     b.threads_per_row = next_pow2(packs);
     b.rows_per_cta = 256 / b.threads_per_row;
     b.cache = RowCache::kRegisters;
+  } else if (s.phase == Phase::kBackward) {
+    // Backward keeps x, dy, gamma*d and two accumulators per element: fewer elements per thread.
+    const int64_t per_thread = std::max<int64_t>(1, kBackwardElements / b.vec);
+    b.cache = RowCache::kRegisters;
+    if (packs <= 32 * per_thread) {
+      b.threads_per_row = 32;
+      b.rows_per_cta = 8;
+    } else {
+      const int64_t want = (packs + per_thread - 1) / per_thread;
+      b.rows_per_cta = 1;
+      b.threads_per_row = want <= kBackwardMaxFusedThreads ? static_cast<int>((want + 31) / 32 * 32) : 1024;
+      // Past the fused limit the row-sum pass streams the row with 1024 threads.
+      if (want > kBackwardMaxFusedThreads) b.cache = RowCache::kGlobal;
+    }
   } else if (packs <= 32 * kWarpRowMaxPacks) {
     b.threads_per_row = 32;
     b.rows_per_cta = 4;

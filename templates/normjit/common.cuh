@@ -57,6 +57,20 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, kVec>& v) {
   *reinterpret_cast<Pack<T, kVec>*>(p) = v;
 }
 
+// How a row of Cfg::kN elements maps onto Cfg::kThreadsPerRow threads in packs of Cfg::kVec:
+// pack p of a row belongs to lane p % kThreads, in its iteration p / kThreads.
+template <class Cfg>
+struct RowShape {
+  static constexpr int kVec = Cfg::kVec;
+  static constexpr int kThreads = Cfg::kThreadsPerRow;
+  static constexpr int kVecs = Cfg::kN / kVec;                      // packs per row
+  static constexpr int kIters = (kVecs + kThreads - 1) / kThreads;  // packs per thread
+  // Paths that stream a row take this many packs per thread at a time.
+  static constexpr int kChunk = kIters < 4 ? kIters : 4;
+  static constexpr float kInvN = 1.0f / static_cast<float>(Cfg::kN);
+  static_assert(Cfg::kN % kVec == 0, "vec must divide N");
+};
+
 // Sum over an aligned group of kWidth (power of two, <= 32) lanes; every lane gets the result.
 template <int kWidth>
 __device__ __forceinline__ float group_sum(float v) {

@@ -22,16 +22,9 @@
 namespace normjit {
 
 template <class Cfg>
-struct BwdShape {
-  static constexpr int kVec = Cfg::kVec;
-  static constexpr int kThreads = Cfg::kThreadsPerRow;
-  static constexpr int kVecs = Cfg::kN / kVec;
-  static constexpr int kIters = (kVecs + kThreads - 1) / kThreads;
-  static constexpr int kCtaThreads = kThreads * Cfg::kRowsPerCta;
+struct BwdShape : RowShape<Cfg> {
+  static constexpr int kCtaThreads = Cfg::kThreadsPerRow * Cfg::kRowsPerCta;
   static constexpr int kTileThreads = 256;  // norm_bwd_tiles and norm_bwd_reduce
-  static constexpr int kChunk = kIters < 4 ? kIters : 4;
-  static constexpr float kInvN = 1.0f / static_cast<float>(Cfg::kN);
-  static_assert(Cfg::kN % kVec == 0, "vec must divide N");
 };
 
 template <class Cfg>

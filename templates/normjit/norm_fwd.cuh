@@ -9,15 +9,7 @@
 namespace normjit {
 
 template <class Cfg>
-struct FwdShape {
-  static constexpr int kVec = Cfg::kVec;
-  static constexpr int kThreads = Cfg::kThreadsPerRow;
-  static constexpr int kVecs = Cfg::kN / kVec;                       // packs per row
-  static constexpr int kIters = (kVecs + kThreads - 1) / kThreads;   // packs per thread
-  // In the global path a thread streams its packs in chunks of this many.
-  static constexpr int kChunk = kIters < 4 ? kIters : 4;
-  static_assert(Cfg::kN % kVec == 0, "vec must divide N");
-};
+using FwdShape = RowShape<Cfg>;
 
 // Σ (x - center) and Σ ((x - center) - shift)^2 over the valid elements of kCount packs.
 // Subtracting `center` first keeps large offsets (x = 1e4 + noise) out of the sums.
@@ -109,7 +101,7 @@ __device__ __forceinline__ void norm_fwd(const NormParams& p) {
   constexpr int kVec = Cfg::kVec;
   constexpr bool kLayerNorm = Cfg::kNorm == NormKind::kLayerNorm;
   constexpr int kScratch = S::kThreads > 32 ? S::kThreads / 32 : 1;
-  constexpr float kInvN = 1.0f / static_cast<float>(Cfg::kN);
+  constexpr float kInvN = S::kInvN;
   __shared__ float sum_scratch[kScratch];
   __shared__ float2 pair_scratch[kScratch];
   __shared__ Moments moments_scratch[Cfg::kCache == RowCache::kGlobal ? kScratch : 1];

@@ -4,6 +4,14 @@
 
 using namespace gpu_test;
 
+namespace {
+void check_within_tolerance(const BackwardRun& r) {
+  CHECK(r.dx <= 1.0);
+  CHECK(r.dgamma <= 1.0);
+  CHECK(r.dbeta <= 1.0);
+}
+}  // namespace
+
 TEST_CASE("backward matches the fp64 reference over ops x dtypes x N x rows") {
   const int64_t ns[] = {1, 7, 127, 256, 1000, 2880, 4096, 4097, 8192, 16384, 65536, 262144};
   std::vector<Case> cases;
@@ -40,10 +48,7 @@ TEST_CASE("backward matches the fp64 reference over ops x dtypes x N x rows") {
     CAPTURE(name);
     CAPTURE(c.rows);
     CAPTURE(c.rows_per_batch);
-    const BackwardRun r = run_backward(c);
-    CHECK(r.dx <= 1.0);
-    CHECK(r.dgamma <= 1.0);
-    CHECK(r.dbeta <= 1.0);
+    check_within_tolerance(run_backward(c));
   }
   MESSAGE(cases.size() << " backward cases checked on " << runtime().device().name);
 }
@@ -62,10 +67,7 @@ TEST_CASE("epilogue backward: relu_bitmask consumes the mask, gelu recomputes it
           c.clip_upper = 1.5f;
           const std::string name = c.spec.str();
           CAPTURE(name);
-          const BackwardRun r = run_backward(c);
-          CHECK(r.dx <= 1.0);
-          CHECK(r.dgamma <= 1.0);
-          CHECK(r.dbeta <= 1.0);
+          check_within_tolerance(run_backward(c));
         }
 }
 
@@ -83,10 +85,7 @@ TEST_CASE("unaligned and strided backward") {
         CAPTURE(name);
         CAPTURE(offset);
         CAPTURE(pad);
-        const BackwardRun r = run_backward(c);
-        CHECK(r.dx <= 1.0);
-        CHECK(r.dgamma <= 1.0);
-        CHECK(r.dbeta <= 1.0);
+        check_within_tolerance(run_backward(c));
       }
   }
 }
@@ -101,10 +100,7 @@ TEST_CASE("seed 000: AdaLayerNorm 4x1024x768 fp16, forward training and backward
   Case f = c;
   f.spec.phase = Phase::kForwardTraining;
   CHECK(run_forward(f).worst <= 1.0);
-  const BackwardRun r = run_backward(c);
-  CHECK(r.dx <= 1.0);
-  CHECK(r.dgamma <= 1.0);
-  CHECK(r.dbeta <= 1.0);
+  check_within_tolerance(run_backward(c));
 }
 
 TEST_CASE("seed 001: LayerNorm + clamped ReLU [0, 6] 4096x768 fp32, bitmask exact, grads at 2e-4") {
@@ -121,10 +117,7 @@ TEST_CASE("seed 001: LayerNorm + clamped ReLU [0, 6] 4096x768 fp32, bitmask exac
   b.spec.phase = Phase::kBackward;
   b.atol = 2e-4;
   b.rtol = 2e-4;
-  const BackwardRun g = run_backward(b);
-  CHECK(g.dx <= 1.0);
-  CHECK(g.dgamma <= 1.0);
-  CHECK(g.dbeta <= 1.0);
+  check_within_tolerance(run_backward(b));
 }
 
 TEST_CASE("seed 003: RMSNorm 4096x128 fp16 with bias, forward training and backward with dbias") {
@@ -136,10 +129,7 @@ TEST_CASE("seed 003: RMSNorm 4096x128 fp16 with bias, forward training and backw
   Case f = c;
   f.spec.phase = Phase::kForwardTraining;
   CHECK(run_forward(f).worst <= 1.0);
-  const BackwardRun r = run_backward(c);
-  CHECK(r.dx <= 1.0);
-  CHECK(r.dgamma <= 1.0);
-  CHECK(r.dbeta <= 1.0);
+  check_within_tolerance(run_backward(c));
 }
 
 TEST_CASE("dgamma, dbeta and dx are bitwise identical across 10 runs") {
