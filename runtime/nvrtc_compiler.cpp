@@ -4,6 +4,7 @@
 #include <chrono>
 #include <charconv>
 #include <cstdlib>
+#include <cstdio>
 #include <sstream>
 
 #include "normjit/compiler.hpp"
@@ -78,10 +79,11 @@ std::vector<std::string> compile_options(const Target& target, bool* emits_ptx) 
   return options;
 }
 
-CompileResult compile(const GeneratedSource& src, const Target& target) {
+CompileResult compile(const GeneratedSource& src, const Target& target, const std::vector<std::string>& extra_options) {
   const auto start = std::chrono::steady_clock::now();
   bool ptx = false;
-  const std::vector<std::string> options = compile_options(target, &ptx);
+  std::vector<std::string> options = compile_options(target, &ptx);
+  options.insert(options.end(), extra_options.begin(), extra_options.end());
   const auto& headers = device_headers();
   std::vector<const char*> header_text, header_names;
   for (const auto& [name, text] : headers) {
@@ -137,6 +139,28 @@ CompileResult compile(const GeneratedSource& src, const Target& target) {
   out.milliseconds = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   detail::log().debug("compiled {} for {} in {:.1f} ms{}", src.spec, b.arch, out.milliseconds,
                       log.empty() ? "" : "; log: " + log);
+  return out;
+}
+
+std::vector<KernelResources> parse_ptxas_report(const std::string& log) {
+  // ptxas -v prints, per function: "Compiling entry function '<name>' ...", then
+  // "<a> bytes stack frame, <b> bytes spill stores, <c> bytes spill loads" and "Used <r> registers".
+  std::vector<KernelResources> out;
+  std::istringstream lines(log);
+  for (std::string line; std::getline(lines, line);) {
+    if (auto at = line.find("Compiling entry function '"); at != std::string::npos) {
+      const size_t begin = at + 26;
+      out.push_back({line.substr(begin, line.find('\'', begin) - begin)});
+    } else if (out.empty()) {
+      continue;
+    } else if (line.find("bytes stack frame") != std::string::npos) {
+      std::sscanf(line.substr(line.find_first_of("0123456789")).c_str(),
+                  "%d bytes stack frame, %d bytes spill stores, %d bytes spill loads", &out.back().stack_frame_bytes,
+                  &out.back().spill_store_bytes, &out.back().spill_load_bytes);
+    } else if (auto used = line.find("Used "); used != std::string::npos) {
+      std::sscanf(line.c_str() + used, "Used %d registers", &out.back().registers);
+    }
+  }
   return out;
 }
 

@@ -53,7 +53,19 @@ struct Target {
 std::vector<std::string> compile_options(const Target& target, bool* emits_ptx = nullptr);
 
 // Compiles generated source with NVRTC. Throws Error(kCompileFailed) with spec, options and log.
-CompileResult compile(const GeneratedSource& src, const Target& target);
+// extra_options are appended (e.g. "--ptxas-options=-v" for a resource report in the log).
+CompileResult compile(const GeneratedSource& src, const Target& target,
+                      const std::vector<std::string>& extra_options = {});
+
+// Per-kernel resources parsed from a ptxas -v log.
+struct KernelResources {
+  std::string function;
+  int registers = 0;
+  int stack_frame_bytes = 0;
+  int spill_store_bytes = 0;
+  int spill_load_bytes = 0;
+};
+std::vector<KernelResources> parse_ptxas_report(const std::string& log);
 
 // Disk cache of compiled kernels. Entries: <dir>/<spec>.<key>.cubin|.ptx, with the .cu beside.
 struct CacheCounters {

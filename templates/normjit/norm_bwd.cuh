@@ -227,11 +227,13 @@ __device__ __forceinline__ void norm_bwd_rowsums(const NormParams& p) {
   const XT* dy = static_cast<const XT*>(p.dy) + row * p.row_stride;
   const float mean = kLayerNorm ? p.mean[row] : 0.f;
   const float rstd = p.rstd[row];
+  // f32 rows at 4 packs per chunk spilled at 1024 threads (64 registers): 2 for them.
+  constexpr int kChunk = sizeof(XT) == 4 && S::kChunk > 2 ? 2 : S::kChunk;
   float c1 = 0.f, c2 = 0.f;
-  for (int base = 0; base < S::kIters; base += S::kChunk) {
-    Pack<XT, kVec> xs[S::kChunk], dys[S::kChunk];
+  for (int base = 0; base < S::kIters; base += kChunk) {
+    Pack<XT, kVec> xs[kChunk], dys[kChunk];
 #pragma unroll
-    for (int i = 0; i < S::kChunk; ++i) {
+    for (int i = 0; i < kChunk; ++i) {
       const int pack = (base + i) * S::kThreads + lane;
       if (pack < S::kVecs) {
         xs[i] = load_pack<XT, kVec>(x + pack * kVec);
@@ -239,7 +241,7 @@ __device__ __forceinline__ void norm_bwd_rowsums(const NormParams& p) {
       }
     }
 #pragma unroll
-    for (int i = 0; i < S::kChunk; ++i) {
+    for (int i = 0; i < kChunk; ++i) {
       const int pack = (base + i) * S::kThreads + lane;
       if (pack < S::kVecs) {
         const int col = pack * kVec;

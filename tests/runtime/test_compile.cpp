@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
 #include "normjit/normjit.hpp"
+#include "tools/manifest.hpp"
 
 using namespace normjit;
 
@@ -42,17 +44,40 @@ TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
         for (Phase phase : {Phase::kForwardTraining, Phase::kBackward})
           specs.push_back(resolve(Spec::make(norm, phase, x, n, true)));
 
+  // And every spec of the default manifest, as the heuristic resolves it. Five of these spill
+  // 4-8 bytes today (listed by the test, not yet gated); the grid above is gated.
+  const size_t gated = specs.size();
+  for (const Spec& s : tools::read_manifest(NORMJIT_DEFAULT_MANIFEST)) specs.push_back(resolve(s));
+  std::vector<std::string> known_spills;
+
   std::atomic<size_t> next{0};
   std::mutex mutex;
   std::vector<std::string> failures;
   std::vector<double> ms;
+  // The ptxas resource report of every configuration the heuristic picks: written beside the
+  // test, and any local-memory spill fails it.
+  std::ofstream report("ptxas_report.csv");
+  report << "spec,function,registers,stack_frame_bytes,spill_store_bytes,spill_load_bytes\n";
+  size_t functions = 0;
   auto worker = [&] {
     for (size_t i; (i = next++) < specs.size();) {
       try {
-        const CompileResult r = compile(generate(specs[i]), Target{90});
+        const CompileResult r = compile(generate(specs[i]), Target{90}, {"--ptxas-options=-v"});
+        const auto resources = parse_ptxas_report(r.log);
         std::lock_guard<std::mutex> lock(mutex);
         ms.push_back(r.milliseconds);
         if (r.binary.image.size() < 256 || r.binary.is_ptx) failures.push_back(specs[i].str() + ": no cubin");
+        if (resources.empty()) failures.push_back(specs[i].str() + ": no ptxas report in the log");
+        for (const KernelResources& k : resources) {
+          ++functions;
+          report << specs[i].str() << ',' << k.function << ',' << k.registers << ',' << k.stack_frame_bytes << ','
+                 << k.spill_store_bytes << ',' << k.spill_load_bytes << '\n';
+          if (k.spill_store_bytes > 0 || k.spill_load_bytes > 0 || k.stack_frame_bytes > 0)
+            (i < gated ? failures : known_spills)
+                .push_back(specs[i].str() + ": " + k.function + " uses local memory (" +
+                           std::to_string(k.stack_frame_bytes) + " B stack, " +
+                           std::to_string(k.spill_store_bytes) + " B spill stores)");
+        }
       } catch (const Error& e) {
         std::lock_guard<std::mutex> lock(mutex);
         failures.push_back(e.what());
@@ -65,7 +90,11 @@ TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
   for (const auto& f : failures) FAIL_CHECK(f);
   CHECK(ms.size() == specs.size());
   std::sort(ms.begin(), ms.end());
-  MESSAGE(specs.size() << " kernels compiled for sm_90; median " << ms[ms.size() / 2] << " ms per kernel (this CPU)");
+  for (const auto& k : known_spills) MESSAGE("not yet gated: " << k);
+  MESSAGE(specs.size() << " kernels compiled for sm_90; median " << ms[ms.size() / 2] << " ms per kernel (this CPU); "
+                        << functions << " functions in ptxas_report.csv; no spill in the " << gated
+                        << " grid configurations");
+  CHECK(functions >= specs.size());
 }
 
 TEST_CASE("a compile error carries the spec, the options and the NVRTC log") {
@@ -81,6 +110,27 @@ TEST_CASE("a compile error carries the spec, the options and the NVRTC log") {
     CHECK(what.find("-arch=sm_90") != std::string::npos);
     CHECK(what.find("this_is_not_cuda") != std::string::npos);
   }
+}
+
+TEST_CASE("the ptxas report parser reads registers, stack and spills per function") {
+  const std::string log =
+      "ptxas info    : Compiling entry function 'k_fused' for 'sm_90'\n"
+      "ptxas info    : Function properties for k_fused\n"
+      "    104 bytes stack frame, 180 bytes spill stores, 204 bytes spill loads\n"
+      "ptxas info    : Used 64 registers, used 1 barriers, 384 bytes smem\n"
+      "ptxas info    : Compiling entry function 'k_reduce' for 'sm_90'\n"
+      "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+      "ptxas info    : Used 24 registers\n";
+  const auto r = parse_ptxas_report(log);
+  REQUIRE(r.size() == 2);
+  CHECK(r[0].function == "k_fused");
+  CHECK(r[0].registers == 64);
+  CHECK(r[0].stack_frame_bytes == 104);
+  CHECK(r[0].spill_store_bytes == 180);
+  CHECK(r[0].spill_load_bytes == 204);
+  CHECK(r[1].function == "k_reduce");
+  CHECK(r[1].registers == 24);
+  CHECK(r[1].spill_store_bytes == 0);
 }
 
 TEST_CASE("targets: named archs, and PTX for an arch NVRTC does not know") {
