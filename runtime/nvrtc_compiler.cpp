@@ -31,10 +31,14 @@ int nvrtc_version() {
 }
 
 std::vector<int> nvrtc_supported_archs() {
-  int count = 0;
-  NORMJIT_NVRTC(nvrtcGetNumSupportedArchs(&count), "nvrtc_supported_archs");
-  std::vector<int> archs(count);
-  NORMJIT_NVRTC(nvrtcGetSupportedArchs(archs.data()), "nvrtc_supported_archs");
+  // Fixed for the process; asked on every cache key and compile otherwise.
+  static const std::vector<int> archs = [] {
+    int count = 0;
+    NORMJIT_NVRTC(nvrtcGetNumSupportedArchs(&count), "nvrtc_supported_archs");
+    std::vector<int> list(count);
+    NORMJIT_NVRTC(nvrtcGetSupportedArchs(list.data()), "nvrtc_supported_archs");
+    return list;
+  }();
   return archs;
 }
 

@@ -136,16 +136,17 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
   check_align("workspace", a.workspace, 16, "vector stores");
 }
 
+void Kernel::check_workspace(const LaunchArgs& a, const BackwardPlan& plan) const {
+  if (a.workspace_bytes < plan.workspace_bytes)
+    throw Error(Status::kInvalidArgument, "launch of " + spec_string_ + ": workspace_bytes=" +
+                                              std::to_string(a.workspace_bytes) + " is less than the " +
+                                              std::to_string(plan.workspace_bytes) + " bytes workspace_bytes(rows=" +
+                                              std::to_string(a.rows) + ") needs");
+}
+
 void Kernel::validate(const LaunchArgs& a) const {
   validate_launch(spec_, a);
-  if (spec_.phase == Phase::kBackward) {
-    const size_t need = workspace_bytes(a.rows, a.rows_per_batch);
-    if (a.workspace_bytes < need)
-      throw Error(Status::kInvalidArgument, "launch of " + spec_string_ + ": workspace_bytes=" +
-                                                std::to_string(a.workspace_bytes) + " is less than the " +
-                                                std::to_string(need) + " bytes workspace_bytes(rows=" +
-                                                std::to_string(a.rows) + ") needs");
-  }
+  if (spec_.phase == Phase::kBackward) check_workspace(a, plan(a.rows, a.rows_per_batch));
 }
 
 Kernel::BackwardPlan Kernel::plan(int64_t rows, int64_t rows_per_batch) const {
@@ -179,7 +180,11 @@ size_t Kernel::workspace_bytes(int64_t rows, int64_t rows_per_batch) const {
 }
 
 void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
-  validate(a);
+  validate_launch(spec_, a);
+  const bool backward = spec_.phase == Phase::kBackward;
+  // Planned once: the workspace check and the grid both use it.
+  const BackwardPlan bwd_plan = backward ? plan(a.rows, a.rows_per_batch) : BackwardPlan{};
+  if (backward) check_workspace(a, bwd_plan);
   CUcontext current = nullptr;
   NORMJIT_CU(cuCtxGetCurrent(&current));
   if (current == nullptr) {
@@ -189,7 +194,6 @@ void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
                                               ": the calling thread's current CUDA context is not the primary "
                                               "context of the device this kernel was loaded on");
   }
-  const bool backward = spec_.phase == Phase::kBackward;
   if (a.rows == 0 && !backward) return;
   NormParams p{};
   p.x = a.x;
@@ -221,16 +225,15 @@ void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
     run(function_, static_cast<unsigned>(ceil_div(a.rows, rows_per_cta_)), 1, 1, threads_per_cta_, "the kernel");
     return;
   }
-  const BackwardPlan plan_ = plan(a.rows, a.rows_per_batch);
-  p.partial_slots = static_cast<int>(plan_.slots);
-  p.row_chunk = static_cast<int>(plan_.row_chunk);
-  const unsigned groups = static_cast<unsigned>(plan_.groups);
+  p.partial_slots = static_cast<int>(bwd_plan.slots);
+  p.row_chunk = static_cast<int>(bwd_plan.row_chunk);
+  const unsigned groups = static_cast<unsigned>(bwd_plan.groups);
   if (a.rows > 0) {
     if (spec_.block->cache == RowCache::kRegisters) {
-      run(function_, static_cast<unsigned>(plan_.slots), groups, 1, threads_per_cta_, "the fused backward");
+      run(function_, static_cast<unsigned>(bwd_plan.slots), groups, 1, threads_per_cta_, "the fused backward");
     } else {
       run(function_, static_cast<unsigned>(a.rows), 1, 1, threads_per_cta_, "the row sums");
-      run(tiles_, static_cast<unsigned>(plan_.col_tiles), static_cast<unsigned>(plan_.slots), groups, 256,
+      run(tiles_, static_cast<unsigned>(bwd_plan.col_tiles), static_cast<unsigned>(bwd_plan.slots), groups, 256,
           "the column tiles");
     }
   }

@@ -73,6 +73,7 @@ class Kernel {
     size_t workspace_bytes = 0;
   };
   BackwardPlan plan(int64_t rows, int64_t rows_per_batch) const;
+  void check_workspace(const LaunchArgs& args, const BackwardPlan& plan) const;
 
   Spec spec_;
   std::string spec_string_;

@@ -204,6 +204,7 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
   run.dgamma = wdg.value;
   run.dbeta = wdb.value;
   // The forward inside must itself be right.
+  run.forward = fwd.worst;
   if (!(fwd.worst <= 1.0)) run.dx = INFINITY;
   return run;
 }

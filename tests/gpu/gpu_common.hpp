@@ -98,6 +98,7 @@ struct ForwardRun {
 ForwardRun run_forward(const Case& c);
 
 struct BackwardRun {
+  double forward = 0;                     // the forward that fed it (y, mean, rstd), worst err / tol
   double dx = 0, dgamma = 0, dbeta = 0;  // worst err / tol per output
   std::vector<char> dx_bytes, dgamma_bytes, dbeta_bytes;
 };
