@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the carried peer wheels (liger-kernel, nvidia-cudnn-frontend, quack-kernels and their
+# cutlass-dsl runtime) into .peers/site on the device machine. The 64 MiB carry limit is below
+# the cutlass-dsl cu13 wheel, so it travels as an xz archive split over two calls (.whl/packA,
+# .whl/packB); .peers/ is git-ignored and stays on a warm machine between calls.
+# Prints PYTHONPATH for the peers on its last line.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+STAGE=.peers/stage SITE=.peers/site
+mkdir -p "$STAGE" "$SITE"
+for d in .whl .whl/packA .whl/packB; do
+  [[ -d $d ]] && find "$d" -maxdepth 1 -type f \( -name '*.whl' -o -name '*.part_*' \) -exec cp -n {} "$STAGE"/ \;
+done
+for w in "$STAGE"/*.whl; do
+  [[ -e $w ]] || continue
+  name=$(basename "$w")
+  [[ -e $SITE/.installed.$name ]] && continue
+  pip install -q --no-index --no-deps --target "$SITE" "$w" >/dev/null 2>&1 && touch "$SITE/.installed.$name" \
+    || echo "peers_setup: $name did not install" >&2
+done
+parts=("$STAGE"/cu13.tar.xz.part_*)
+if [[ ! -e $SITE/.installed.cu13 ]]; then
+  if [[ -e $STAGE/cu13.tar.xz.part_aa && -e $STAGE/cu13.tar.xz.part_ab ]]; then
+    cat "${parts[@]}" | xz -d | tar x -C "$SITE" && touch "$SITE/.installed.cu13"
+  else
+    echo "peers_setup: cutlass-dsl cu13 libs incomplete (${#parts[@]} of 2 parts here): QuACK will be skipped" >&2
+  fi
+fi
+echo "PYTHONPATH=$PWD/$SITE"
