@@ -9,16 +9,26 @@ of the same bytes measured in the same process.
 --phase bwd: only the backward is timed: dx, dgamma (+ dbeta for LayerNorm, which has a bias)
 from dy, x, the saved statistics and gamma. Defaults follow PyTorch genai_layers'
 LayerNormBackward setting: bf16 x, fp32 weights, M = 32768.
+
+Providers (--providers): torch.eager, torch.compile, and the peer libraries liger (liger-kernel's
+Triton kernels), cudnn (nvidia-cudnn-frontend graph API) and quack (quack-kernels, CuTe DSL). Every
+provider sees the same buffers, byte counts, timing and fp64 error check. A peer whose import fails
+is skipped once with the reason; a failure at one shape prints `skip <provider> <norm> N=<n>: <why>`
+and the run goes on. Each result's `impl` field says which call was timed and any adaptation.
 """
 import argparse
+import functools
 import json
+import os
 import statistics
 import sys
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+PROVIDERS = ("torch.eager", "torch.compile", "liger", "cudnn", "quack")
 
 
 def median_us(fn, sets, warmup=5, reps=25, batch=10):
@@ -50,8 +60,31 @@ def make_fn(provider, norm, n, eps):
     return f
 
 
+def torch_fwd_candidates(provider, norm, n, eps, xs, ys, w, b):
+    name = "F.layer_norm" if norm == "layernorm" else "F.rms_norm"
+    if provider == "torch.compile":
+        name = f"torch.compile({name}, dynamic=False)"
+
+    def build():
+        f = make_fn(provider, norm, n, eps)
+        return lambda i: f(xs[i], w, b)
+    return [(name, build)]
+
+
+def forward_error(norm, n, eps, x, y, w, b, chunk_elems=1 << 26):
+    """Max |y - ref| against the float64 forward, in row chunks (a float64 copy of a 32768 x 65536
+    problem is 16 GiB); the chunk maxima are reduced in torch so a NaN shows as NaN."""
+    f = norm_fn(norm, n, eps)
+    wd, bd = w.double(), None if b is None else b.double()
+    rows = max(1, chunk_elems // n)
+    worst = [(y[r0:r0 + rows].double() - f(x[r0:r0 + rows].double(), wd, bd)).abs().max()
+             for r0 in range(0, x.shape[0], rows)]
+    return torch.stack(worst).max().item()
+
+
 def run_fwd(args):
     dtype = DTYPES[args.dtype]
+    eps = 1e-5
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     results = []
     for norm in args.norms.split(","):
@@ -59,30 +92,55 @@ def run_fwd(args):
             m, item = args.rows, torch.tensor([], dtype=dtype).element_size()
             x_bytes = m * n * item
             sets = max(1, min(64, (4 * l2) // (2 * x_bytes) + 1))
-            xs = [torch.randn(m, n, device="cuda", dtype=dtype) * 2 + 0.5 for _ in range(sets)]
-            ys = [torch.empty_like(x) for x in xs]
+            try:
+                xs = [torch.randn(m, n, device="cuda", dtype=dtype) * 2 + 0.5 for _ in range(sets)]
+                ys = [torch.empty_like(x) for x in xs]  # copy destinations; cudnn writes y here
+            except torch.cuda.OutOfMemoryError as e:
+                print(f"skip {norm} N={n}: inputs do not fit ({first_line(e)})", flush=True)
+                xs = ys = None
+                torch.cuda.empty_cache()
+                continue
             w = torch.randn(n, device="cuda", dtype=dtype) * 0.5 + 1
             b = torch.randn(n, device="cuda", dtype=dtype) * 0.5 if norm == "layernorm" else None
             copy_us = median_us(lambda i: ys[i].copy_(xs[i]), sets)
             copy_gbps = 2 * x_bytes / copy_us * 1e-3
             nbytes = 2 * x_bytes + n * item * (2 if b is not None else 1)
             for provider in args.providers.split(","):
-                fn = make_fn(provider, norm, n, 1e-5)
-                ref = F.layer_norm(xs[0].double(), (n,), w.double(), None if b is None else b.double(), 1e-5) \
-                    if norm == "layernorm" else F.rms_norm(xs[0].double(), (n,), w.double(), 1e-5)
-                err = (fn(xs[0], w, b).double() - ref).abs().max().item()
-                us = median_us(lambda i: fn(xs[i], w, b), sets)
+                if provider.startswith("torch."):
+                    candidates = torch_fwd_candidates(provider, norm, n, eps, xs, ys, w, b)
+                else:
+                    api = peer_api(provider)
+                    if api is None:
+                        continue  # import failure, reported once
+                    candidates = PEER_CANDIDATES[provider]["fwd"](api, norm, n, eps, xs, ys, w, b)
+                fn, y, impl, why = first_working(candidates)
+                if fn is None:
+                    skip(provider, norm, n, "; ".join(why))
+                    continue
+                if why:
+                    print(f"  {provider}: fell back to {impl} ({'; '.join(why)})", flush=True)
+                try:
+                    err = forward_error(norm, n, eps, xs[0], y, w, b)
+                    y = None
+                    us = median_us(fn, sets)
+                except Exception as e:  # noqa: BLE001 - keep the other providers and shapes going
+                    skip(provider, norm, n, first_line(e))
+                    fn = y = None
+                    torch.cuda.empty_cache()
+                    continue
                 gbps = nbytes / us * 1e-3
-                r = dict(provider=provider, norm=norm, n=n, rows=m, dtype=args.dtype, us=us, gbps=gbps,
-                         copy_gbps=copy_gbps, pct_copy=100 * gbps / copy_gbps, max_abs_err=err)
+                r = dict(provider=provider, norm=norm, n=n, rows=m, dtype=args.dtype, phase="fwd", us=us, gbps=gbps,
+                         copy_gbps=copy_gbps, pct_copy=100 * gbps / copy_gbps, max_abs_err=err, impl=impl)
                 results.append(r)
                 print(f"{provider:14s} {norm:9s} N={n:6d} {us:9.2f} us {gbps:8.1f} GB/s {r['pct_copy']:5.1f}% of copy "
-                      f"({copy_gbps:.0f}) err {err:.3g}", flush=True)
+                      f"({copy_gbps:.0f}) err {err:.3g} [{impl}]", flush=True)
+                fn = None  # drops the provider's graphs / plans before the next one
+                torch.cuda.empty_cache()
             del xs, ys
             torch.cuda.empty_cache()
             # Rewritten after every shape so a run cut short still leaves its figures.
-            json.dump(dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, results=results),
-                      open(args.json, "w"), indent=1)
+            dump(args.json, results)
+    dump(args.json, results)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,22 +234,338 @@ def compile_candidates(norm, n, eps, xs, dys, w, b):
 
 def reference_errors(norm, n, eps, x, dy, w, b, dx, dw, chunk_elems=1 << 26):
     """Max |dx - ref| and |dgamma - ref| against float64 autograd, in row chunks so the float64
-    copies of a 32768 x 65536 problem fit next to the buffers; dgamma sums the chunks' shares."""
+    copies of a 32768 x 65536 problem fit next to the buffers; dgamma sums the chunks' shares.
+    Chunk maxima are reduced in torch, so a NaN in dx shows as NaN (Python's max() would drop it)."""
     f = norm_fn(norm, n, eps)
     wd = w.double().requires_grad_()
     bd = b.double().requires_grad_() if b is not None else None
     rows = max(1, chunk_elems // n)
-    err_dx, dw_ref = 0.0, torch.zeros_like(wd, requires_grad=False)
+    err_dx, dw_ref = [], torch.zeros_like(wd, requires_grad=False)
     for r0 in range(0, x.shape[0], rows):
         xd = x[r0:r0 + rows].double().requires_grad_()
         with torch.enable_grad():
             y = f(xd, wd, bd)
             gx, gw = torch.autograd.grad(y, (xd, wd), dy[r0:r0 + rows].double())
-        err_dx = max(err_dx, (dx[r0:r0 + rows].double() - gx).abs().max().item())
+        err_dx.append((dx[r0:r0 + rows].double() - gx).abs().max())
         dw_ref += gw
         del xd, y, gx, gw
-    return err_dx, (dw.double() - dw_ref).abs().max().item()
+    return torch.stack(err_dx).max().item(), (dw.double() - dw_ref).abs().max().item()
 
+
+def fp32_stats(norm, x, eps, chunk_elems=1 << 26):
+    """The row statistics a training forward saves, computed once in fp32 for the peers whose
+    backward takes them as inputs (cudnn, quack): (mean or None for RMSNorm, rstd), both (M,) fp32."""
+    m, n = x.shape
+    mean = torch.empty(m, device=x.device, dtype=torch.float32) if norm == "layernorm" else None
+    rstd = torch.empty(m, device=x.device, dtype=torch.float32)
+    rows = max(1, chunk_elems // n)
+    for r0 in range(0, m, rows):
+        xf = x[r0:r0 + rows].float()
+        if mean is None:
+            var = xf.square().mean(dim=1)  # RMSNorm: mean of squares, no centring
+        else:
+            mu = xf.mean(dim=1)
+            var = (xf - mu[:, None]).square().mean(dim=1)
+            mean[r0:r0 + rows] = mu
+        rstd[r0:r0 + rows] = torch.rsqrt(var + eps)  # eps inside the root, as in every provider here
+    return mean, rstd
+
+
+# ----------------------------------------------------------------------------------------------
+# Peer libraries: each loader imports once and returns a namespace with the calls used and a
+# version string; each provider gives (name, builder) candidates per phase, like eager_candidates.
+# Builders return fn(i): forward -> y of buffer set i; backward -> (dx, dgamma[, dbeta]).
+# ----------------------------------------------------------------------------------------------
+
+def dist_version(dist, module=None):
+    try:
+        from importlib.metadata import version
+        return version(dist)
+    except Exception:  # noqa: BLE001 - --target installs may lack metadata; the module may know
+        return getattr(module, "__version__", "?")
+
+
+def load_liger():
+    # The submodules hold liger's own Triton autograd Functions. The package-level names can be
+    # swapped for another implementation through LIGER_KERNEL_IMPL; these never are.
+    import triton
+    from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    return SimpleNamespace(version=f"{dist_version('liger_kernel')} (triton {triton.__version__})",
+                           LayerNorm=LigerLayerNormFunction, RMSNorm=LigerRMSNormFunction)
+
+
+# Liger's RMSNorm has an offset (y = x*rstd*(offset + w)) and casting modes. offset=0 gives plain
+# y = x*rstd*w. casting_mode="gemma" computes everything in fp32 and rounds y once, as F.rms_norm's
+# fused CUDA kernel does; "llama" rounds x*rstd to x's dtype before the weight multiply and "none"
+# reduces in x's dtype. in_place=False: in place, liger writes dx over dy, which the rotating sets
+# and the reference check reuse; not in place it allocates dx with zeros_like (a fill it pays).
+LIGER_RMS_ARGS = dict(offset=0.0, casting_mode="gemma", in_place=False, row_mode=None)
+LIGER_RMS_DESC = "offset=0, casting_mode='gemma', in_place=False"
+
+
+def liger_rms(api, eps):
+    a = LIGER_RMS_ARGS
+    return lambda x, w, b: api.RMSNorm.apply(x, w, eps, a["offset"], a["casting_mode"], a["in_place"], a["row_mode"])
+
+
+def liger_ln(api, eps):
+    return lambda x, w, b: api.LayerNorm.apply(x, w, b, eps)
+
+
+def liger_fwd_candidates(api, norm, n, eps, xs, ys, w, b):
+    if norm == "layernorm":
+        f, name = liger_ln(api, eps), "LigerLayerNormFunction.apply"
+    else:
+        f, name = liger_rms(api, eps), f"LigerRMSNormFunction.apply({LIGER_RMS_DESC})"
+    return [(name, lambda: lambda i: f(xs[i], w, b))]
+
+
+def liger_bwd_candidates(api, norm, n, eps, xs, dys, ys, w, b):
+    # Liger's kernels load the weights and upcast them to fp32, so bf16 x with fp32 weights runs
+    # as is; dgamma/dbeta come back in the weights' dtype.
+    if norm == "layernorm":
+        f, name = liger_ln(api, eps), "autograd.grad(LigerLayerNormFunction)"
+    else:
+        f, name = liger_rms(api, eps), f"autograd.grad(LigerRMSNormFunction, {LIGER_RMS_DESC})"
+    name += mixed_note(xs, w, "weights upcast to fp32 in the kernel")
+    return [(name, lambda: autograd_grads(norm, f, xs, dys, w, b))]
+
+
+def load_cudnn():
+    import cudnn
+    handle = cudnn.create_handle()
+    # Launch on torch's stream, where the CUDA events are recorded.
+    cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
+    dt = {torch.bfloat16: cudnn.data_type.BFLOAT16, torch.float16: cudnn.data_type.HALF,
+          torch.float32: cudnn.data_type.FLOAT}
+    return SimpleNamespace(mod=cudnn, handle=handle, dt=dt,
+                           version=f"{dist_version('nvidia-cudnn-frontend', cudnn)} (cuDNN {cudnn.backend_version()})")
+
+
+# Fixed tensor uids: execute() then takes buffers in one fixed order per buffer set.
+CUDNN_UID = dict(x=1, scale=2, bias=3, eps=4, y=5, mean=6, inv_var=7, dy=8, dx=9, dscale=10, dbias=11)
+
+
+def cudnn_tensor(api, g, name, shape, dtype):
+    """A graph input: dense row-major (norms in cuDNN are 4-D: rows, N, 1, 1)."""
+    stride = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        stride[k] = stride[k + 1] * shape[k + 1]
+    return g.tensor(name=name, dim=list(shape), stride=stride, data_type=api.dt[dtype], uid=CUDNN_UID[name])
+
+
+def cudnn_output(api, t, name, dtype):
+    t.set_uid(CUDNN_UID[name]).set_output(True).set_data_type(api.dt[dtype])
+
+
+def cudnn_new_graph(api):
+    c = api.mod
+    return c.pygraph(handle=api.handle, intermediate_data_type=c.data_type.FLOAT, compute_data_type=c.data_type.FLOAT)
+
+
+def cudnn_finish(api, g):
+    """Validate, plan and build once; the workspace is allocated once and shared by all sets."""
+    c = api.mod
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([c.heur_mode.A, c.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans()
+    return torch.empty(max(1, g.get_workspace_size()), device="cuda", dtype=torch.uint8)
+
+
+def cudnn_fwd_plan(api, norm, n, eps, xs, ys, w, b, phase):
+    c, m, xdt = api.mod, xs[0].shape[0], xs[0].dtype
+    training = phase == "TRAINING"
+    g = cudnn_new_graph(api)
+    x_t = cudnn_tensor(api, g, "x", (m, n, 1, 1), xdt)
+    s_t = cudnn_tensor(api, g, "scale", (1, n, 1, 1), w.dtype)
+    e_t = g.tensor(name="eps", dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=c.data_type.FLOAT,
+                   is_pass_by_value=True, uid=CUDNN_UID["eps"])
+    names = ["x", "scale", "eps", "y"]
+    if norm == "layernorm":
+        b_t = cudnn_tensor(api, g, "bias", (1, n, 1, 1), b.dtype)
+        y_t, mean_t, iv_t = g.layernorm(name="ln", norm_forward_phase=getattr(c.norm_forward_phase, phase),
+                                        input=x_t, scale=s_t, bias=b_t, epsilon=e_t)
+        names.append("bias")
+    else:
+        y_t, iv_t = g.rmsnorm(name="rms", norm_forward_phase=getattr(c.norm_forward_phase, phase),
+                              input=x_t, scale=s_t, epsilon=e_t)
+        mean_t = None
+    cudnn_output(api, y_t, "y", xdt)
+    stats = [s for s, t in (("mean", mean_t), ("inv_var", iv_t)) if training and t is not None]
+    for s, t in (("mean", mean_t), ("inv_var", iv_t)):
+        if s in stats:
+            cudnn_output(api, t, s, torch.float32)
+    ws = cudnn_finish(api, g)
+    uids = tuple(CUDNN_UID[k] for k in names + stats)
+    eps_host = torch.full((1, 1, 1, 1), eps, dtype=torch.float32)  # pass-by-value scalar lives on the host
+    packs = []
+    for x, y in zip(xs, ys):
+        bufs = {"x": x.view(m, n, 1, 1), "scale": w.view(1, n, 1, 1), "eps": eps_host, "y": y.view(m, n, 1, 1)}
+        if b is not None:
+            bufs["bias"] = b.view(1, n, 1, 1)
+        for s in stats:
+            bufs[s] = torch.empty(m, 1, 1, 1, device="cuda", dtype=torch.float32)
+        packs.append(tuple(bufs[k] for k in names + stats))
+    ys[0].fill_(float("nan"))  # the checked set: y must come from cuDNN, not from the copy baseline
+
+    def run(i):
+        g.execute(packs[i], ws, handle=api.handle, tensor_uids=uids)
+        return ys[i]
+    return run
+
+
+def cudnn_fwd_candidates(api, norm, n, eps, xs, ys, w, b):
+    # Inference first: torch's forward also writes y only. Training (mean and inv_variance also
+    # written, not counted in the bytes) if cuDNN has no inference plan. Weights in their own dtype
+    # first; an fp32 copy of them (exact, made once outside the timing) only if cuDNN rejects those.
+    weight_sets = [(w, b, "")]
+    if w.dtype != torch.float32:
+        what = "scale" if b is None else "scale/bias"
+        weight_sets.append((w.float(), None if b is None else b.float(),
+                            f", fp32 weights ({what} upcast once outside timing)"))
+    out = []
+    for wc, bc, note in weight_sets:
+        for phase in ("INFERENCE", "TRAINING"):
+            out.append((f"cudnn {norm} {phase.lower()}{note}",
+                        functools.partial(cudnn_fwd_plan, api, norm, n, eps, xs, ys, wc, bc, phase)))
+    return out
+
+
+def cudnn_bwd_plan(api, norm, n, eps, xs, dys, ys, w, b):
+    m, xdt, ln = xs[0].shape[0], xs[0].dtype, norm == "layernorm"
+    g = cudnn_new_graph(api)
+    dy_t = cudnn_tensor(api, g, "dy", (m, n, 1, 1), xdt)
+    x_t = cudnn_tensor(api, g, "x", (m, n, 1, 1), xdt)
+    s_t = cudnn_tensor(api, g, "scale", (1, n, 1, 1), w.dtype)
+    iv_t = cudnn_tensor(api, g, "inv_var", (m, 1, 1, 1), torch.float32)
+    if ln:
+        mean_t = cudnn_tensor(api, g, "mean", (m, 1, 1, 1), torch.float32)
+        dx_t, ds_t, db_t = g.layernorm_backward(name="ln_bwd", grad=dy_t, input=x_t, scale=s_t, mean=mean_t,
+                                                inv_variance=iv_t)
+    else:
+        dx_t, ds_t, db_t = g.rmsnorm_backward(name="rms_bwd", grad=dy_t, input=x_t, scale=s_t, inv_variance=iv_t,
+                                              has_dbias=False)
+    cudnn_output(api, dx_t, "dx", xdt)
+    cudnn_output(api, ds_t, "dscale", w.dtype)
+    if ln:
+        cudnn_output(api, db_t, "dbias", w.dtype)
+    ws = cudnn_finish(api, g)
+    names = ["dy", "x", "scale", "inv_var", "dx", "dscale"] + (["mean", "dbias"] if ln else [])
+    uids = tuple(CUDNN_UID[k] for k in names)
+    dscale = torch.empty(n, device="cuda", dtype=w.dtype)  # shared by all sets, like normjit's dgamma
+    dbias = torch.empty(n, device="cuda", dtype=w.dtype) if ln else None
+    packs = []
+    for x, dy, dx in zip(xs, dys, ys):
+        mean, rstd = fp32_stats(norm, x, eps)
+        bufs = {"dy": dy.view(m, n, 1, 1), "x": x.view(m, n, 1, 1), "scale": w.view(1, n, 1, 1),
+                "inv_var": rstd.view(m, 1, 1, 1), "dx": dx.view(m, n, 1, 1), "dscale": dscale.view(1, n, 1, 1)}
+        if ln:
+            bufs.update(mean=mean.view(m, 1, 1, 1), dbias=dbias.view(1, n, 1, 1))
+        packs.append(tuple(bufs[k] for k in names))
+    grads = (dscale,) if dbias is None else (dscale, dbias)
+    for t in (ys[0],) + grads:
+        t.fill_(float("nan"))  # the checked outputs must come from cuDNN
+
+    def run(i):
+        g.execute(packs[i], ws, handle=api.handle, tensor_uids=uids)
+        return (ys[i],) + grads
+    return run
+
+
+def cudnn_bwd_candidates(api, norm, n, eps, xs, dys, ys, w, b):
+    # Mixed bf16 x / fp32 scale is declared as is; if cuDNN rejects it the shape is skipped with
+    # cuDNN's reason (no silent same-dtype retry). Saved stats: fp32_stats, once per buffer set.
+    op = "layernorm_backward" if norm == "layernorm" else "rmsnorm_backward"
+    return [(f"cudnn {op} (stats from a one-time fp32 forward)" + mixed_note(xs, w, "scale declared in its own dtype"),
+             functools.partial(cudnn_bwd_plan, api, norm, n, eps, xs, dys, ys, w, b))]
+
+
+def read_cutlass_pth():
+    """pip --target installs reach Python through PYTHONPATH, where .pth files are not read, and
+    cutlass-dsl puts its `cutlass` package on sys.path through one; read that one here."""
+    import site
+    try:
+        import cutlass  # noqa: F401
+        return
+    except ImportError:
+        pass
+    for d in list(sys.path):
+        if d and os.path.isfile(os.path.join(d, "nvidia_cutlass_dsl_packages.pth")):
+            site.addsitedir(d)
+
+
+def load_quack():
+    import importlib
+    read_cutlass_pth()
+    quack = importlib.import_module("quack")
+    # Not `import quack.rmsnorm as ...`: the package re-exports the function rmsnorm under that name.
+    return SimpleNamespace(version=dist_version("quack-kernels", quack), mod=importlib.import_module("quack.rmsnorm"))
+
+
+def quack_op(api, name):
+    f = getattr(api.mod, name, None)
+    if f is None:
+        raise NotImplementedError(f"quack {api.version} has no quack.rmsnorm.{name}")
+    return f
+
+
+def quack_fwd_candidates(api, norm, n, eps, xs, ys, w, b):
+    if norm == "rmsnorm":
+        def rms():
+            f = quack_op(api, "rmsnorm_fwd")
+            return lambda i: f(xs[i], w, eps=eps)[0]  # (out, residual_out, rstd); no rstd stored
+        return [("quack.rmsnorm.rmsnorm_fwd", rms)]
+
+    def ln():
+        f = quack_op(api, "layernorm_fwd")
+        wq, bq = w.float(), b.float()  # exact; a no-op when they already are fp32
+        return lambda i: f(xs[i], wq, bq, eps=eps)
+    # layernorm_fwd asserts fp32 weight and bias.
+    note = "" if w.dtype == torch.float32 else " (weight/bias upcast to fp32 once outside timing: it takes fp32 only)"
+    return [("quack.rmsnorm.layernorm_fwd" + note, ln)]
+
+
+def quack_bwd_candidates(api, norm, n, eps, xs, dys, ys, w, b):
+    # quack compiles a kernel per (x, weight) dtype pair, so fp32 weights with bf16 x run as is.
+    # Saved stats: fp32_stats, once per buffer set. dx and the fp32 dgamma partials are allocated
+    # by quack on each call, as in its autograd Function.
+    def build():
+        stats = [fp32_stats(norm, x, eps) for x in xs]
+        if norm == "rmsnorm":
+            f = quack_op(api, "rmsnorm_bwd")
+            return lambda i: f(xs[i], w, dys[i], stats[i][1])[:2]  # (dx, dw, db, dresidual)
+        f = quack_op(api, "layernorm_bwd")
+        return lambda i: f(xs[i], w, dys[i], stats[i][1], stats[i][0], has_bias=True)  # (dx, dw, db)
+    op = "rmsnorm_bwd" if norm == "rmsnorm" else "layernorm_bwd"
+    return [(f"quack.rmsnorm.{op} (stats from a one-time fp32 forward)"
+             + mixed_note(xs, w, "kernel compiled for that dtype pair"), build)]
+
+
+PEER_CANDIDATES = {
+    "liger": dict(load=load_liger, fwd=liger_fwd_candidates, bwd=liger_bwd_candidates),
+    "cudnn": dict(load=load_cudnn, fwd=cudnn_fwd_candidates, bwd=cudnn_bwd_candidates),
+    "quack": dict(load=load_quack, fwd=quack_fwd_candidates, bwd=quack_bwd_candidates),
+}
+_peer_apis = {}  # provider -> namespace, or None once its import failed
+
+
+def peer_api(provider):
+    """The peer's namespace, imported on first use; None (said once, with the reason) if it fails."""
+    if provider not in _peer_apis:
+        try:
+            _peer_apis[provider] = PEER_CANDIDATES[provider]["load"]()
+        except Exception as e:  # noqa: BLE001 - missing wheel, missing shared library, no GPU support...
+            _peer_apis[provider] = None
+            print(f"skip {provider} (every shape): import failed: {first_line(e)}", flush=True)
+    return _peer_apis[provider]
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared
+# ----------------------------------------------------------------------------------------------
 
 def first_line(e, limit=160):
     """Short reason for a skip: torch errors run to many lines (dispatch key lists and the like)."""
@@ -199,9 +573,43 @@ def first_line(e, limit=160):
     return f"{type(e).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
 
 
+def mixed_note(xs, w, how):
+    """For a peer's impl field: how it took x and weights of different dtypes (nothing if the same)."""
+    name = {v: k for k, v in DTYPES.items()}
+    if xs[0].dtype == w.dtype:
+        return ""
+    return f"; {name[xs[0].dtype]} x / {name[w.dtype]} weights as given, {how}"
+
+
+def skip(provider, norm, n, reason):
+    print(f"skip {provider} {norm} N={n}: {reason}", flush=True)
+
+
+def first_working(candidates):
+    """Builds (name, builder) candidates in order and calls the first call (it compiles, plans or
+    autotunes); returns (fn, its outputs for set 0, name, why the earlier ones failed), or
+    (None, None, None, why) when none works."""
+    why = []
+    for name, build in candidates:
+        try:
+            fn = build()
+            out = fn(0)
+            torch.cuda.synchronize()
+            return fn, out, name, why
+        except Exception as e:  # noqa: BLE001 - any failure means: try the next way
+            why.append(f"{name.split(' (')[0].split(';')[0]}: {first_line(e)}")  # the name without its notes
+            fn = out = None
+            torch.cuda.empty_cache()
+    return None, None, None, why
+
+
 def dump(path, results):
+    doc = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, results=results)
+    peers = {p: api.version for p, api in _peer_apis.items() if api is not None}
+    if peers:
+        doc["peers"] = peers
     with open(path, "w") as fh:
-        json.dump(dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, results=results), fh, indent=1)
+        json.dump(doc, fh, indent=1)
 
 
 def run_bwd(args):
@@ -221,9 +629,10 @@ def run_bwd(args):
             try:
                 xs = [torch.randn(m, n, device="cuda", dtype=dtype) * 2 + 0.5 for _ in range(sets)]
                 dys = [torch.randn(m, n, device="cuda", dtype=dtype) for _ in range(sets)]
-                ys = [torch.empty_like(x) for x in xs]  # copy destinations only
+                ys = [torch.empty_like(x) for x in xs]  # copy destinations; cudnn writes dx here
             except torch.cuda.OutOfMemoryError as e:
                 print(f"skip {norm} N={n}: inputs do not fit ({first_line(e)})", flush=True)
+                xs = dys = ys = None
                 torch.cuda.empty_cache()
                 continue
             w = torch.randn(n, device="cuda", dtype=wdtype) * 0.5 + 1
@@ -244,31 +653,22 @@ def run_bwd(args):
                     torch._dynamo.reset()
                     candidates = compile_candidates(norm, n, eps, xs, dys, w, b)
                 else:
-                    print(f"skip {provider}: unknown provider", flush=True)
-                    continue
-                fn, impl, why = None, None, []
-                for name, build in candidates:
-                    try:
-                        fn = build()
-                        grads = fn(0)  # compiles (torch.compile) and gives the outputs to check
-                        torch.cuda.synchronize()
-                        impl = name
-                        break
-                    except Exception as e:  # noqa: BLE001 - any failure means: try the next way
-                        why.append(f"{name}: {first_line(e)}")
-                        fn = None
-                        torch.cuda.empty_cache()
+                    api = peer_api(provider)
+                    if api is None:
+                        continue  # import failure, reported once
+                    candidates = PEER_CANDIDATES[provider]["bwd"](api, norm, n, eps, xs, dys, ys, w, b)
+                fn, grads, impl, why = first_working(candidates)
                 if fn is None:
-                    print(f"skip {provider:14s} {norm:9s} N={n:6d}: " + "; ".join(why), flush=True)
+                    skip(provider, norm, n, "; ".join(why))
                     continue
                 if why:
                     print(f"  {provider}: fell back to {impl} ({'; '.join(why)})", flush=True)
                 try:
                     err, err_dw = reference_errors(norm, n, eps, xs[0], dys[0], w, b, grads[0], grads[1])
-                    del grads
+                    grads = None
                     us = median_us(fn, sets)
                 except Exception as e:  # noqa: BLE001 - keep the other providers and shapes going
-                    print(f"skip {provider:14s} {norm:9s} N={n:6d}: {first_line(e)}", flush=True)
+                    skip(provider, norm, n, first_line(e))
                     grads = fn = None
                     torch.cuda.empty_cache()
                     continue
@@ -297,9 +697,16 @@ def main():
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     ap.add_argument("--wdtype", default=None, choices=sorted(DTYPES),
                     help="gamma/beta dtype, --phase bwd only (default f32); fwd uses --dtype")
-    ap.add_argument("--providers", default="torch.eager,torch.compile")
+    ap.add_argument("--providers", default=",".join(PROVIDERS),
+                    help=f"comma-separated, from {', '.join(PROVIDERS)}")
     ap.add_argument("--json", required=True)
     args = ap.parse_args()
+    unknown = [p for p in args.providers.split(",") if p not in PROVIDERS]
+    if unknown:
+        ap.error(f"unknown provider(s) {', '.join(unknown)}; known: {', '.join(PROVIDERS)}")
+    unknown = [x for x in args.norms.split(",") if x not in ("layernorm", "rmsnorm")]
+    if unknown:
+        ap.error(f"unknown norm(s) {', '.join(unknown)}; known: layernorm, rmsnorm")
     if args.phase == "fwd":
         if args.wdtype is not None:
             ap.error("--wdtype applies to --phase bwd only (the forward keeps weights in --dtype)")

@@ -94,6 +94,9 @@ GeneratedSource generate(const Spec& spec) {
       {"THREADS_PER_ROW", std::to_string(b.threads_per_row)},
       {"ROWS_PER_CTA", std::to_string(b.rows_per_cta)},
       {"THREADS_PER_CTA", std::to_string(g.threads_per_cta)},
+      {"CLUSTER", std::to_string(b.cluster)},
+      // Compile-time cluster shape: a plain cuLaunchKernel then launches clusters.
+      {"CLUSTER_DIMS", b.cluster > 1 ? " __cluster_dims__(" + std::to_string(b.cluster) + ", 1, 1)" : ""},
   };
   if (backward) {
     values["FUSED"] = b.cache == RowCache::kRegisters ? "1" : "0";

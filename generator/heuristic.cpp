@@ -26,10 +26,31 @@ constexpr int64_t kRegisterMaxElements = 32;
 // the split route). 16 elements at 512 threads fit the 128 registers a thread has there.
 constexpr int64_t kBackwardElements = 16;
 constexpr int64_t kBackwardMaxFusedThreads = 512;
+// Forward, clustered rows: a CTA aims for at most this many packs (512 threads x 4), so two
+// CTAs fit an SM and one reduces while the other loads; up to 1024 x 4 when 8 CTAs are too few.
+constexpr int64_t kClusterCtaPacks = 512 * kCtaRowTargetPacks;
+constexpr int64_t kClusterCtaMaxPacks = 1024 * kCtaRowTargetPacks;
+
+// Smallest cluster (CTAs per row, a power of two <= kMaxCluster) that splits `packs` into equal
+// segments of at most max_packs, each owning whole mask bytes when the epilogue writes a mask;
+// 0 when there is none.
+int cluster_for(const Spec& s, int64_t packs, int64_t max_packs) {
+  for (int c = 2; c <= kMaxCluster; c *= 2) {
+    if (packs % c != 0) continue;
+    if (s.epilogue == Epilogue::kReluBitmask && (s.n / c) % 8 != 0) continue;
+    if (packs / c <= max_packs) return c;
+  }
+  return 0;
+}
+
+int forward_cluster(const Spec& s, int64_t packs) {
+  const int c = cluster_for(s, packs, kClusterCtaPacks);
+  return c ? c : cluster_for(s, packs, kClusterCtaMaxPacks);
+}
 
 }  // namespace
 
-Spec resolve(const Spec& spec, int max_vec) {
+Spec resolve(const Spec& spec, int max_vec, int sm) {
   validate(spec);
   if (spec.block) return spec;
   Spec s = spec;
@@ -50,6 +71,15 @@ Spec resolve(const Spec& spec, int max_vec) {
     if (packs <= 32 * per_thread) {
       b.threads_per_row = 32;
       b.rows_per_cta = 8;
+    } else if (const int c = packs > kBackwardMaxFusedThreads * per_thread && sm >= 90
+                                 ? cluster_for(s, packs, kBackwardMaxFusedThreads * per_thread)
+                                 : 0) {
+      // Past one CTA's registers, a cluster shares the row and stays fused: x and dy are read
+      // once instead of twice on the split route.
+      const int64_t want = (packs / c + per_thread - 1) / per_thread;
+      b.rows_per_cta = 1;
+      b.threads_per_row = static_cast<int>((want + 31) / 32 * 32);
+      b.cluster = c;
     } else {
       const int64_t want = (packs + per_thread - 1) / per_thread;
       b.rows_per_cta = 1;
@@ -60,6 +90,12 @@ Spec resolve(const Spec& spec, int max_vec) {
   } else if (packs <= 32 * kWarpRowMaxPacks) {
     b.threads_per_row = 32;
     b.rows_per_cta = 4;
+    b.cache = RowCache::kRegisters;
+  } else if (const int c = packs > kClusterCtaPacks && sm >= 90 ? forward_cluster(s, packs) : 0) {
+    const int64_t want = (packs / c + kCtaRowTargetPacks - 1) / kCtaRowTargetPacks;
+    b.threads_per_row = static_cast<int>((want + 31) / 32 * 32);
+    b.rows_per_cta = 1;
+    b.cluster = c;
     b.cache = RowCache::kRegisters;
   } else {
     const int64_t want = (packs + kCtaRowTargetPacks - 1) / kCtaRowTargetPacks;

@@ -106,7 +106,8 @@ std::string Spec::str() const {
   if (epilogue != Epilogue::kNone) s += std::string(".") + to_string(epilogue);
   if (block) {
     s += ".cfg_t" + std::to_string(block->threads_per_row) + "_r" + std::to_string(block->rows_per_cta) + "_v" +
-         std::to_string(block->vec) + "_" + to_string(block->cache);
+         std::to_string(block->vec) + (block->cluster > 1 ? "_c" + std::to_string(block->cluster) : "") + "_" +
+         to_string(block->cache);
   }
   return s;
 }
@@ -156,7 +157,7 @@ Spec Spec::parse(std::string_view text) {
     ++i;
   }
   if (i < tokens.size() && tokens[i].substr(0, 4) == "cfg_") {
-    // cfg_t<T>_r<R>_v<V>_<cache>
+    // cfg_t<T>_r<R>_v<V>[_c<C>]_<cache>
     std::string_view c = tokens[i];
     BlockConfig b;
     auto field = [&](char tag) -> int64_t {
@@ -172,6 +173,7 @@ Spec Spec::parse(std::string_view text) {
     b.threads_per_row = static_cast<int>(field('t'));
     b.rows_per_cta = static_cast<int>(field('r'));
     b.vec = static_cast<int>(field('v'));
+    if (c.size() > 2 && c[1] == 'c' && c[2] >= '0' && c[2] <= '9') b.cluster = static_cast<int>(field('c'));
     auto cache = c.size() > 1 ? lookup(kRowCaches, c.substr(1)) : std::nullopt;
     if (!cache) bad_spec(text, "block config row cache must be one of " + choices(kRowCaches));
     b.cache = *cache;
@@ -206,7 +208,21 @@ void validate(const Spec& s) {
     throw Error(Status::kInvalidSpec,
                 where() + "rows_per_cta=" + std::to_string(b.rows_per_cta) +
                     " must be 1 for CTA-wide rows, and rows_per_cta*threads_per_row a multiple of 32 <= 1024");
-  const int64_t packs_per_thread = (s.n / b.vec + b.threads_per_row - 1) / b.threads_per_row;
+  if (b.cluster != 1) {
+    const int64_t packs = s.n / b.vec;
+    const char* why = nullptr;
+    if (!is_pow2(b.cluster) || b.cluster > kMaxCluster)
+      why = "must be a power of two <= 8";
+    else if (sub_warp || b.cache != RowCache::kRegisters)
+      why = "needs CTA-wide rows (threads_per_row > 32) held in registers";
+    else if (packs % b.cluster != 0)
+      why = "must divide the row's packs (n / vec)";
+    else if (s.epilogue == Epilogue::kReluBitmask && (s.n / b.cluster) % 8 != 0)
+      why = "must leave each CTA whole mask bytes (n / cluster a multiple of 8)";
+    if (why)
+      throw Error(Status::kInvalidSpec, where() + "cluster=" + std::to_string(b.cluster) + " " + why);
+  }
+  const int64_t packs_per_thread = (s.n / b.vec / b.cluster + b.threads_per_row - 1) / b.threads_per_row;
   if (b.cache == RowCache::kRegisters && packs_per_thread > 16)
     throw Error(Status::kInvalidSpec, where() + "row cache 'reg' would hold " + std::to_string(packs_per_thread) +
                                           " packs per thread (max 16); use more threads or gmem");

@@ -37,7 +37,8 @@ uint64_t packed_key(const Spec& s) {
   k = k << 11 | static_cast<uint64_t>(b.rows_per_cta);
   k = k << 5 | static_cast<uint64_t>(b.vec);
   k = k << 2 | static_cast<uint64_t>(b.cache);
-  return k;  // 19 + 2+2+2+2+1+3 + 11+11+5+2 = 60 bits
+  k = k << 2 | static_cast<uint64_t>(b.cluster == 8 ? 3 : b.cluster / 2);  // 1, 2, 4, 8
+  return k;  // 19 + 2+2+2+2+1+3 + 11+11+5+2+2 = 62 bits
 }
 
 bool needs_pre_activation(Epilogue e) { return e == Epilogue::kGelu; }
@@ -158,7 +159,8 @@ Kernel::BackwardPlan Kernel::plan(int64_t rows, int64_t rows_per_batch) const {
   if (p.groups == 0 || p.rows_per_group == 0) return p;
   const BlockConfig& b = *spec_.block;
   if (b.cache == RowCache::kRegisters) {
-    // A persistent grid: as many CTAs as fit on the GPU at once, shared among the groups.
+    // A persistent grid: as many CTAs (clusters) as fit on the GPU at once, shared among the
+    // groups; one partial slot each.
     const int64_t row_blocks = ceil_div(p.rows_per_group, b.rows_per_cta);
     p.slots = std::clamp<int64_t>(resident_ctas_ / p.groups, 1, row_blocks);
   } else {
@@ -222,7 +224,8 @@ void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
                    std::string("launching ") + what + " of " + spec_string_);
   };
   if (!backward) {
-    run(function_, static_cast<unsigned>(ceil_div(a.rows, rows_per_cta_)), 1, 1, threads_per_cta_, "the kernel");
+    run(function_, static_cast<unsigned>(ceil_div(a.rows, rows_per_cta_) * spec_.block->cluster), 1, 1,
+        threads_per_cta_, "the kernel");
     return;
   }
   p.partial_slots = static_cast<int>(bwd_plan.slots);
@@ -230,7 +233,8 @@ void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
   const unsigned groups = static_cast<unsigned>(bwd_plan.groups);
   if (a.rows > 0) {
     if (spec_.block->cache == RowCache::kRegisters) {
-      run(function_, static_cast<unsigned>(bwd_plan.slots), groups, 1, threads_per_cta_, "the fused backward");
+      run(function_, static_cast<unsigned>(bwd_plan.slots * spec_.block->cluster), groups, 1, threads_per_cta_,
+          "the fused backward");
     } else {
       run(function_, static_cast<unsigned>(a.rows), 1, 1, threads_per_cta_, "the row sums");
       run(tiles_, static_cast<unsigned>(bwd_plan.col_tiles), static_cast<unsigned>(bwd_plan.slots), groups, 256,
@@ -238,7 +242,7 @@ void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
     }
   }
   // With no rows the reduction still runs over zero slots, so dgamma and dbeta come out zero.
-  run(reduce_, static_cast<unsigned>(ceil_div(spec_.n, 32)), groups, 1, 256, "the dgamma/dbeta reduction");
+  run(reduce_, static_cast<unsigned>(ceil_div(spec_.n, 32)), groups, 1, 1024, "the dgamma/dbeta reduction");
 }
 
 Runtime::Runtime(int device, std::filesystem::path cache_dir) : disk_cache_(std::move(cache_dir)) {
@@ -277,7 +281,11 @@ Runtime::~Runtime() {
 }
 
 const Kernel& Runtime::get(const Spec& spec) {
-  const Spec resolved = resolve(spec);
+  const Spec resolved = resolve(spec, 16, target_.arch);
+  if (resolved.block->cluster > 1 && target_.arch < 90)
+    throw Error(Status::kNotSupported, "spec '" + resolved.str() + "' uses a cluster of " +
+                                           std::to_string(resolved.block->cluster) + " CTAs; " + target_.str() +
+                                           " has no thread-block clusters (sm_90 or newer)");
   const uint64_t key = packed_key(resolved);
   std::lock_guard<std::mutex> lock(mutex_);
   if (auto it = kernels_.find(key); it != kernels_.end()) {
@@ -316,14 +324,26 @@ const Kernel& Runtime::get(const Spec& spec) {
   kernel->threads_per_cta_ = binary.threads_per_cta;
   kernel->rows_per_cta_ = binary.rows_per_cta;
   kernel->sm_count_ = device_.sm_count;
-  int per_sm = 0;
-  NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel->function_, binary.threads_per_cta, 0));
-  kernel->resident_ctas_ = std::max(1, per_sm) * device_.sm_count;
+  if (const int cluster = resolved.block->cluster; cluster > 1) {
+    // Clusters must fit inside one GPC, so SMs / cluster overestimates; ask the driver.
+    CUlaunchConfig config{};
+    config.gridDimX = static_cast<unsigned>(cluster);
+    config.gridDimY = config.gridDimZ = 1;
+    config.blockDimX = static_cast<unsigned>(binary.threads_per_cta);
+    config.blockDimY = config.blockDimZ = 1;
+    int clusters = 0;
+    NORMJIT_CU_CTX(cuOccupancyMaxActiveClusters(&clusters, kernel->function_, &config), "sizing the grid of " + name);
+    kernel->resident_ctas_ = std::max(1, clusters);
+  } else {
+    int per_sm = 0;
+    NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel->function_, binary.threads_per_cta, 0));
+    kernel->resident_ctas_ = std::max(1, per_sm) * device_.sm_count;
+  }
   return *(kernels_[key] = std::move(kernel));
 }
 
 void Runtime::launch(const Spec& spec, const LaunchArgs& args, CUstream stream) {
-  const Spec resolved = spec.block ? spec : resolve(spec, max_vec_for(spec, args));
+  const Spec resolved = spec.block ? spec : resolve(spec, max_vec_for(spec, args), target_.arch);
   get(resolved).launch(args, stream);
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build on the GPU machine with the carried .deps, run all tests (GPU included),
-# a memcheck pass, cold compile / disk-hit / in-process-hit timings, and the forward bench with
-# torch peers. Everything lands in $OUT.
+# a memcheck pass, the launch-bound shapes under CUDA-graph replay, cold compile / disk-hit /
+# in-process-hit timings, and the forward bench with torch peers. Everything lands in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 FINAL_OUT=${OUT:-/tmp/normjit-out}; OUT=/tmp/normjit-results; rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL_OUT"
@@ -10,19 +10,74 @@ trap 'tar czf "$FINAL_OUT/results.tgz" -C "$OUT" . ; cp "$OUT"/table_*.md "$FINA
 DEPS=$PWD/.deps/root/usr
 export LD_LIBRARY_PATH=$DEPS/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export PATH=/usr/local/cuda/bin:$PATH
-STAGE=${1:-all}
+STAGE=${1:-all}  # all, or a comma-separated list: tests,launch,perf,bwd,bench
 nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$DEPS" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build build -j 16 >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60; exit 1; }
 echo "== build ok"
-if [[ $STAGE == all || $STAGE == tests ]]; then
+if [[ $STAGE == all || ,$STAGE, == *,tests,* ]]; then
   (cd build && ctest --output-on-failure -V -R normjit_gpu_tests 2>&1 | tail -40) | tee "$OUT/gpu_tests.log" | tail -15
   (cd build && ctest --output-on-failure -E normjit_gpu_tests 2>&1 | tail -8)
   compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/normjit_gpu_tests \
     -tc="strided*,variance*,unaligned*,seed*,epilogue backward*" \
     >"$OUT/memcheck.log" 2>&1; echo "== memcheck rc=$? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"; tail -3 "$OUT/memcheck.log"
 fi
-if [[ $STAGE == bwd ]]; then
+if [[ $STAGE == all || ,$STAGE, == *,launch,* ]]; then
+  # Launch-bound shapes (the issue's bound: fwd <= 1.15x, bwd <= 1.3x a D2D copy of M·N·itemsize):
+  # CUDA-graph replay of K launches over rotating sets > 4x L2, next to a graph of K copies.
+  LSPECS=""; for dt in f16 bf16; do
+    LSPECS="$LSPECS layernorm.fwd_train.$dt.n768.bias layernorm.bwd.$dt.n768.bias rmsnorm.fwd_train.$dt.n128 rmsnorm.bwd.$dt.n128"
+  done
+  build/normjit-bench --graph --rows 4096 --json "$OUT/normjit_launch.json" $LSPECS 2>&1 | tee "$OUT/normjit_launch.txt"
+fi
+if [[ $STAGE == all || ,$STAGE, == *,perf,* ]]; then
+  # normjit alone over powers of two and the hidden sizes models use, bf16, M = 32768 (M = 4096 at
+  # N = 262144; M*N >= 2^24 everywhere), forward training and backward (fp32 weights); then the
+  # single-CTA configurations the clusters replaced, pinned by cfg, for an A/B in this process.
+  NS=${PERF_NS:-"256 512 768 1024 2048 2880 3584 4096 5120 7168 8192 12288 14336 16384 18432 28672 32768 65536"}
+  SPECS=""; for n in $NS; do SPECS="$SPECS layernorm.fwd_train.bf16.n$n.bias rmsnorm.fwd_train.bf16.n$n"; done
+  for n in $NS; do SPECS="$SPECS layernorm.bwd.bf16.w_f32.n$n.bias rmsnorm.bwd.bf16.w_f32.n$n"; done
+  build/normjit-bench --rows 32768 --json "$OUT/normjit_perf.json" $SPECS 2>&1 | tee "$OUT/normjit_perf.txt" | tail -3
+  build/normjit-bench --rows 4096 --json "$OUT/normjit_perf_262144.json" layernorm.fwd_train.bf16.n262144.bias \
+    rmsnorm.fwd_train.bf16.n262144 layernorm.bwd.bf16.w_f32.n262144.bias rmsnorm.bwd.bf16.w_f32.n262144 2>&1 | tail -6
+  AB=""; for norm in layernorm rmsnorm; do
+    b=$([[ $norm == layernorm ]] && echo .bias)
+    AB="$AB $norm.fwd_train.bf16.w_bf16.n32768$b.cfg_t1024_r1_v8_reg $norm.fwd_train.bf16.w_bf16.n65536$b.cfg_t1024_r1_v8_gmem"
+    for n in 16384 32768 65536; do AB="$AB $norm.bwd.bf16.w_f32.n$n$b.cfg_t1024_r1_v8_gmem"; done
+  done
+  build/normjit-bench --rows 32768 --json "$OUT/normjit_perf_ab.json" $AB 2>&1 | tail -12
+  python3 bench/summary.py "$OUT"/normjit_perf.json "$OUT"/normjit_perf_262144.json "$OUT"/normjit_perf_ab.json \
+    | tee "$OUT/table_perf.md"
+fi
+if [[ ,$STAGE, == *,explore,* ]]; then
+  # Block-config A/B in one process (cfg pinned), then ncu stall reasons for clustered vs one-CTA rows.
+  X=""
+  for norm in layernorm rmsnorm; do
+    b=$([[ $norm == layernorm ]] && echo .bias)
+    for c in t512_r1_v8_c2 t256_r1_v8_c2 t256_r1_v8_c4 t128_r1_v8_c4 t128_r1_v8_c8 t1024_r1_v8; do
+      X="$X $norm.fwd_train.bf16.w_bf16.n32768$b.cfg_${c}_reg"; done
+    for c in t288_r1_v8_c2_reg t576_r1_v8_reg t160_r1_v8_c2_reg t288_r1_v8_c4_reg t256_r1_v8_c2_reg; do
+      X="$X $norm.fwd_train.bf16.w_bf16.n18432$b.cfg_$c"; done
+    for c in t512_r1_v8_c4_reg t256_r1_v8_c8_reg t1024_r1_v8_gmem; do
+      X="$X $norm.fwd_train.bf16.w_bf16.n65536$b.cfg_$c"; done
+    for c in t512_r1_v8_c2_reg t256_r1_v8_c4_reg t1024_r1_v8_gmem; do X="$X $norm.bwd.bf16.w_f32.n16384$b.cfg_$c"; done
+    for c in t384_r1_v8_c2_reg t1024_r1_v8_gmem; do X="$X $norm.bwd.bf16.w_f32.n12288$b.cfg_$c"; done
+    for n in 768 1024; do for c in t64_r1_v8_reg t32_r8_v8_reg t32_r4_v8_reg; do X="$X $norm.bwd.bf16.w_f32.n$n$b.cfg_$c"; done; done
+  done
+  build/normjit-bench --rows 32768 --json "$OUT/explore.json" $X > "$OUT/explore.txt" 2>&1
+  python3 bench/summary.py "$OUT/explore.json" | tee "$OUT/table_explore.md"
+  build/normjit-bench --graph --rows 4096 --json "$OUT/explore_launch.json" layernorm.bwd.f16.n768.bias \
+    layernorm.bwd.f16.w_f16.n768.bias.cfg_t32_r8_v8_reg layernorm.bwd.f16.w_f16.n768.bias.cfg_t32_r4_v8_reg \
+    rmsnorm.bwd.f16.n128 layernorm.fwd_train.f16.n768.bias rmsnorm.fwd_train.f16.n128 2>&1 | tee "$OUT/explore_launch.txt" | tail -7
+  for k in t512_r1_v8_c2 t1024_r1_v8; do
+    timeout 120 ncu --section WarpStateStats --section Occupancy --section SpeedOfLight --section LaunchStats -c 1 \
+      -k regex:normjit_layernorm_fwd_train_bf16_w_bf16_n32768_bias_cfg_${k}_reg \
+      build/normjit-bench --rows 32768 --no-verify --warmup 0 --reps 1 --batch 1 \
+      layernorm.fwd_train.bf16.w_bf16.n32768.bias.cfg_${k}_reg > "$OUT/ncu_$k.txt" 2>&1
+    grep -E "Duration|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Stall|Warp Cycles Per Issued|Block Limit|Cluster" "$OUT/ncu_$k.txt" | head -30
+  done
+fi
+if [[ ,$STAGE, == *,bwd,* ]]; then
   NS="256 512 1024 2048 4096 8192 16384 32768 65536"
   BSPECS=""; for n in $NS; do BSPECS="$BSPECS layernorm.bwd.bf16.w_f32.n$n.bias rmsnorm.bwd.bf16.w_f32.n$n"; done
   build/normjit-bench --rows 32768 --json "$OUT/normjit_bwd.json" $BSPECS 2>&1 | tee "$OUT/normjit_bwd.txt" | tail -3
@@ -30,7 +85,7 @@ if [[ $STAGE == bwd ]]; then
   grep -E "^torch|skip|fell" "$OUT/peers_bwd.txt" | cut -c1-150
   python3 bench/report.py "$OUT/normjit_bwd.json" "$OUT/peers_bwd.json" bwd | tee "$OUT/table_bwd.md"
 fi
-if [[ $STAGE == all || $STAGE == bench ]]; then
+if [[ $STAGE == all || ,$STAGE, == *,bench,* ]]; then
   NS="256 512 1024 2048 4096 8192 16384 32768 65536"
   SPECS=""; for n in $NS; do SPECS="$SPECS layernorm.fwd_train.bf16.n$n.bias rmsnorm.fwd_train.bf16.n$n"; done
   rm -rf /tmp/njcache

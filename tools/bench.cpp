@@ -1,5 +1,7 @@
 // normjit-bench: verifies normjit kernels against the fp64 CPU reference and times them with
 // CUDA events, next to a device-to-device copy of the same bytes measured in the same process.
+// --graph adds CUDA-graph replay timing: one graph of K launches over K rotating buffer sets,
+// which takes the host's launch cost out of launch-bound (small) shapes.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -9,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <random>
 
 #include "normjit/normjit.hpp"
@@ -86,17 +89,18 @@ struct Events {
   }
 };
 
-// Median over `reps` batches of `batch` calls of fn(i), in microseconds per call.
+// Median over `reps` batches of `batch` calls of fn(i), in microseconds per call. The events go
+// on `stream`, which must be the stream fn works on.
 template <class Fn>
-double time_median_us(int warmup, int reps, int batch, Fn&& fn) {
+double time_median_us(int warmup, int reps, int batch, Fn&& fn, CUstream stream = nullptr) {
   Events ev;
   int counter = 0;
   for (int i = 0; i < warmup; ++i) fn(counter++);
   std::vector<double> per_call;
   for (int r = 0; r < reps; ++r) {
-    NORMJIT_CU(cuEventRecord(ev.start, nullptr));
+    NORMJIT_CU(cuEventRecord(ev.start, stream));
     for (int b = 0; b < batch; ++b) fn(counter++);
-    NORMJIT_CU(cuEventRecord(ev.stop, nullptr));
+    NORMJIT_CU(cuEventRecord(ev.stop, stream));
     NORMJIT_CU(cuEventSynchronize(ev.stop));
     float ms = 0;
     NORMJIT_CU(cuEventElapsedTime(&ms, ev.start, ev.stop));
@@ -105,6 +109,50 @@ double time_median_us(int warmup, int reps, int batch, Fn&& fn) {
   std::sort(per_call.begin(), per_call.end());
   return per_call[per_call.size() / 2];
 }
+
+// The legacy stream cannot be captured. Non-blocking, so that no legacy-stream work (fills,
+// memsets) joins a capture; the caller orders the two with cuCtxSynchronize.
+struct Stream {
+  CUstream stream = nullptr;
+  Stream() { NORMJIT_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING)); }
+  ~Stream() { nj::driver().cuStreamDestroy(stream); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+};
+
+// An executable graph of `count` calls of fn(i), captured from `stream`.
+struct Graph {
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  Graph() = default;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  ~Graph() {
+    if (exec) nj::driver().cuGraphExecDestroy(exec);
+    if (graph) nj::driver().cuGraphDestroy(graph);
+  }
+  template <class Fn>
+  void capture(CUstream stream, int count, const std::string& what, Fn&& fn) {
+    // Global mode: a sync, an allocation or legacy-stream work from any thread during the capture
+    // fails it, so whatever fn does that cannot live in a graph is reported, not silently run.
+    NORMJIT_CU_CTX(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL), "capturing " + what);
+    int i = 0;
+    try {
+      for (; i < count; ++i) fn(i);
+    } catch (...) {
+      // End the (now invalid) capture so the stream stays usable; the first error is the one thrown.
+      CUgraph broken = nullptr;
+      nj::driver().cuStreamEndCapture(stream, &broken);
+      if (broken) nj::driver().cuGraphDestroy(broken);
+      std::fprintf(stderr, "normjit-bench: capturing %s failed at call %d of %d\n", what.c_str(), i + 1, count);
+      throw;
+    }
+    NORMJIT_CU_CTX(cuStreamEndCapture(stream, &graph), "capturing " + what);
+    NORMJIT_CU_CTX(cuGraphInstantiate(&exec, graph, 0), "instantiating the graph of " + what);
+    NORMJIT_CU_CTX(cuGraphUpload(exec, stream), "uploading the graph of " + what);
+  }
+  void replay(CUstream stream) const { NORMJIT_CU(cuGraphLaunch(exec, stream)); }
+};
 
 }  // namespace
 
@@ -115,7 +163,7 @@ int main(int argc, char** argv) {
   int device = 0, warmup = 5, reps = 25, batch = 10, verify_rows = 16;
   int64_t rows_per_batch = 0;
   std::string json_path, cache_dir;
-  bool no_verify = false;
+  bool no_verify = false, graph = false;
   unsigned seed = std::random_device{}();
   app.add_option("specs", spec_args, "Spec strings")->required();
   app.add_option("-M,--rows", rows, "Rows (M)")->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 31));
@@ -124,12 +172,17 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "Warm-up batches")->capture_default_str();
   app.add_option("--reps", reps, "Timed batches (median taken)")->capture_default_str()->check(CLI::Range(1, 100000));
-  app.add_option("--batch", batch, "Launches per timed batch")->capture_default_str()->check(CLI::Range(1, 100000));
+  app.add_option("--batch", batch, "Launches per timed batch (--graph: also graph replays per timed batch)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
   app.add_option("--verify-rows", verify_rows, "Rows checked against the fp64 reference")->capture_default_str();
   app.add_option("--seed", seed, "Random seed (default: fresh)");
   app.add_option("--cache-dir", cache_dir, "Disk cache directory");
   app.add_option("--json", json_path, "Write results as JSON to this file ('-' for stdout)");
   app.add_flag("--no-verify", no_verify, "Skip the reference check");
+  app.add_flag("--graph", graph,
+               "Also time CUDA-graph replay: one graph of K launches (and one of K copies) over K >= 16 "
+               "rotating buffer sets that exceed 4x L2; verifies a replay's outputs");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -141,8 +194,12 @@ int main(int argc, char** argv) {
     Utility util(rt.target());
     nlohmann::json results = nlohmann::json::array();
     bool all_ok = true;
-    std::printf("%-58s %8s %10s %9s %9s %7s %9s %9s\n", "spec", "rows", "us", "GB/s", "copy GB/s", "%copy", "max_err/tol",
-                "first get");
+    if (graph)
+      std::printf("%-58s %8s %5s %10s %10s %6s %9s %9s %7s %10s %9s %9s\n", "spec", "rows", "K", "graph us",
+                  "copy us", "ratio", "GB/s", "copy GB/s", "%copy", "stream us", "max_err/tol", "first get");
+    else
+      std::printf("%-58s %8s %10s %9s %9s %7s %9s %9s\n", "spec", "rows", "us", "GB/s", "copy GB/s", "%copy",
+                  "max_err/tol", "first get");
     for (size_t si = 0; si < spec_args.size(); ++si) {
       const nj::Spec requested = nj::Spec::parse(spec_args[si]);
       const auto t0 = Clock::now();
@@ -177,7 +234,18 @@ int main(int argc, char** argv) {
       const size_t mask_bytes = size_t(rows) * nj::mask_row_bytes(n);
       // Rotate over enough buffer sets that the tensors one launch touches exceed 4x the L2.
       const int64_t per_set = int64_t((backward ? 3 : 2) * x_bytes);
-      const int sets = static_cast<int>(std::clamp<int64_t>((4LL * dev.l2_bytes) / per_set + 1, 1, 64));
+      // --graph: at least 16 sets, and enough that the copy (2·M·N·itemsize per set, less than the
+      // kernel touches) also exceeds 4x L2 per replay.
+      constexpr int64_t kMaxGraphSets = 2048;
+      const int sets = static_cast<int>(
+          graph ? std::clamp<int64_t>((4LL * dev.l2_bytes) / int64_t(2 * x_bytes) + 1, 16, kMaxGraphSets)
+                : std::clamp<int64_t>((4LL * dev.l2_bytes) / per_set + 1, 1, 64));
+      if (graph && double(sets) * 2 * x_bytes <= 4.0 * dev.l2_bytes)
+        std::fprintf(stderr,
+                     "normjit-bench: warning: --rows %lld with %s: %d buffer sets (the most --graph uses) touch %.1f "
+                     "MB per copy replay, not over 4x L2 (%.1f MB); times include L2 hits\n",
+                     (long long)rows, spec.str().c_str(), sets, double(sets) * 2 * x_bytes / 1e6,
+                     4.0 * dev.l2_bytes / 1e6);
       DeviceBuffer x(x_bytes * sets), y(x_bytes * sets), dy(backward ? x_bytes * sets : 0),
           gamma(groups * n * ws), beta(spec.has_bias ? groups * n * ws : 0), mean(rows * 4 * sets),
           rstd(rows * 4 * sets), mask(bitmask ? mask_bytes * sets : 0), dgamma(backward ? groups * n * ws : 0),
@@ -218,19 +286,40 @@ int main(int argc, char** argv) {
         a.workspace_bytes = workspace.bytes;
         return a;
       };
-      auto launch = [&](int set) {
-        if (backward) kernel.launch(backward_args(set));
-        else kernel.launch(forward_args(set));
+      auto launch = [&](int set, CUstream stream) {
+        if (backward) kernel.launch(backward_args(set), stream);
+        else kernel.launch(forward_args(set), stream);
       };
       if (backward) {
         for (int set = 0; set < sets; ++set) forward.launch(forward_args(set));
         NORMJIT_CU(cuMemsetD8(y.ptr, 0xff, y.bytes));
       }
-      launch(0);
-      NORMJIT_CU(cuCtxSynchronize());
+      std::unique_ptr<Stream> stream;
+      Graph kernel_graph, copy_graph;
+      if (graph) {
+        stream = std::make_unique<Stream>();
+        const CUstream s = stream->stream;
+        NORMJIT_CU(cuCtxSynchronize());  // fills and the backward's forward ran on the legacy stream
+        kernel_graph.capture(s, sets, spec.str(), [&](int set) { launch(set, s); });
+        copy_graph.capture(s, sets, "the copy baseline", [&](int set) {
+          const size_t off = size_t(set) * x_bytes;
+          NORMJIT_CU(cuMemcpyDtoDAsync(y.ptr + off, x.ptr + off, x_bytes, s));
+        });
+        // Poison what the graph writes, so each set's outputs must come from this one replay.
+        if (!backward && training) NORMJIT_CU(cuMemsetD8(rstd.ptr, 0xff, rstd.bytes));
+        if (!backward && has_mean) NORMJIT_CU(cuMemsetD8(mean.ptr, 0xff, mean.bytes));
+        NORMJIT_CU(cuCtxSynchronize());
+        kernel_graph.replay(s);
+        NORMJIT_CU(cuStreamSynchronize(s));
+      } else {
+        launch(0, nullptr);
+        NORMJIT_CU(cuCtxSynchronize());
+      }
 
-      // Sampled rows against the fp64 reference: y (forward) or dx (backward), and stats.
+      // Sampled rows against the fp64 reference: y (forward) or dx (backward), and stats. Set 0
+      // after one launch; --graph: rows spread over all K sets, first and last included.
       double worst = 0;  // max over checked elements of err / (atol + rtol |ref|)
+      auto note = [&](double e) { worst = std::isnan(e) ? INFINITY : std::max(worst, e); };  // NaN fails
       if (!no_verify) {
         const int64_t check = std::min<int64_t>(rows, verify_rows);
         std::vector<char> hx(n * xs), hout(n * xs), hdy(n * xs), hg(n * ws), hb(spec.has_bias ? n * ws : 0);
@@ -239,18 +328,22 @@ int main(int argc, char** argv) {
             backward ? nj::reference::backward_tolerance(spec.x_dtype) : nj::reference::tolerance(spec.x_dtype);
         for (int64_t c = 0; c < check; ++c) {
           const int64_t r = check == 1 ? 0 : c * (rows - 1) / (check - 1);
+          const int64_t set = !graph ? 0 : check == 1 ? sets - 1 : c * (sets - 1) / (check - 1);
           const int64_t w_row = ada ? r / rpb : 0;
+          const size_t x_off = size_t(set) * x_bytes + size_t(r) * n * xs, stat_off = (size_t(set) * rows + r) * 4;
           NORMJIT_CU(cuMemcpyDtoH(hg.data(), gamma.ptr + w_row * n * ws, hg.size()));
           if (spec.has_bias) NORMJIT_CU(cuMemcpyDtoH(hb.data(), beta.ptr + w_row * n * ws, hb.size()));
-          NORMJIT_CU(cuMemcpyDtoH(hx.data(), x.ptr + r * n * xs, hx.size()));
-          NORMJIT_CU(cuMemcpyDtoH(hout.data(), y.ptr + r * n * xs, hout.size()));
+          NORMJIT_CU(cuMemcpyDtoH(hx.data(), x.ptr + x_off, hx.size()));
+          NORMJIT_CU(cuMemcpyDtoH(hout.data(), y.ptr + x_off, hout.size()));
           float stat_mean = 0, stat_rstd = 0;
-          if (training || backward) NORMJIT_CU(cuMemcpyDtoH(&stat_rstd, rstd.ptr + r * 4, 4));
-          if (has_mean) NORMJIT_CU(cuMemcpyDtoH(&stat_mean, mean.ptr + r * 4, 4));
-          if (bitmask) NORMJIT_CU(cuMemcpyDtoH(hmask.data(), mask.ptr + r * hmask.size(), hmask.size()));
+          if (training || backward) NORMJIT_CU(cuMemcpyDtoH(&stat_rstd, rstd.ptr + stat_off, 4));
+          if (has_mean) NORMJIT_CU(cuMemcpyDtoH(&stat_mean, mean.ptr + stat_off, 4));
+          if (bitmask)
+            NORMJIT_CU(cuMemcpyDtoH(hmask.data(), mask.ptr + size_t(set) * mask_bytes + r * hmask.size(),
+                                    hmask.size()));
           std::vector<double> want;
           if (backward) {
-            NORMJIT_CU(cuMemcpyDtoH(hdy.data(), dy.ptr + r * n * xs, hdy.size()));
+            NORMJIT_CU(cuMemcpyDtoH(hdy.data(), dy.ptr + x_off, hdy.size()));
             nj::Spec one = spec;
             if (ada) one.norm = nj::Norm::kLayerNorm;  // one row, its batch's weights
             want = nj::reference::backward(one, hdy.data(), hx.data(), hg.data(), spec.has_bias ? hb.data() : nullptr,
@@ -262,20 +355,18 @@ int main(int argc, char** argv) {
             const auto ref = nj::reference::forward(one, hx.data(), hg.data(), spec.has_bias ? hb.data() : nullptr, 1,
                                                     n, 1e-5, 0, 0.0, 6.0);
             want = ref.y;
-            if (training) worst = std::max(worst, std::abs(stat_rstd - ref.rstd[0]) / (1e-6 + 1e-4 * ref.rstd[0]));
-            if (has_mean)
-              worst = std::max(worst, std::abs(stat_mean - ref.mean[0]) / (1e-5 + 1e-4 * std::abs(ref.mean[0])));
+            if (training) note(std::abs(stat_rstd - ref.rstd[0]) / (1e-6 + 1e-4 * ref.rstd[0]));
+            if (has_mean) note(std::abs(stat_mean - ref.mean[0]) / (1e-5 + 1e-4 * std::abs(ref.mean[0])));
           }
           for (int64_t i = 0; i < n; ++i) {
             const double got = nj::reference::load(hout.data(), spec.x_dtype, i);
-            const double e = std::abs(got - want[i]) / (tol.atol + tol.rtol * std::abs(want[i]));
-            worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+            note(std::abs(got - want[i]) / (tol.atol + tol.rtol * std::abs(want[i])));
           }
         }
         if (!(worst <= 1.0)) all_ok = false;
       }
 
-      const double us = time_median_us(warmup, reps, batch, [&](int i) { launch(i % sets); });
+      const double us = time_median_us(warmup, reps, batch, [&](int i) { launch(i % sets, nullptr); });
       const double copy_us = time_median_us(warmup, reps, batch, [&](int i) {
         const size_t off = size_t(i % sets) * x_bytes;
         NORMJIT_CU(cuMemcpyDtoDAsync(y.ptr + off, x.ptr + off, x_bytes, nullptr));
@@ -288,14 +379,41 @@ int main(int argc, char** argv) {
                    : 2.0 * x_bytes + weight_bytes * (spec.has_bias ? 2 : 1) +
                          double(rows) * 4 * ((training ? 1 : 0) + (has_mean ? 1 : 0)) + (bitmask ? mask_bytes : 0);
       const double gbps = bytes / us * 1e-3, copy_gbps = 2.0 * x_bytes / copy_us * 1e-3;
-      std::printf("%-58s %8lld %10.2f %9.1f %9.1f %6.1f%% %9.3f %s %.2f ms\n", spec.str().c_str(), (long long)rows, us,
-                  gbps, copy_gbps, 100.0 * gbps / copy_gbps, worst, first_get_kind, first_get_ms);
-      std::fflush(stdout);
-      results.push_back({{"spec", spec.str()}, {"requested", requested.str()}, {"rows", rows}, {"n", n},
+      nlohmann::json row{{"spec", spec.str()}, {"requested", requested.str()}, {"rows", rows}, {"n", n},
                          {"us", us}, {"bytes", bytes}, {"gbps", gbps}, {"copy_us", copy_us}, {"copy_gbps", copy_gbps},
                          {"pct_copy", 100.0 * gbps / copy_gbps}, {"verified", !no_verify},
                          {"max_err_over_tol", worst}, {"first_get", first_get_kind}, {"first_get_ms", first_get_ms},
-                         {"in_process_hit_ns", hit_ns}, {"buffer_sets", sets}});
+                         {"in_process_hit_ns", hit_ns}, {"buffer_sets", sets}};
+      if (graph) {
+        // `batch` replays of K launches per event pair; per-launch time = per-replay time / K.
+        const CUstream s = stream->stream;
+        const double graph_us =
+            time_median_us(warmup, reps, batch, [&](int) { kernel_graph.replay(s); }, s) / sets;
+        const double copy_graph_us =
+            time_median_us(warmup, reps, batch, [&](int) { copy_graph.replay(s); }, s) / sets;
+        const double g_gbps = bytes / graph_us * 1e-3, g_copy_gbps = 2.0 * x_bytes / copy_graph_us * 1e-3;
+        std::printf("%-58s %8lld %5d %10.2f %10.2f %6.3f %9.1f %9.1f %6.1f%% %10.2f %9.3f %s %.2f ms\n",
+                    spec.str().c_str(), (long long)rows, sets, graph_us, copy_graph_us, graph_us / copy_graph_us,
+                    g_gbps, g_copy_gbps, 100.0 * g_gbps / g_copy_gbps, us, worst, first_get_kind, first_get_ms);
+        row["graph_us"] = graph_us;  // per launch
+        row["copy_graph_us"] = copy_graph_us;  // per copy of M·N·itemsize bytes
+        row["graph_ratio"] = graph_us / copy_graph_us;
+        row["graph_gbps"] = g_gbps;
+        row["copy_graph_gbps"] = g_copy_gbps;
+        row["graph_pct_copy"] = 100.0 * g_gbps / g_copy_gbps;
+        row["graph_launches"] = sets;  // K: launches (and copies) per graph, one per buffer set
+        row["graph_replays_per_sample"] = batch;
+        row["graph_samples"] = reps;
+        // Bytes one replay moves over the L2 size: above 4 means the sets cannot stay in L2.
+        row["graph_l2_multiple"] = bytes * sets / dev.l2_bytes;
+        row["copy_graph_l2_multiple"] = 2.0 * x_bytes * sets / dev.l2_bytes;
+        if (!no_verify) row["verified_by"] = "graph replay";  // rows spread over all K sets
+      } else {
+        std::printf("%-58s %8lld %10.2f %9.1f %9.1f %6.1f%% %9.3f %s %.2f ms\n", spec.str().c_str(), (long long)rows,
+                    us, gbps, copy_gbps, 100.0 * gbps / copy_gbps, worst, first_get_kind, first_get_ms);
+      }
+      std::fflush(stdout);
+      results.push_back(std::move(row));
     }
     if (!json_path.empty()) {
       nlohmann::json doc{{"device", dev.name}, {"sm", rt.target().str()}, {"sm_count", dev.sm_count},

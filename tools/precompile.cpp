@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
     };
     std::vector<Job> work;
     for (const auto& t : targets)
-      for (const auto& s : specs) work.push_back({normjit::resolve(s), t});
+      for (const auto& s : specs) work.push_back({normjit::resolve(s, 16, t.arch), t});
 
     std::atomic<size_t> next{0}, done{0};
     std::mutex print_mutex;

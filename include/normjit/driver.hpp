@@ -7,6 +7,9 @@
 
 namespace normjit {
 
+// Names go through cuda.h's macros before dlsym, so each entry loads the symbol its prototype
+// describes: cuStreamBeginCapture -> cuStreamBeginCapture_v2 (takes a capture mode),
+// cuGraphInstantiate -> cuGraphInstantiateWithFlags (CUDA 12+ signature: exec, graph, flags).
 #define NORMJIT_DRIVER_FUNCTIONS(X) \
   X(cuInit)                         \
   X(cuDriverGetVersion)             \
@@ -25,6 +28,7 @@ namespace normjit {
   X(cuFuncSetAttribute)             \
   X(cuLaunchKernel)                 \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
+  X(cuOccupancyMaxActiveClusters)   \
   X(cuGetErrorName)                 \
   X(cuGetErrorString)               \
   X(cuMemAlloc)                     \
@@ -36,6 +40,13 @@ namespace normjit {
   X(cuStreamCreate)                 \
   X(cuStreamDestroy)                \
   X(cuStreamSynchronize)            \
+  X(cuStreamBeginCapture)           \
+  X(cuStreamEndCapture)             \
+  X(cuGraphInstantiate)             \
+  X(cuGraphUpload)                  \
+  X(cuGraphLaunch)                  \
+  X(cuGraphExecDestroy)             \
+  X(cuGraphDestroy)                 \
   X(cuEventCreate)                  \
   X(cuEventDestroy)                 \
   X(cuEventRecord)                  \

@@ -83,7 +83,7 @@ class Kernel {
   CUcontext context_ = nullptr;    // the device's primary context, where the module lives
   int threads_per_cta_ = 0;
   int rows_per_cta_ = 0;
-  int resident_ctas_ = 0;          // function_'s CTAs resident on the whole GPU at once
+  int resident_ctas_ = 0;          // function_'s CTAs (clusters, when clustered) resident on the GPU at once
   int sm_count_ = 0;
 };
 

@@ -26,15 +26,19 @@ struct BlockConfig {
   int rows_per_cta = 0;     // > 1 only when threads_per_row <= 32
   int vec = 0;              // elements per vector access; divides N
   RowCache cache = RowCache::kRegisters;
+  // CTAs per row (sm_90 thread-block cluster): each holds N / cluster columns in registers and
+  // the row statistics are summed across the cluster through distributed shared memory.
+  int cluster = 1;
   bool operator==(const BlockConfig& o) const {
     return threads_per_row == o.threads_per_row && rows_per_cta == o.rows_per_cta && vec == o.vec &&
-           cache == o.cache;
+           cache == o.cache && cluster == o.cluster;
   }
   bool operator!=(const BlockConfig& o) const { return !(*this == o); }
 };
 
 // Names one kernel. Canonical string (print/parse round-trip):
-//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.<epilogue>][.cfg_t<T>_r<R>_v<V>_<cache>]
+//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.<epilogue>][.cfg_t<T>_r<R>_v<V>[_c<C>]_<cache>]
+// (_c<C> only for clusters of C > 1 CTAs per row)
 // e.g. "layernorm.fwd_train.bf16.w_f32.n4096.bias" or "rmsnorm.fwd_infer.f16.w_f16.n7.cfg_t1_r256_v1_reg".
 struct Spec {
   Norm norm = Norm::kLayerNorm;
@@ -69,8 +73,12 @@ constexpr int64_t kMaxHiddenSize = 262144;
 // a block config that breaks its rules, ...).
 void validate(const Spec& spec);
 
+// Largest cluster (CTAs per row) the heuristic uses: 8 is the portable cluster size limit.
+constexpr int kMaxCluster = 8;
+
 // Fills spec.block with the heuristic's choice when absent. max_vec caps the vector width,
-// e.g. when a caller's pointers are less aligned than 16 bytes.
-Spec resolve(const Spec& spec, int max_vec = 16);
+// e.g. when a caller's pointers are less aligned than 16 bytes. sm is the target's compute
+// capability (90 for sm_90): clusters are chosen only from sm_90 on.
+Spec resolve(const Spec& spec, int max_vec = 16, int sm = 90);
 
 }  // namespace normjit

@@ -58,18 +58,60 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, kVec>& v) {
 }
 
 // How a row of Cfg::kN elements maps onto Cfg::kThreadsPerRow threads in packs of Cfg::kVec:
-// pack p of a row belongs to lane p % kThreads, in its iteration p / kThreads.
+// pack p of a row belongs to lane p % kThreads, in its iteration p / kThreads. With a cluster
+// of kCluster CTAs per row, each CTA owns one contiguous segment of kVecs packs.
 template <class Cfg>
 struct RowShape {
   static constexpr int kVec = Cfg::kVec;
   static constexpr int kThreads = Cfg::kThreadsPerRow;
-  static constexpr int kVecs = Cfg::kN / kVec;                      // packs per row
+  static constexpr int kCluster = Cfg::kCluster;
+  static constexpr int kVecs = Cfg::kN / kVec / kCluster;           // packs per row (per CTA segment)
+  static constexpr int kSegment = kVecs * kVec;                     // elements per CTA segment
   static constexpr int kIters = (kVecs + kThreads - 1) / kThreads;  // packs per thread
   // Paths that stream a row take this many packs per thread at a time.
   static constexpr int kChunk = kIters < 4 ? kIters : 4;
   static constexpr float kInvN = 1.0f / static_cast<float>(Cfg::kN);
   static_assert(Cfg::kN % kVec == 0, "vec must divide N");
+  static_assert(Cfg::kN / kVec % kCluster == 0, "the cluster must divide the row's packs");
+  static_assert(kCluster == 1 || Cfg::kRowsPerCta == 1, "a clustered row spans whole CTAs");
 };
+
+// Thread-block clusters (sm_90+). Every thread of every CTA of the cluster must reach each
+// barrier (the .aligned forms); arrive/wait may be split to overlap work with the wait.
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+
+// Address of `local` (this CTA's shared memory) in the CTA `rank` of the cluster.
+__device__ __forceinline__ unsigned cluster_address(const void* local, unsigned rank) {
+  unsigned addr, remote;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(local));
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  return remote;
+}
+
+// Sums a pair of per-CTA values over the kCluster CTAs of a cluster, in rank order, so every CTA
+// gets the same bits. Each CTA passes its own shared `slot`; nothing may rewrite it until all
+// CTAs have passed their next cluster barrier (callers alternate two slots, or wait at exit).
+template <int kCluster>
+__device__ __forceinline__ float2 cluster_sum(float2 v, float2* slot) {
+  if constexpr (kCluster == 1) {
+    return v;
+  } else {
+    if (threadIdx.x == 0) *slot = v;
+    cluster_arrive();
+    cluster_wait();
+    float2 total = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int r = 0; r < kCluster; ++r) {
+      float2 part;
+      asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];"
+                   : "=f"(part.x), "=f"(part.y) : "r"(cluster_address(slot, r)) : "memory");
+      total.x += part.x;
+      total.y += part.y;
+    }
+    return total;
+  }
+}
 
 // Sum over an aligned group of kWidth (power of two, <= 32) lanes; every lane gets the result.
 template <int kWidth>

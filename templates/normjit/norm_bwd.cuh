@@ -24,7 +24,8 @@ namespace normjit {
 template <class Cfg>
 struct BwdShape : RowShape<Cfg> {
   static constexpr int kCtaThreads = Cfg::kThreadsPerRow * Cfg::kRowsPerCta;
-  static constexpr int kTileThreads = 256;  // norm_bwd_tiles and norm_bwd_reduce
+  static constexpr int kTileThreads = 256;     // norm_bwd_tiles
+  static constexpr int kReduceThreads = 1024;  // norm_bwd_reduce: 32 columns x 32 lanes of slots
 };
 
 template <class Cfg>
@@ -46,7 +47,7 @@ __device__ __forceinline__ float2* bwd_row_sums(const NormParams& p) {
 template <class Cfg, class XT, class WT, int kVec>
 __device__ __forceinline__ void pack_xhat_grad(const Pack<XT, kVec>& x, const Pack<XT, kVec>& dy,
                                                const Pack<WT, kVec>& g, const WT* beta, const NormParams& p,
-                                               long long row, int col, float mean, float rstd,
+                                               long long row, int col, int segment_col, float mean, float rstd,
                                                float (&xhat)[kVec], float (&d)[kVec]) {
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
@@ -63,7 +64,8 @@ __device__ __forceinline__ void pack_xhat_grad(const Pack<XT, kVec>& x, const Pa
       if constexpr (Cfg::kHasBias) pre[j] += to_float(b.v[j]);
     }
   }
-  Cfg::Epilogue::template backward<kVec>(d, pre, true, p, row, col);
+  // col is relative to the CTA's segment (as beta is); the mask is indexed by the row's column.
+  Cfg::Epilogue::template backward<kVec>(d, pre, true, p, row, segment_col + col);
 }
 
 template <class Cfg>
@@ -75,11 +77,20 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   constexpr int kRows = Cfg::kRowsPerCta;
   constexpr bool kLayerNorm = Cfg::kNorm == NormKind::kLayerNorm;
   __shared__ float2 pair_scratch[S::kThreads > 32 ? S::kThreads / 32 : 1];
+  // Clustered rows: the row sums' cluster slots, alternating per row so one barrier per row
+  // suffices (a slot is rewritten only after every CTA passed the next row's barrier).
+  __shared__ float2 cluster_slots[2];
 
   const int lane = threadIdx.x % S::kThreads;
   const int row_in_cta = threadIdx.x / S::kThreads;
   const long long group = blockIdx.y;
-  const long long weight_offset = Cfg::kPerGroupWeights ? group * Cfg::kN : 0;
+  // A cluster of kCluster CTAs shares each row (CTA `rank` owns one segment of columns) and
+  // counts as one CTA of the persistent grid: one partial slot per cluster.
+  const int rank = blockIdx.x % S::kCluster;
+  const int segment_col = rank * S::kSegment;
+  const long long slot = blockIdx.x / S::kCluster;
+  const long long slots = gridDim.x / S::kCluster;
+  const long long weight_offset = (Cfg::kPerGroupWeights ? group * Cfg::kN : 0) + segment_col;
   const WT* gamma = static_cast<const WT*>(p.gamma) + weight_offset;
   const WT* beta = Cfg::kHasBias && p.beta ? static_cast<const WT*>(p.beta) + weight_offset : nullptr;
 
@@ -90,11 +101,12 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
     for (int j = 0; j < kVec; ++j) acc_g[i][j] = acc_b[i][j] = 0.f;
 
   const long long row_blocks = (p.rows_per_group + kRows - 1) / kRows;
-  for (long long block = blockIdx.x; block < row_blocks; block += gridDim.x) {
+  int parity = 0;
+  for (long long block = slot; block < row_blocks; block += slots, parity ^= 1) {
     const long long local = block * kRows + row_in_cta;
     const bool active = local < p.rows_per_group;
     const long long row = group * p.rows_per_group + (active ? local : 0);
-    const long long offset = row * p.row_stride;
+    const long long offset = row * p.row_stride + segment_col;
     const XT* x = static_cast<const XT*>(p.x) + offset;
     const XT* dy = static_cast<const XT*>(p.dy) + offset;
     Pack<XT, kVec> xs[S::kIters], dys[S::kIters];
@@ -118,7 +130,7 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
       if (active && pack < S::kVecs) {
         const Pack<WT, kVec> g = load_pack<WT, kVec>(gamma + col);
         float xhat[kVec], d[kVec];
-        pack_xhat_grad<Cfg>(xs[i], dys[i], g, beta, p, row, col, mean, rstd, xhat, d);
+        pack_xhat_grad<Cfg>(xs[i], dys[i], g, beta, p, row, col, segment_col, mean, rstd, xhat, d);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           acc_g[i][j] += d[j] * xhat[j];
@@ -133,8 +145,9 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
       }
     }
     row_sum_pair<S::kThreads>(c1, c2, pair_scratch);
-    c1 = kLayerNorm ? c1 * S::kInvN : 0.f;
-    c2 *= S::kInvN;
+    const float2 sums = cluster_sum<S::kCluster>(make_float2(c1, c2), &cluster_slots[parity]);
+    c1 = kLayerNorm ? sums.x * S::kInvN : 0.f;
+    c2 = sums.y * S::kInvN;
     XT* dx = static_cast<XT*>(p.dx) + offset;
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i) {
@@ -149,13 +162,15 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
         store_pack<XT, kVec>(dx + pack * kVec, o);
       }
     }
-    // The next row's reduction reuses pair_scratch.
-    if constexpr (S::kThreads > 32) __syncthreads();
+    // The next row's reduction reuses pair_scratch (the cluster barrier already orders it).
+    if constexpr (S::kThreads > 32 && S::kCluster == 1) __syncthreads();
   }
+  // Done reading the other CTAs' slots; the wait before exit keeps ours alive for theirs.
+  if constexpr (S::kCluster > 1) cluster_arrive();
 
   // One partial row per CTA: rows of a CTA that share columns are summed in a fixed order.
-  float* out_g = bwd_partial<Cfg>(p, 0, group, blockIdx.x);
-  float* out_b = bwd_partial<Cfg>(p, 1, group, blockIdx.x);
+  float* out_g = bwd_partial<Cfg>(p, 0, group, slot) + segment_col;
+  float* out_b = bwd_partial<Cfg>(p, 1, group, slot) + segment_col;
   if constexpr (kRows == 1) {
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i) {
@@ -206,6 +221,7 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
       __syncthreads();
     }
   }
+  if constexpr (S::kCluster > 1) cluster_wait();
 }
 
 // Split route, step 1: per row, sum(gamma*d) and sum(gamma*d*xhat), streamed in chunks.
@@ -247,7 +263,7 @@ __device__ __forceinline__ void norm_bwd_rowsums(const NormParams& p) {
         const int col = pack * kVec;
         const Pack<WT, kVec> g = load_pack<WT, kVec>(gamma + col);
         float xhat[kVec], d[kVec];
-        pack_xhat_grad<Cfg>(xs[i], dys[i], g, beta, p, row, col, mean, rstd, xhat, d);
+        pack_xhat_grad<Cfg>(xs[i], dys[i], g, beta, p, row, col, 0, mean, rstd, xhat, d);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           const float gd = d[j] * to_float(g.v[j]);
@@ -295,7 +311,7 @@ __device__ __forceinline__ void norm_bwd_tiles(const NormParams& p) {
     const float c1 = kLayerNorm ? c.x * S::kInvN : 0.f;
     const float c2 = c.y * S::kInvN;
     float xhat[kVec], d[kVec];
-    pack_xhat_grad<Cfg>(x, dy, g, beta, p, row, col, mean, rstd, xhat, d);
+    pack_xhat_grad<Cfg>(x, dy, g, beta, p, row, col, 0, mean, rstd, xhat, d);
     Pack<XT, kVec> o;
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
@@ -315,12 +331,13 @@ __device__ __forceinline__ void norm_bwd_tiles(const NormParams& p) {
   if constexpr (Cfg::kHasBias) store_pack<float, kVec>(bwd_partial<Cfg>(p, 1, group, blockIdx.y) + col, pb);
 }
 
-// Stage 2: per group, sums the partial rows in slot order. A CTA covers 32 columns with 8 lanes
-// of slots each; the 8 lane sums are then added in lane order. Same order every run.
+// Stage 2: per group, sums the partial rows in slot order. A CTA covers 32 columns with 32 lanes
+// of slots each (short serial chains: small N launches few CTAs); the 32 lane sums are then added
+// in lane order. Same order every run.
 template <class Cfg>
 __device__ __forceinline__ void norm_bwd_reduce(const NormParams& p) {
   using WT = typename Cfg::WT;
-  constexpr int kSlotLanes = BwdShape<Cfg>::kTileThreads / 32;
+  constexpr int kSlotLanes = BwdShape<Cfg>::kReduceThreads / 32;
   __shared__ float fold[2][kSlotLanes][33];
   const int c = threadIdx.x % 32;
   const int slot_lane = threadIdx.x / 32;

@@ -55,11 +55,12 @@ __device__ __forceinline__ float pack_count(int first_pack, int lane) {
 
 // Normalizes, applies the epilogue and stores kCount packs. Every lane of the row group runs the
 // loop (the epilogue may shuffle); only valid packs of active rows are read and written.
+// Pointers and columns are relative to the CTA's segment; the epilogue sees the row's column.
 template <class Cfg, int kCount, class XT, class WT, int kVec>
 __device__ __forceinline__ void write_packs(const NormParams& p, const Pack<XT, kVec> (&packs)[kCount],
                                             int first_pack, int lane, long long row, bool active, XT* y,
                                             const WT* gamma, const WT* beta, float center, float shift,
-                                            float rstd) {
+                                            float rstd, int segment_col) {
   using S = FwdShape<Cfg>;
 #pragma unroll
   for (int i = 0; i < kCount; ++i) {
@@ -83,7 +84,7 @@ __device__ __forceinline__ void write_packs(const NormParams& p, const Pack<XT, 
 #pragma unroll
       for (int j = 0; j < kVec; ++j) out[j] = 0.f;
     }
-    Cfg::Epilogue::template forward<XT, kVec, S::kThreads>(out, valid, p, row, col, lane);
+    Cfg::Epilogue::template forward<XT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane);
     if (valid) {
       Pack<XT, kVec> o;
 #pragma unroll
@@ -105,16 +106,22 @@ __device__ __forceinline__ void norm_fwd(const NormParams& p) {
   __shared__ float sum_scratch[kScratch];
   __shared__ float2 pair_scratch[kScratch];
   __shared__ Moments moments_scratch[Cfg::kCache == RowCache::kGlobal ? kScratch : 1];
+  // Clustered rows: one slot per cluster-wide sum (LayerNorm takes two).
+  __shared__ float2 cluster_slots[2];
+  static_assert(S::kCluster == 1 || Cfg::kCache == RowCache::kRegisters, "clustered rows live in registers");
 
   const int lane = threadIdx.x % S::kThreads;
-  const long long row = static_cast<long long>(blockIdx.x) * Cfg::kRowsPerCta + threadIdx.x / S::kThreads;
+  const int rank = blockIdx.x % S::kCluster;  // this CTA's segment of a clustered row
+  const int segment_col = rank * S::kSegment;
+  const long long row = static_cast<long long>(blockIdx.x / S::kCluster) * Cfg::kRowsPerCta + threadIdx.x / S::kThreads;
   // Rows past the end still take part in the shuffles; they neither load nor store.
   const bool active = row < p.rows;
-  const long long offset = (active ? row : 0) * p.row_stride;
+  const long long offset = (active ? row : 0) * p.row_stride + segment_col;
   const XT* x = static_cast<const XT*>(p.x) + offset;
   XT* y = static_cast<XT*>(p.y) + offset;
   // AdaLayerNorm: gamma and beta have one row per group (batch) of rows_per_group rows.
-  const long long weight_offset = Cfg::kPerGroupWeights && active ? (row / p.rows_per_group) * Cfg::kN : 0;
+  const long long weight_offset =
+      (Cfg::kPerGroupWeights && active ? (row / p.rows_per_group) * Cfg::kN : 0) + segment_col;
   const WT* gamma = static_cast<const WT*>(p.gamma) + weight_offset;
   const WT* beta = Cfg::kHasBias ? static_cast<const WT*>(p.beta) + weight_offset : nullptr;
 
@@ -131,16 +138,24 @@ __device__ __forceinline__ void norm_fwd(const NormParams& p) {
       // Corrected two-pass: a first mean, then the sums of deviations from it and of their
       // squares; the small first sum corrects the mean without rounding it into |mean|.
       const float sum = active ? pack_sum<Cfg, S::kIters>(cache, 0, lane, 0.f) : 0.f;
-      center = row_sum<S::kThreads>(sum, sum_scratch) * kInvN;
+      center = cluster_sum<S::kCluster>(make_float2(row_sum<S::kThreads>(sum, sum_scratch), 0.f), &cluster_slots[0]).x *
+               kInvN;
       float dev = active ? pack_sum<Cfg, S::kIters>(cache, 0, lane, center) : 0.f;
       float sq = active ? pack_sq_dev<Cfg, S::kIters>(cache, 0, lane, center, 0.f) : 0.f;
       row_sum_pair<S::kThreads>(dev, sq, pair_scratch);
+      const float2 dev_sq = cluster_sum<S::kCluster>(make_float2(dev, sq), &cluster_slots[1]);
+      dev = dev_sq.x;
+      sq = dev_sq.y;
       shift = dev * kInvN;
       rstd = rsqrtf(fmaxf(sq * kInvN - shift * shift, 0.f) + p.eps);
     } else {
       const float sq = active ? pack_sq_dev<Cfg, S::kIters>(cache, 0, lane, 0.f, 0.f) : 0.f;
-      rstd = rsqrtf(row_sum<S::kThreads>(sq, sum_scratch) * kInvN + p.eps);
+      const float total = cluster_sum<S::kCluster>(make_float2(row_sum<S::kThreads>(sq, sum_scratch), 0.f),
+                                                   &cluster_slots[0]).x;
+      rstd = rsqrtf(total * kInvN + p.eps);
     }
+    // Done reading the other CTAs' slots; they may exit once everyone has arrived.
+    if constexpr (S::kCluster > 1) cluster_arrive();
   } else {
     // The row streams from global memory twice. LayerNorm merges per-chunk moments (Chan) of
     // x - x[0], so one statistics pass is free of cancellation; RMSNorm only sums squares.
@@ -173,13 +188,16 @@ __device__ __forceinline__ void norm_fwd(const NormParams& p) {
   }
 
   if constexpr (Cfg::kTraining) {
-    if (active && lane == 0) {
+    if (active && lane == 0 && rank == 0) {
       if constexpr (kLayerNorm) p.mean[row] = center + shift;
       p.rstd[row] = rstd;
     }
   }
   if constexpr (Cfg::kCache == RowCache::kRegisters) {
-    write_packs<Cfg, S::kIters, XT, WT>(p, cache, 0, lane, row, active, y, gamma, beta, center, shift, rstd);
+    write_packs<Cfg, S::kIters, XT, WT>(p, cache, 0, lane, row, active, y, gamma, beta, center, shift, rstd,
+                                        segment_col);
+    // A CTA's shared memory must outlive the other CTAs' reads of it.
+    if constexpr (S::kCluster > 1) cluster_wait();
   } else {
     for (int base = 0; base < S::kIters; base += S::kChunk) {
       Pack<XT, kVec> chunk[S::kChunk];
@@ -188,7 +206,8 @@ __device__ __forceinline__ void norm_fwd(const NormParams& p) {
         const int pack = (base + i) * S::kThreads + lane;
         if (active && pack < S::kVecs) chunk[i] = load_pack<XT, kVec>(x + pack * kVec);
       }
-      write_packs<Cfg, S::kChunk, XT, WT>(p, chunk, base, lane, row, active, y, gamma, beta, center, shift, rstd);
+      write_packs<Cfg, S::kChunk, XT, WT>(p, chunk, base, lane, row, active, y, gamma, beta, center, shift, rstd,
+                                          segment_col);
     }
   }
 }

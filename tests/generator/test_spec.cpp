@@ -42,6 +42,11 @@ TEST_CASE("canonical form is stable and human readable") {
   CHECK(c.block->rows_per_cta == 16);
   CHECK(c.block->vec == 8);
   CHECK(c.block->cache == RowCache::kRegisters);
+  CHECK(c.block->cluster == 1);
+  // A cluster is named only when there is one.
+  const char* clustered = "layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t512_r1_v8_c2_reg";
+  CHECK(Spec::parse(clustered).block->cluster == 2);
+  CHECK(Spec::parse(clustered).str() == clustered);
   const Spec e = Spec::parse("adalayernorm.bwd.bf16.w_f32.n768.bias.relu_bitmask");
   CHECK(e.norm == Norm::kAdaLayerNorm);
   CHECK(e.phase == Phase::kBackward);
@@ -82,6 +87,12 @@ TEST_CASE("bad spec strings are rejected with a message naming the problem") {
       {"layernorm.fwd_train.bf16.w_bf16.n65536.cfg_t32_r1_v8_reg", "packs per thread"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t32_r1_v8_reg.extra", "trailing token 'extra'"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t32_r1_v8_reg_x", "row cache"},
+      {"layernorm.fwd_train.bf16.w_bf16.n32768.cfg_t512_r1_v8_c3_reg", "cluster=3 must be a power of two"},
+      {"layernorm.fwd_train.bf16.w_bf16.n32768.cfg_t512_r1_v8_c16_reg", "cluster=16 must be a power of two <= 8"},
+      {"layernorm.fwd_train.bf16.w_bf16.n4096.cfg_t32_r4_v8_c2_reg", "cluster=2 needs CTA-wide rows"},
+      {"layernorm.fwd_train.bf16.w_bf16.n32768.cfg_t1024_r1_v8_c2_gmem", "cluster=2 needs CTA-wide rows"},
+      {"layernorm.fwd_train.bf16.w_bf16.n4104.cfg_t256_r1_v8_c2_reg", "cluster=2 must divide"},
+      {"layernorm.fwd_train.f32.w_f32.n4104.relu_bitmask.cfg_t256_r1_v4_c2_reg", "whole mask bytes"},
   };
   for (const Bad& b : bad) {
     const std::string text = b.text;
@@ -99,22 +110,35 @@ TEST_CASE("bad spec strings are rejected with a message naming the problem") {
 }
 
 TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") {
-  auto block = [](const char* text, int max_vec = 16) { return *resolve(Spec::parse(text), max_vec).block; };
+  auto block = [](const char* text, int max_vec = 16, int sm = 90) {
+    return *resolve(Spec::parse(text), max_vec, sm).block;
+  };
   CHECK(block("layernorm.fwd_train.bf16.n4096") == BlockConfig{128, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.f32.n4096") == BlockConfig{256, 1, 4, RowCache::kRegisters});
   CHECK(block("rmsnorm.fwd_train.bf16.n256") == BlockConfig{32, 8, 8, RowCache::kRegisters});
   CHECK(block("rmsnorm.fwd_train.bf16.n1") == BlockConfig{1, 256, 1, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n4097").vec == 1);
   CHECK(block("layernorm.fwd_train.bf16.n4096", 2).vec == 2);
-  CHECK(block("layernorm.fwd_train.bf16.n32768") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
-  CHECK(block("layernorm.fwd_train.bf16.n65536") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
-  CHECK(block("layernorm.fwd_train.bf16.n262144").cache == RowCache::kGlobal);
-  CHECK(block("layernorm.fwd_train.f32.n65536").cache == RowCache::kGlobal);
+  // Large rows: on sm_90 a cluster of CTAs shares the row in registers (512 threads x 4 packs
+  // each where 8 CTAs suffice); before sm_90, one CTA in registers, then streamed twice.
+  CHECK(block("layernorm.fwd_train.bf16.n32768") == BlockConfig{512, 1, 8, RowCache::kRegisters, 2});
+  CHECK(block("layernorm.fwd_train.bf16.n32768", 16, 80) == BlockConfig{1024, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n65536") == BlockConfig{512, 1, 8, RowCache::kRegisters, 4});
+  CHECK(block("layernorm.fwd_train.bf16.n65536", 16, 80) == BlockConfig{1024, 1, 8, RowCache::kGlobal});
+  CHECK(block("layernorm.fwd_train.bf16.n262144") == BlockConfig{1024, 1, 8, RowCache::kRegisters, 8});
+  CHECK(block("layernorm.fwd_train.f32.n65536") == BlockConfig{512, 1, 4, RowCache::kRegisters, 8});
+  CHECK(block("layernorm.fwd_train.f32.n262144").cache == RowCache::kGlobal);
+  CHECK(block("layernorm.fwd_train.bf16.n28672") == BlockConfig{448, 1, 8, RowCache::kRegisters, 2});
+  // No cluster divides 4100 / 4 = 1025 packs: one CTA.
+  CHECK(block("layernorm.fwd_train.bf16.n65540").cluster == 1);
   // Backward: fewer elements per thread; past 512 threads the split route.
   CHECK(block("layernorm.bwd.bf16.w_f32.n4096.bias") == BlockConfig{256, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.bwd.bf16.w_f32.n512.bias") == BlockConfig{32, 8, 8, RowCache::kRegisters});
   CHECK(block("rmsnorm.bwd.f32.n8192") == BlockConfig{512, 1, 4, RowCache::kRegisters});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias") == BlockConfig{512, 1, 8, RowCache::kRegisters, 2});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias", 16, 80) == BlockConfig{1024, 1, 8, RowCache::kGlobal});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n65536") == BlockConfig{512, 1, 8, RowCache::kRegisters, 8});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n131072") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
   // A given block config is kept as is.
   CHECK(block("layernorm.fwd_train.bf16.n4096.cfg_t512_r1_v8_reg") == BlockConfig{512, 1, 8, RowCache::kRegisters});
 }

@@ -16,6 +16,7 @@ struct Cfg {
   static constexpr int kVec = 4;
   static constexpr int kThreadsPerRow = 64;
   static constexpr int kRowsPerCta = 1;
+  static constexpr int kCluster = 1;
   static constexpr normjit::RowCache kCache = normjit::RowCache::kRegisters;
 };
 }  // namespace

@@ -15,6 +15,7 @@ struct Cfg {
   static constexpr int kVec = 8;
   static constexpr int kThreadsPerRow = 16;
   static constexpr int kRowsPerCta = 16;
+  static constexpr int kCluster = 1;
 };
 }  // namespace
 

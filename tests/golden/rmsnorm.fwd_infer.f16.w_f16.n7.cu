@@ -16,6 +16,7 @@ struct Cfg {
   static constexpr int kVec = 1;
   static constexpr int kThreadsPerRow = 8;
   static constexpr int kRowsPerCta = 32;
+  static constexpr int kCluster = 1;
   static constexpr normjit::RowCache kCache = normjit::RowCache::kRegisters;
 };
 }  // namespace

@@ -30,7 +30,7 @@ Shapes shapes_of(const Case& c) {
 
 // Launches through the kernel resolved for these pointers, with its workspace when backward.
 void launch(const Spec& spec, LaunchArgs a) {
-  const Kernel& k = runtime().get(spec.block ? spec : resolve(spec, max_vec_for(spec, a)));
+  const Kernel& k = runtime().get(spec.block ? spec : resolve(spec, max_vec_for(spec, a), runtime().target().arch));
   std::unique_ptr<DeviceMem> workspace;
   if (spec.phase == Phase::kBackward) {
     a.workspace_bytes = k.workspace_bytes(a.rows, a.rows_per_batch);

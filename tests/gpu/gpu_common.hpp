@@ -116,7 +116,7 @@ inline void warm(const std::vector<Spec>& specs) {
   for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t)
     threads.emplace_back([&] {
       for (size_t i; (i = next++) < specs.size();)
-        runtime().disk_cache().get_or_compile(resolve(specs[i]), runtime().target());
+        runtime().disk_cache().get_or_compile(resolve(specs[i], 16, runtime().target().arch), runtime().target());
     });
   for (auto& t : threads) t.join();
 }
