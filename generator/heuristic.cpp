@@ -26,26 +26,21 @@ constexpr int64_t kRegisterMaxElements = 32;
 // the split route). 16 elements at 512 threads fit the 128 registers a thread has there.
 constexpr int64_t kBackwardElements = 16;
 constexpr int64_t kBackwardMaxFusedThreads = 512;
-// Forward, clustered rows: a CTA aims for at most this many packs (512 threads x 4), so two
-// CTAs fit an SM and one reduces while the other loads; up to 1024 x 4 when 8 CTAs are too few.
-constexpr int64_t kClusterCtaPacks = 512 * kCtaRowTargetPacks;
-constexpr int64_t kClusterCtaMaxPacks = 1024 * kCtaRowTargetPacks;
+constexpr int64_t kBackwardWarpRowPacks = 4;
+// Backward, clustered rows (sm_90): only where each CTA gets exactly this many threads. Measured on
+// an H100 (bench/NOTES.md, 2026-11-21): 256-thread cluster CTAs beat the split route (RMSNorm
+// N = 16384: 87 % of copy against 58 %), while 288-512-thread ones ran at 29-60 %, below it.
+constexpr int64_t kClusterThreads = 256;
 
-// Smallest cluster (CTAs per row, a power of two <= kMaxCluster) that splits `packs` into equal
-// segments of at most max_packs, each owning whole mask bytes when the epilogue writes a mask;
-// 0 when there is none.
-int cluster_for(const Spec& s, int64_t packs, int64_t max_packs) {
+// The cluster (a power of two <= kMaxCluster) that gives each CTA kClusterThreads threads of
+// `per_thread` packs, with whole mask bytes when the epilogue writes a mask; 0 when none does.
+int backward_cluster(const Spec& s, int64_t packs, int64_t per_thread) {
   for (int c = 2; c <= kMaxCluster; c *= 2) {
-    if (packs % c != 0) continue;
+    if (packs != c * kClusterThreads * per_thread) continue;
     if (s.epilogue == Epilogue::kReluBitmask && (s.n / c) % 8 != 0) continue;
-    if (packs / c <= max_packs) return c;
+    return c;
   }
   return 0;
-}
-
-int forward_cluster(const Spec& s, int64_t packs) {
-  const int c = cluster_for(s, packs, kClusterCtaPacks);
-  return c ? c : cluster_for(s, packs, kClusterCtaMaxPacks);
 }
 
 }  // namespace
@@ -68,17 +63,18 @@ Spec resolve(const Spec& spec, int max_vec, int sm) {
     // Backward keeps x, dy, gamma*d and two accumulators per element: fewer elements per thread.
     const int64_t per_thread = std::max<int64_t>(1, kBackwardElements / b.vec);
     b.cache = RowCache::kRegisters;
-    if (packs <= 32 * per_thread) {
+    // Warp rows (8 per CTA) up to 4 packs per lane: at N = 768-1024 bf16 they beat 64-thread CTA
+    // rows (H100: 89-92 % of copy against 82-87 %), with 8x fewer dgamma partial rows.
+    if (packs <= 32 * std::max(per_thread, kBackwardWarpRowPacks)) {
       b.threads_per_row = 32;
       b.rows_per_cta = 8;
     } else if (const int c = packs > kBackwardMaxFusedThreads * per_thread && sm >= 90
-                                 ? cluster_for(s, packs, kBackwardMaxFusedThreads * per_thread)
+                                 ? backward_cluster(s, packs, per_thread)
                                  : 0) {
       // Past one CTA's registers, a cluster shares the row and stays fused: x and dy are read
       // once instead of twice on the split route.
-      const int64_t want = (packs / c + per_thread - 1) / per_thread;
       b.rows_per_cta = 1;
-      b.threads_per_row = static_cast<int>((want + 31) / 32 * 32);
+      b.threads_per_row = static_cast<int>(kClusterThreads);
       b.cluster = c;
     } else {
       const int64_t want = (packs + per_thread - 1) / per_thread;
@@ -91,13 +87,9 @@ Spec resolve(const Spec& spec, int max_vec, int sm) {
     b.threads_per_row = 32;
     b.rows_per_cta = 4;
     b.cache = RowCache::kRegisters;
-  } else if (const int c = packs > kClusterCtaPacks && sm >= 90 ? forward_cluster(s, packs) : 0) {
-    const int64_t want = (packs / c + kCtaRowTargetPacks - 1) / kCtaRowTargetPacks;
-    b.threads_per_row = static_cast<int>((want + 31) / 32 * 32);
-    b.rows_per_cta = 1;
-    b.cluster = c;
-    b.cache = RowCache::kRegisters;
   } else {
+    // Clusters are not chosen for the forward: every clustered configuration measured (2-8 CTAs
+    // of 128-512 threads, N = 18432-65536) ran below one CTA per row (bench/NOTES.md).
     const int64_t want = (packs + kCtaRowTargetPacks - 1) / kCtaRowTargetPacks;
     b.threads_per_row = static_cast<int>(std::min<int64_t>(1024, (want + 31) / 32 * 32));
     b.rows_per_cta = 1;

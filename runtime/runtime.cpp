@@ -107,6 +107,8 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
     if (a.rows_per_batch < 1) fail("rows_per_batch=" + std::to_string(a.rows_per_batch) + " must be >= 1 for adalayernorm");
     if (a.rows % a.rows_per_batch != 0)
       fail("rows=" + std::to_string(a.rows) + " is not a multiple of rows_per_batch=" + std::to_string(a.rows_per_batch));
+    if (a.rows > 0xffffffffLL)  // the kernels find a row's batch with a 32-bit division
+      fail("rows=" + std::to_string(a.rows) + " exceeds 4294967295, the most adalayernorm takes in one launch");
     if (a.rows / a.rows_per_batch > 65535)
       fail("rows / rows_per_batch = " + std::to_string(a.rows / a.rows_per_batch) + " batches exceeds 65535");
   } else if (a.rows_per_batch != 0) {

@@ -76,6 +76,12 @@ struct RowShape {
   static_assert(kCluster == 1 || Cfg::kRowsPerCta == 1, "a clustered row spans whole CTAs");
 };
 
+// AdaLayerNorm: the group (batch) of a row. validate_launch keeps such launches below 2^32 rows,
+// so 32 bits suffice: a 64-bit division expands into a called routine that needs a stack frame.
+__device__ __forceinline__ long long group_of_row(long long row, long long rows_per_group) {
+  return static_cast<unsigned>(row) / static_cast<unsigned>(rows_per_group);
+}
+
 // Thread-block clusters (sm_90+). Every thread of every CTA of the cluster must reach each
 // barrier (the .aligned forms); arrive/wait may be split to overlap work with the wait.
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }

@@ -30,7 +30,7 @@ struct BwdShape : RowShape<Cfg> {
 
 template <class Cfg>
 __device__ __forceinline__ long long bwd_groups(const NormParams& p) {
-  return Cfg::kPerGroupWeights ? p.rows / p.rows_per_group : 1;
+  return Cfg::kPerGroupWeights ? group_of_row(p.rows, p.rows_per_group) : 1;
 }
 
 template <class Cfg>
@@ -236,15 +236,16 @@ __device__ __forceinline__ void norm_bwd_rowsums(const NormParams& p) {
   __shared__ float2 pair_scratch[S::kThreads > 32 ? S::kThreads / 32 : 1];
   const int lane = threadIdx.x;
   const long long row = blockIdx.x;
-  const long long weight_offset = Cfg::kPerGroupWeights ? (row / p.rows_per_group) * Cfg::kN : 0;
+  const long long weight_offset = Cfg::kPerGroupWeights ? group_of_row(row, p.rows_per_group) * Cfg::kN : 0;
   const WT* gamma = static_cast<const WT*>(p.gamma) + weight_offset;
   const WT* beta = Cfg::kHasBias && p.beta ? static_cast<const WT*>(p.beta) + weight_offset : nullptr;
   const XT* x = static_cast<const XT*>(p.x) + row * p.row_stride;
   const XT* dy = static_cast<const XT*>(p.dy) + row * p.row_stride;
   const float mean = kLayerNorm ? p.mean[row] : 0.f;
   const float rstd = p.rstd[row];
-  // f32 rows at 4 packs per chunk spilled at 1024 threads (64 registers): 2 for them.
-  constexpr int kChunk = sizeof(XT) == 4 && S::kChunk > 2 ? 2 : S::kChunk;
+  // 3-4 packs per chunk spilled at 1024 threads (64 registers): f32 rows, and bf16 rows with a bias
+  // (N = 18432, 28672). Two packs of x and dy per thread still keep 1024 x 64 bytes in flight.
+  constexpr int kChunk = S::kChunk > 2 ? 2 : S::kChunk;
   float c1 = 0.f, c2 = 0.f;
   for (int base = 0; base < S::kIters; base += kChunk) {
     Pack<XT, kVec> xs[kChunk], dys[kChunk];

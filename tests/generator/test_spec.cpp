@@ -119,26 +119,25 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("rmsnorm.fwd_train.bf16.n1") == BlockConfig{1, 256, 1, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n4097").vec == 1);
   CHECK(block("layernorm.fwd_train.bf16.n4096", 2).vec == 2);
-  // Large rows: on sm_90 a cluster of CTAs shares the row in registers (512 threads x 4 packs
-  // each where 8 CTAs suffice); before sm_90, one CTA in registers, then streamed twice.
-  CHECK(block("layernorm.fwd_train.bf16.n32768") == BlockConfig{512, 1, 8, RowCache::kRegisters, 2});
-  CHECK(block("layernorm.fwd_train.bf16.n32768", 16, 80) == BlockConfig{1024, 1, 8, RowCache::kRegisters});
-  CHECK(block("layernorm.fwd_train.bf16.n65536") == BlockConfig{512, 1, 8, RowCache::kRegisters, 4});
-  CHECK(block("layernorm.fwd_train.bf16.n65536", 16, 80) == BlockConfig{1024, 1, 8, RowCache::kGlobal});
-  CHECK(block("layernorm.fwd_train.bf16.n262144") == BlockConfig{1024, 1, 8, RowCache::kRegisters, 8});
-  CHECK(block("layernorm.fwd_train.f32.n65536") == BlockConfig{512, 1, 4, RowCache::kRegisters, 8});
-  CHECK(block("layernorm.fwd_train.f32.n262144").cache == RowCache::kGlobal);
-  CHECK(block("layernorm.fwd_train.bf16.n28672") == BlockConfig{448, 1, 8, RowCache::kRegisters, 2});
-  // No cluster divides 4100 / 4 = 1025 packs: one CTA.
-  CHECK(block("layernorm.fwd_train.bf16.n65540").cluster == 1);
+  // Large forward rows: one CTA in registers, then streamed twice; never a cluster (slower).
+  CHECK(block("layernorm.fwd_train.bf16.n32768") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n65536") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
+  CHECK(block("layernorm.fwd_train.bf16.n262144").cache == RowCache::kGlobal);
+  CHECK(block("layernorm.fwd_train.f32.n65536").cache == RowCache::kGlobal);
   // Backward: fewer elements per thread; past 512 threads the split route.
   CHECK(block("layernorm.bwd.bf16.w_f32.n4096.bias") == BlockConfig{256, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.bwd.bf16.w_f32.n512.bias") == BlockConfig{32, 8, 8, RowCache::kRegisters});
   CHECK(block("rmsnorm.bwd.f32.n8192") == BlockConfig{512, 1, 4, RowCache::kRegisters});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias") == BlockConfig{512, 1, 8, RowCache::kRegisters, 2});
+  // Backward on sm_90: a cluster of 256-thread CTAs where that splits the row exactly, else split.
+  CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias") == BlockConfig{256, 1, 8, RowCache::kRegisters, 4});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n32768") == BlockConfig{256, 1, 8, RowCache::kRegisters, 8});
+  CHECK(block("rmsnorm.bwd.f32.n16384") == BlockConfig{256, 1, 4, RowCache::kRegisters, 4});
   CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias", 16, 80) == BlockConfig{1024, 1, 8, RowCache::kGlobal});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n65536") == BlockConfig{512, 1, 8, RowCache::kRegisters, 8});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n131072") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n12288") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n65536") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
+  // Warp rows, 8 per CTA, up to 4 packs per lane.
+  CHECK(block("layernorm.bwd.bf16.w_f32.n1024.bias") == BlockConfig{32, 8, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n1032.bias") == BlockConfig{96, 1, 8, RowCache::kRegisters});
   // A given block config is kept as is.
   CHECK(block("layernorm.fwd_train.bf16.n4096.cfg_t512_r1_v8_reg") == BlockConfig{512, 1, 8, RowCache::kRegisters});
 }

@@ -34,7 +34,7 @@ normjit_layernorm_bwd_bf16_w_f32_n4096_bias_cfg_t256_r1_v8_reg_tiles(const normj
   normjit::norm_bwd_tiles<Cfg>(params);
 }
 #endif
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(1024)
 normjit_layernorm_bwd_bf16_w_f32_n4096_bias_cfg_t256_r1_v8_reg_reduce(const normjit::NormParams params) {
   normjit::norm_bwd_reduce<Cfg>(params);
 }

@@ -34,7 +34,7 @@ normjit_rmsnorm_bwd_f16_w_f16_n128_bias_gelu_cfg_t16_r16_v8_reg_tiles(const norm
   normjit::norm_bwd_tiles<Cfg>(params);
 }
 #endif
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(1024)
 normjit_rmsnorm_bwd_f16_w_f16_n128_bias_gelu_cfg_t16_r16_v8_reg_reduce(const normjit::NormParams params) {
   normjit::norm_bwd_reduce<Cfg>(params);
 }

@@ -1,0 +1,40 @@
+// normjit kernel rmsnorm.bwd.bf16.w_f32.n16384.cfg_t256_r1_v8_c4_reg
+// Generated from templates/norm_bwd.cu.in: parameter binding only; the logic is in norm_bwd.cuh.
+#include "normjit/norm_bwd.cuh"
+#include "normjit/epilogue_none.cuh"
+
+namespace {
+struct Cfg {
+  using XT = normjit::bf16;
+  using WT = normjit::f32;
+  using Epilogue = normjit::EpilogueNone;
+  static constexpr normjit::NormKind kNorm = normjit::NormKind::kRMSNorm;
+  static constexpr bool kPerGroupWeights = false;
+  static constexpr bool kHasBias = false;
+  static constexpr int kN = 16384;
+  static constexpr int kVec = 8;
+  static constexpr int kThreadsPerRow = 256;
+  static constexpr int kRowsPerCta = 1;
+  static constexpr int kCluster = 4;
+};
+}  // namespace
+
+#if 1
+extern "C" __global__ void __launch_bounds__(256) __cluster_dims__(4, 1, 1)
+normjit_rmsnorm_bwd_bf16_w_f32_n16384_cfg_t256_r1_v8_c4_reg_fused(const normjit::NormParams params) {
+  normjit::norm_bwd_fused<Cfg>(params);
+}
+#else
+extern "C" __global__ void __launch_bounds__(256)
+normjit_rmsnorm_bwd_bf16_w_f32_n16384_cfg_t256_r1_v8_c4_reg_rowsums(const normjit::NormParams params) {
+  normjit::norm_bwd_rowsums<Cfg>(params);
+}
+extern "C" __global__ void __launch_bounds__(256)
+normjit_rmsnorm_bwd_bf16_w_f32_n16384_cfg_t256_r1_v8_c4_reg_tiles(const normjit::NormParams params) {
+  normjit::norm_bwd_tiles<Cfg>(params);
+}
+#endif
+extern "C" __global__ void __launch_bounds__(1024)
+normjit_rmsnorm_bwd_bf16_w_f32_n16384_cfg_t256_r1_v8_c4_reg_reduce(const normjit::NormParams params) {
+  normjit::norm_bwd_reduce<Cfg>(params);
+}
