@@ -488,10 +488,14 @@ def read_cutlass_pth():
     cutlass-dsl puts its `cutlass` package on sys.path through one; read that one here."""
     import site
     try:
-        import cutlass  # noqa: F401
+        import cutlass.cutlass_dsl  # noqa: F401
         return
     except ImportError:
         pass
+    # Another `cutlass` (seen on the H100 image, 2026-11-21) may already be imported: drop it so the
+    # DSL's package, which the .pth puts first on sys.path, is the one found.
+    for name in [m for m in sys.modules if m == "cutlass" or m.startswith("cutlass.")]:
+        del sys.modules[name]
     for d in list(sys.path):
         if d and os.path.isfile(os.path.join(d, "nvidia_cutlass_dsl_packages.pth")):
             site.addsitedir(d)

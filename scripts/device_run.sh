@@ -49,6 +49,25 @@ if [[ $STAGE == all || ,$STAGE, == *,perf,* ]]; then
   python3 bench/summary.py "$OUT"/normjit_perf.json "$OUT"/normjit_perf_262144.json "$OUT"/normjit_perf_ab.json \
     | tee "$OUT/table_perf.md"
 fi
+if [[ ,$STAGE, == *,peers,* ]]; then
+  # normjit and every peer (torch eager/compile, Liger, cuDNN, QuACK) in this one process tree.
+  bash scripts/peers_setup.sh >"$OUT/peers_setup.log" 2>&1; export PYTHONPATH=$PWD/.peers/site
+  PN=${PEER_NS:-"256 1024 4096 16384 65536"}
+  SPECS=""; BSPECS=""
+  for n in $PN; do SPECS="$SPECS layernorm.fwd_train.bf16.n$n.bias rmsnorm.fwd_train.bf16.n$n"; done
+  for n in $PN; do BSPECS="$BSPECS layernorm.bwd.bf16.w_f32.n$n.bias rmsnorm.bwd.bf16.w_f32.n$n"; done
+  build/normjit-bench --rows 32768 --json "$OUT/normjit_fwd.json" $SPECS >"$OUT/normjit_fwd.txt" 2>&1
+  build/normjit-bench --rows 32768 --json "$OUT/normjit_bwd.json" $BSPECS >"$OUT/normjit_bwd.txt" 2>&1
+  NSC=$(echo $PN | tr ' ' ,)
+  PROV=${PEER_PROVIDERS:-torch.eager,torch.compile,liger,cudnn,quack}
+  PYTHONUNBUFFERED=1 timeout ${PEER_FWD_S:-200} python3 bench/peers.py --providers $PROV --ns $NSC --json "$OUT/peers_fwd.json" >"$OUT/peers_fwd.txt" 2>&1
+  PYTHONUNBUFFERED=1 timeout ${PEER_BWD_S:-260} python3 bench/peers.py --providers $PROV --phase bwd --ns $NSC --json "$OUT/peers_bwd.json" >"$OUT/peers_bwd.txt" 2>&1
+  grep -hE "skip|fell" "$OUT"/peers_*.txt | cut -c1-160 | head -20
+  for ph in fwd bwd; do
+    python3 bench/report.py "$OUT/normjit_$ph.json" "$OUT/peers_$ph.json" $ph | tee "$OUT/table_$ph.md"
+    python3 bench/plot.py --out "$OUT/$ph.png" --phase $ph --date "$(date +%F)" "$OUT/normjit_$ph.json" "$OUT/peers_$ph.json" 2>&1 | tail -2
+  done
+fi
 if [[ ,$STAGE, == *,explore,* ]]; then
   # Block-config A/B in one process (cfg pinned), then ncu stall reasons for clustered vs one-CTA rows.
   X=""

@@ -9,14 +9,15 @@ cd "$(dirname "$0")/.."
 STAGE=.peers/stage SITE=.peers/site
 mkdir -p "$STAGE" "$SITE"
 for d in .whl .whl/packA .whl/packB; do
-  [[ -d $d ]] && find "$d" -maxdepth 1 -type f \( -name '*.whl' -o -name '*.part_*' \) -exec cp -n {} "$STAGE"/ \;
+  [[ -d $d ]] && find "$d" -maxdepth 1 -type f \( -name '*.whl' -o -name '*.part_*' \) -exec cp --update=none {} "$STAGE"/ \;
 done
 for w in "$STAGE"/*.whl; do
   [[ -e $w ]] || continue
   name=$(basename "$w")
   [[ -e $SITE/.installed.$name ]] && continue
-  pip install -q --no-index --no-deps --target "$SITE" "$w" >/dev/null 2>&1 && touch "$SITE/.installed.$name" \
-    || echo "peers_setup: $name did not install" >&2
+  # Unzipped, not `pip install --target`: pip --target skips a top-level folder that already exists,
+  # and the cutlass-dsl wheels share nvidia_cutlass_dsl/ (seen on the H100, 2026-11-21).
+  python3 -m zipfile -e "$w" "$SITE"/ && touch "$SITE/.installed.$name" || echo "peers_setup: $name did not unpack" >&2
 done
 parts=("$STAGE"/cu13.tar.xz.part_*)
 if [[ ! -e $SITE/.installed.cu13 ]]; then
