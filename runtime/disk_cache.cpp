@@ -1,16 +1,25 @@
 // Disk cache of compiled kernels. Each entry is written to a temp file and renamed into place,
-// so a reader sees a whole entry or none. Entries carry a magic number, a format version and a
-// checksum; anything that does not verify is never loaded, only recompiled and replaced.
+// so a reader sees a whole entry or none, and a writer killed mid-write leaves only a temp file.
+// Entries carry a magic number, a format version and a checksum; anything that does not verify is
+// never loaded, only recompiled and replaced. A per-key lock file (flock) makes one thread or
+// process compile a missing key while the others wait and then read its entry.
 #include <xxhash.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 
 #include "normjit/compiler.hpp"
 #include "normjit/error.hpp"
@@ -118,6 +127,56 @@ void write_atomic(const fs::path& path, const std::string& bytes) {
   }
 }
 
+// An exclusive flock on `path`, created if missing. The inode is checked after locking: eviction
+// unlinks lock files (under the lock), and a lock on an unlinked inode would exclude no one.
+class FileLock {
+ public:
+  // Blocking; returns an unlocked object (ok() false) when the file cannot be created.
+  static FileLock acquire(const fs::path& path, bool wait) {
+    for (;;) {
+      const int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+      if (fd < 0) return FileLock(-1);
+      if (::flock(fd, wait ? LOCK_EX : LOCK_EX | LOCK_NB) != 0) {
+        ::close(fd);
+        return FileLock(-1);
+      }
+      struct stat held, named;
+      if (::fstat(fd, &held) == 0 && ::stat(path.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
+          held.st_dev == named.st_dev)
+        return FileLock(fd);
+      ::close(fd);  // unlinked or replaced while we waited: lock the file that is there now
+    }
+  }
+  FileLock(FileLock&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  ~FileLock() {
+    if (fd_ >= 0) ::close(fd_);  // closing releases the flock
+  }
+  bool ok() const { return fd_ >= 0; }
+
+ private:
+  explicit FileLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
+uint64_t max_bytes_from_env() {
+  const char* v = std::getenv("NORMJIT_CACHE_MAX_BYTES");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  if (errno != 0 || *end != '\0' || v[0] == '-')
+    throw Error(Status::kInvalidArgument,
+                std::string("NORMJIT_CACHE_MAX_BYTES='") + v + "' is not a byte count (a non-negative integer)");
+  return n;
+}
+
+fs::path sibling(const fs::path& entry, const char* ext) {
+  fs::path p = entry;
+  return p.replace_extension(ext);
+}
+
 std::string hex128(XXH128_hash_t h) {
   char buf[33];
   std::snprintf(buf, sizeof(buf), "%016llx%016llx", static_cast<unsigned long long>(h.high64),
@@ -127,7 +186,8 @@ std::string hex128(XXH128_hash_t h) {
 
 }  // namespace
 
-DiskCache::DiskCache(fs::path dir) : dir_(dir.empty() ? default_dir() : std::move(dir)) {}
+DiskCache::DiskCache(fs::path dir)
+    : dir_(dir.empty() ? default_dir() : std::move(dir)), max_bytes_(max_bytes_from_env()) {}
 
 fs::path DiskCache::default_dir() {
   if (const char* d = std::getenv("NORMJIT_CACHE_DIR"); d && *d) return d;
@@ -174,47 +234,151 @@ Binary DiskCache::get_or_compile(const Spec& spec, const Target& target, double*
   const fs::path stem = dir_ / (src.spec + "." + target.str() + "." + k.substr(0, 32));
   const fs::path entry = stem.string() + ".kernel";
 
-  std::string bytes;
-  if (read_file(entry, bytes)) {
+  // A valid entry, or nothing; `report` logs and counts an invalid one.
+  auto load = [&](bool report) -> std::optional<Binary> {
+    std::string bytes;
+    if (!read_file(entry, bytes)) return std::nullopt;
     Binary b;
     const std::string why = deserialize(bytes, b);
     if (why.empty() && b.kernel_name == src.kernel_name) {
       b.spec = src.spec;
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++counters_.disk_hits;
-      detail::log().debug("disk cache hit {} ({})", src.spec, entry.string());
       return b;
     }
+    if (report) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++counters_.corrupt_entries;
+      detail::log().warn("disk cache entry {} is invalid ({}); recompiling {}", entry.string(),
+                         why.empty() ? "kernel name mismatch" : why, src.spec);
+    }
+    return std::nullopt;
+  };
+  auto hit = [&](Binary b, bool waited) {
+    if (max_bytes_ > 0) {
+      // LRU by modification time (atime is unreliable on shared and noatime filesystems);
+      // refreshed at most once a minute per entry.
+      std::error_code ec;
+      const auto now = fs::file_time_type::clock::now();
+      const auto mtime = fs::last_write_time(entry, ec);
+      if (!ec && now - mtime > std::chrono::minutes(1)) fs::last_write_time(entry, now, ec);
+    }
     std::lock_guard<std::mutex> lock(mutex_);
-    ++counters_.corrupt_entries;
-    detail::log().warn("disk cache entry {} is invalid ({}); recompiling {}", entry.string(),
-                       why.empty() ? "kernel name mismatch" : why, src.spec);
+    ++counters_.disk_hits;
+    if (waited) ++counters_.waited_hits;
+    detail::log().debug("disk cache hit {} ({})", src.spec, entry.string());
+    return b;
+  };
+  if (auto b = load(true)) return hit(std::move(*b), false);
+
+  bool write_ok;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    write_ok = writable_;
+  }
+  auto write_failed = [&](const std::string& what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++counters_.write_failures;
+    if (writable_) detail::log().warn("{}; continuing with the in-memory cache only", what);
+    writable_ = false;
+    write_ok = false;
+  };
+  std::optional<FileLock> key_lock;
+  if (write_ok) {
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    if (ec) {
+      write_failed("cannot create cache directory " + dir_.string() + ": " + ec.message());
+    } else {
+      // Single flight: whoever holds the key's lock compiles; the others wait here, then find
+      // its entry.
+      key_lock.emplace(FileLock::acquire(stem.string() + ".lock", true));
+      if (!key_lock->ok()) {
+        write_failed("cannot lock " + stem.string() + ".lock: " + std::strerror(errno));
+      } else if (auto b = load(false)) {
+        return hit(std::move(*b), true);
+      }
+    }
   }
 
   CompileResult r = compile(src, target);
   if (compile_ms) *compile_ms = r.milliseconds;
-  bool write_ok = true;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++counters_.compiles;
-    write_ok = writable_;
   }
   if (write_ok) {
     try {
-      std::error_code ec;
-      fs::create_directories(dir_, ec);
-      if (ec) throw Error(Status::kCacheError, "cannot create cache directory " + dir_.string() + ": " + ec.message());
       // The source first: a person can read what produced any entry they find.
       write_atomic(stem.string() + ".cu", src.source);
       write_atomic(entry, serialize(r.binary));
     } catch (const Error& e) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++counters_.write_failures;
-      if (writable_) detail::log().warn("{}; continuing with the in-memory cache only", e.what());
-      writable_ = false;
+      write_failed(e.what());
     }
   }
+  key_lock.reset();
+  if (write_ok && max_bytes_ > 0) enforce_cap(entry);
   return std::move(r.binary);
+}
+
+uint64_t DiskCache::size_bytes() const {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path& p = it->path();
+    if (p.extension() != ".kernel" && p.extension() != ".cu") continue;
+    std::error_code size_ec;
+    const auto n = fs::file_size(p, size_ec);
+    if (!size_ec) total += n;
+  }
+  return total;
+}
+
+void DiskCache::enforce_cap(const fs::path& keep) {
+  struct Entry {
+    fs::path kernel;
+    fs::file_time_type mtime;
+    uint64_t bytes;
+  };
+  std::vector<Entry> found;
+  uint64_t total = 0;
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  for (fs::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path& p = it->path();
+    std::error_code e2;
+    if (p.extension() == ".kernel") {
+      Entry x{p, fs::last_write_time(p, e2), 0};
+      if (e2) continue;
+      x.bytes = fs::file_size(p, e2);
+      const auto cu = fs::file_size(sibling(p, ".cu"), e2);
+      if (!e2) x.bytes += cu;
+      total += x.bytes;
+      found.push_back(std::move(x));
+    } else if (p.filename().string().find(".tmp.") != std::string::npos) {
+      // A writer killed mid-write leaves its temp file; nothing ever renames it after 10 minutes.
+      const auto t = fs::last_write_time(p, e2);
+      if (!e2 && now - t > std::chrono::minutes(10)) fs::remove(p, e2);
+    }
+  }
+  if (total <= max_bytes_) return;
+  std::sort(found.begin(), found.end(), [](const Entry& a, const Entry& b) { return a.mtime < b.mtime; });
+  for (const Entry& x : found) {
+    if (total <= max_bytes_) break;
+    if (x.kernel == keep) continue;
+    // Never evict a key that is being compiled or read under its lock right now.
+    const fs::path lock_path = sibling(x.kernel, ".lock");
+    FileLock lock = FileLock::acquire(lock_path, false);
+    if (!lock.ok()) continue;
+    std::error_code e2;
+    fs::remove(x.kernel, e2);
+    fs::remove(sibling(x.kernel, ".cu"), e2);
+    fs::remove(lock_path, e2);  // while held: a waiter on this inode re-checks and retries
+    total -= x.bytes;
+    std::lock_guard<std::mutex> guard(mutex_);
+    ++counters_.evictions;
+  }
+  if (total > max_bytes_)
+    detail::log().warn("disk cache {} holds {} bytes, over NORMJIT_CACHE_MAX_BYTES={}: the rest is in use or newest",
+                       dir_.string(), total, max_bytes_);
 }
 
 }  // namespace normjit

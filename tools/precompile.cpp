@@ -112,6 +112,11 @@ int main(int argc, char** argv) {
       j["median_compile_ms"] = median;
       j["compile_ms"] = compile_ms;
       j["cache_dir"] = cache.dir().string();
+      const normjit::CacheCounters counters = cache.counters();
+      // Cached kernels another thread or process compiled while this one waited on the key's lock.
+      j["waited_for_another_compile"] = counters.waited_hits;
+      j["corrupt_entries"] = counters.corrupt_entries;
+      j["evictions"] = counters.evictions;
       j["nvrtc_version"] = normjit::nvrtc_version();
       if (json_path == "-") {
         std::cout << j.dump(2) << "\n";

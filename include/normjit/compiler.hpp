@@ -67,16 +67,21 @@ struct KernelResources {
 };
 std::vector<KernelResources> parse_ptxas_report(const std::string& log);
 
-// Disk cache of compiled kernels. Entries: <dir>/<spec>.<key>.cubin|.ptx, with the .cu beside.
+// Disk cache of compiled kernels. Entries: <dir>/<spec>.<arch>.<key>.kernel, the .cu beside, and a
+// .lock file per key that serializes compiles of that key across threads and processes.
 struct CacheCounters {
   uint64_t disk_hits = 0;
   uint64_t compiles = 0;
   uint64_t corrupt_entries = 0;
   uint64_t write_failures = 0;
+  uint64_t waited_hits = 0;  // hits that appeared while waiting for another compile of the key
+  uint64_t evictions = 0;    // entries removed to stay under the size cap
 };
 
 class DiskCache {
  public:
+  // The size cap comes from NORMJIT_CACHE_MAX_BYTES (bytes; unset or 0: no cap); a value that is
+  // not a number throws Error(kInvalidArgument) naming it.
   explicit DiskCache(std::filesystem::path dir);
   static std::filesystem::path default_dir();  // NORMJIT_CACHE_DIR, $XDG_CACHE_HOME/normjit, ~/.cache/normjit
 
@@ -88,12 +93,21 @@ class DiskCache {
 
   const std::filesystem::path& dir() const { return dir_; }
   CacheCounters counters() const;
+  // Least recently used entries (by modification time, which hits refresh; never atime) are
+  // removed after each write until the entries' .kernel and .cu bytes fit. 0: no cap.
+  void set_max_bytes(uint64_t bytes) { max_bytes_ = bytes; }
+  uint64_t max_bytes() const { return max_bytes_; }
+  // Bytes of the entries (.kernel and .cu) now in the directory.
+  uint64_t size_bytes() const;
 
  private:
+  void enforce_cap(const std::filesystem::path& keep);
+
   std::filesystem::path dir_;
   mutable std::mutex mutex_;
   CacheCounters counters_;
   bool writable_ = true;
+  uint64_t max_bytes_ = 0;
 };
 
 }  // namespace normjit
