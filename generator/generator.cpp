@@ -102,7 +102,9 @@ GeneratedSource generate(const Spec& spec) {
     values["FUSED"] = b.cache == RowCache::kRegisters ? "1" : "0";
   } else {
     values["TRAINING"] = spec.phase == Phase::kForwardTraining ? "true" : "false";
-    values["ROW_CACHE"] = b.cache == RowCache::kRegisters ? "kRegisters" : "kGlobal";
+    values["ROW_CACHE"] = b.cache == RowCache::kRegisters ? "kRegisters"
+                          : b.cache == RowCache::kShared  ? "kShared"
+                                                          : "kGlobal";
   }
   g.source = render(template_text(backward ? "norm_bwd.cu.in" : "norm_fwd.cu.in"), values, name);
   return g;

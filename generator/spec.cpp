@@ -36,7 +36,8 @@ constexpr Named<DType> kDTypes[] = {{DType::kF32, "f32"}, {DType::kF16, "f16"}, 
 // The epilogue table: one row per epilogue. "none" is never printed in a spec string.
 constexpr Named<Epilogue> kEpilogues[] = {
     {Epilogue::kNone, "none"}, {Epilogue::kReluBitmask, "relu_bitmask"}, {Epilogue::kGelu, "gelu"}};
-constexpr Named<RowCache> kRowCaches[] = {{RowCache::kRegisters, "reg"}, {RowCache::kGlobal, "gmem"}};
+constexpr Named<RowCache> kRowCaches[] = {
+    {RowCache::kRegisters, "reg"}, {RowCache::kGlobal, "gmem"}, {RowCache::kShared, "smem"}};
 
 template <class E, size_t K>
 const char* name_of(const Named<E> (&table)[K], E v) {
@@ -221,6 +222,16 @@ void validate(const Spec& s) {
       why = "must leave each CTA whole mask bytes (n / cluster a multiple of 8)";
     if (why)
       throw Error(Status::kInvalidSpec, where() + "cluster=" + std::to_string(b.cluster) + " " + why);
+  }
+  if (b.cache == RowCache::kShared) {
+    const int64_t bytes = s.n * dtype_size(s.x_dtype);
+    if (s.phase == Phase::kBackward)
+      throw Error(Status::kInvalidSpec, where() + "row cache 'smem' is forward only; the backward takes reg or gmem");
+    if (sub_warp)
+      throw Error(Status::kInvalidSpec, where() + "row cache 'smem' needs CTA-wide rows (threads_per_row > 32)");
+    if (bytes > kMaxSharedRowBytes)
+      throw Error(Status::kInvalidSpec, where() + "row cache 'smem' would take " + std::to_string(bytes) +
+                                            " bytes of shared memory (max " + std::to_string(kMaxSharedRowBytes) + ")");
   }
   const int64_t packs_per_thread = (s.n / b.vec / b.cluster + b.threads_per_row - 1) / b.threads_per_row;
   if (b.cache == RowCache::kRegisters && packs_per_thread > 16)

@@ -222,7 +222,8 @@ void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
   void* params[] = {&p};
   auto run = [&](CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned threads, const char* what) {
     if (gx == 0 || gy == 0 || gz == 0) return;
-    NORMJIT_CU_CTX(cuLaunchKernel(f, gx, gy, gz, threads, 1, 1, 0, stream, params, nullptr),
+    const unsigned smem = f == function_ ? dynamic_smem_bytes_ : 0;
+    NORMJIT_CU_CTX(cuLaunchKernel(f, gx, gy, gz, threads, 1, 1, smem, stream, params, nullptr),
                    std::string("launching ") + what + " of " + spec_string_);
   };
   if (!backward) {
@@ -326,6 +327,23 @@ const Kernel& Runtime::get(const Spec& spec) {
   kernel->threads_per_cta_ = binary.threads_per_cta;
   kernel->rows_per_cta_ = binary.rows_per_cta;
   kernel->sm_count_ = device_.sm_count;
+  if (resolved.block->cache == RowCache::kShared) {
+    const int64_t bytes = resolved.n * dtype_size(resolved.x_dtype);
+    int optin = 0;
+    NORMJIT_CU(cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, cu_device_));
+    // The kernel's static shared memory (reduction scratch) shares the same limit.
+    int static_bytes = 0;
+    NORMJIT_CU(cuFuncGetAttribute(&static_bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, kernel->function_));
+    if (bytes + static_bytes > optin)
+      throw Error(Status::kNotSupported, "spec '" + name + "' keeps its row in " + std::to_string(bytes) +
+                                             " bytes of shared memory (+" + std::to_string(static_bytes) +
+                                             " static); device " + device_.name + " allows " +
+                                             std::to_string(optin) + " per CTA: use gmem");
+    NORMJIT_CU_CTX(cuFuncSetAttribute(kernel->function_, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                      static_cast<int>(bytes)),
+                   "allowing " + std::to_string(bytes) + " bytes of dynamic shared memory for " + name);
+    kernel->dynamic_smem_bytes_ = static_cast<unsigned>(bytes);
+  }
   if (const int cluster = resolved.block->cluster; cluster > 1) {
     // Clusters must fit inside one GPC, so SMs / cluster overestimates; ask the driver.
     CUlaunchConfig config{};
@@ -338,7 +356,8 @@ const Kernel& Runtime::get(const Spec& spec) {
     kernel->resident_ctas_ = std::max(1, clusters);
   } else {
     int per_sm = 0;
-    NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel->function_, binary.threads_per_cta, 0));
+    NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel->function_, binary.threads_per_cta,
+                                                           kernel->dynamic_smem_bytes_));
     kernel->resident_ctas_ = std::max(1, per_sm) * device_.sm_count;
   }
   return *(kernels_[key] = std::move(kernel));

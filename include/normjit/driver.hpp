@@ -26,6 +26,7 @@ namespace normjit {
   X(cuModuleUnload)                 \
   X(cuModuleGetFunction)            \
   X(cuFuncSetAttribute)             \
+  X(cuFuncGetAttribute)             \
   X(cuLaunchKernel)                 \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
   X(cuOccupancyMaxActiveClusters)   \

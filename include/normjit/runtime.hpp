@@ -83,6 +83,7 @@ class Kernel {
   CUcontext context_ = nullptr;    // the device's primary context, where the module lives
   int threads_per_cta_ = 0;
   int rows_per_cta_ = 0;
+  unsigned dynamic_smem_bytes_ = 0;  // forward smem rows: N * sizeof(x)
   int resident_ctas_ = 0;          // function_'s CTAs (clusters, when clustered) resident on the GPU at once
   int sm_count_ = 0;
 };

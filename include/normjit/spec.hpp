@@ -16,10 +16,13 @@ enum class DType { kF32, kF16, kBF16 };
 //                 lower < y < upper for feature 8j+k); backward multiplies dy by the mask.
 //   gelu:         y = gelu_tanh(norm(x)); backward recomputes the pre-activation.
 enum class Epilogue { kNone, kReluBitmask, kGelu };
-// Forward: where a CTA keeps its row between the statistics and output passes (reg) or that it
-// streams it twice (gmem). Backward: reg = one fused kernel with the row in registers; gmem =
-// row sums, then a column-tiled dx/dgamma kernel.
-enum class RowCache { kRegisters, kGlobal };
+// Forward: where a CTA keeps its row between the statistics and output passes: registers (reg),
+// dynamic shared memory (smem, one row per CTA, N * sizeof(x) <= kMaxSharedRowBytes), or nowhere,
+// streaming it twice (gmem). Backward: reg = one fused kernel with the row in registers; gmem =
+// row sums, then a column-tiled dx/dgamma kernel (smem is forward only).
+enum class RowCache { kRegisters, kGlobal, kShared };
+// The most dynamic shared memory a smem row may take (sm_90's per-CTA opt-in limit, 227 KB).
+constexpr int64_t kMaxSharedRowBytes = 227 * 1024;
 
 struct BlockConfig {
   int threads_per_row = 0;  // <= 32: a power of two (sub-warp); > 32: a multiple of 32
@@ -37,7 +40,7 @@ struct BlockConfig {
 };
 
 // Names one kernel. Canonical string (print/parse round-trip):
-//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.<epilogue>][.cfg_t<T>_r<R>_v<V>[_c<C>]_<cache>]
+//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.<epilogue>][.cfg_t<T>_r<R>_v<V>[_c<C>]_<reg|gmem|smem>]
 // (_c<C> only for clusters of C > 1 CTAs per row)
 // e.g. "layernorm.fwd_train.bf16.w_f32.n4096.bias" or "rmsnorm.fwd_infer.f16.w_f16.n7.cfg_t1_r256_v1_reg".
 struct Spec {

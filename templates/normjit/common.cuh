@@ -10,7 +10,7 @@ struct bf16 { unsigned short bits; };
 struct f16 { unsigned short bits; };
 
 enum class NormKind { kLayerNorm, kRMSNorm };
-enum class RowCache { kRegisters, kGlobal };
+enum class RowCache { kRegisters, kGlobal, kShared };
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(bf16 v) {

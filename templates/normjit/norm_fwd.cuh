@@ -108,7 +108,11 @@ __device__ __forceinline__ void norm_fwd(const NormParams& p) {
   __shared__ Moments moments_scratch[Cfg::kCache == RowCache::kGlobal ? kScratch : 1];
   // Clustered rows: one slot per cluster-wide sum (LayerNorm takes two).
   __shared__ float2 cluster_slots[2];
+  // Shared-memory rows (kShared): the launch gives N * sizeof(XT) bytes of dynamic shared memory.
+  extern __shared__ __align__(16) unsigned char dynamic_shared[];
+  XT* const shared_row = reinterpret_cast<XT*>(dynamic_shared);
   static_assert(S::kCluster == 1 || Cfg::kCache == RowCache::kRegisters, "clustered rows live in registers");
+  static_assert(Cfg::kCache != RowCache::kShared || Cfg::kRowsPerCta == 1, "a shared-memory row fills its CTA");
 
   const int lane = threadIdx.x % S::kThreads;
   const int rank = blockIdx.x % S::kCluster;  // this CTA's segment of a clustered row
@@ -162,6 +166,33 @@ __device__ __forceinline__ void norm_fwd(const NormParams& p) {
     }
     // Done reading the other CTAs' slots; they may exit once everyone has arrived.
     if constexpr (S::kCluster > 1) cluster_arrive();
+  } else if constexpr (Cfg::kCache == RowCache::kShared) {
+    // One pass over global memory: each thread keeps the packs it loads in shared memory and
+    // reads back only its own, so no barrier orders the two passes. Sums are centered on x[0],
+    // as for CTA-wide register rows: one pair reduction.
+    if constexpr (kLayerNorm) center = active ? to_float(x[0]) : 0.f;
+    float dev = 0.f, sq = 0.f;
+    for (int base = 0; base < S::kIters; base += S::kChunk) {
+      Pack<XT, kVec> chunk[S::kChunk];
+#pragma unroll
+      for (int i = 0; i < S::kChunk; ++i) {
+        const int pack = (base + i) * S::kThreads + lane;
+        if (active && pack < S::kVecs) {
+          chunk[i] = load_pack<XT, kVec>(x + pack * kVec);
+          store_pack<XT, kVec>(shared_row + pack * kVec, chunk[i]);
+        }
+      }
+      if (!active) continue;
+      if constexpr (kLayerNorm) dev += pack_sum<Cfg, S::kChunk>(chunk, base, lane, center);
+      sq += pack_sq_dev<Cfg, S::kChunk>(chunk, base, lane, center, 0.f);
+    }
+    if constexpr (kLayerNorm) {
+      row_sum_pair<S::kThreads>(dev, sq, pair_scratch);
+      shift = dev * kInvN;
+      rstd = rsqrtf(fmaxf(sq * kInvN - shift * shift, 0.f) + p.eps);
+    } else {
+      rstd = rsqrtf(row_sum<S::kThreads>(sq, sum_scratch) * kInvN + p.eps);
+    }
   } else {
     // The row streams from global memory twice. LayerNorm merges per-chunk moments (Chan) of
     // x - x[0], so one statistics pass is free of cancellation; RMSNorm only sums squares.
@@ -205,12 +236,14 @@ __device__ __forceinline__ void norm_fwd(const NormParams& p) {
     // A CTA's shared memory must outlive the other CTAs' reads of it.
     if constexpr (S::kCluster > 1) cluster_wait();
   } else {
+    // Second pass: from shared memory (kShared) or global memory again (kGlobal).
+    const XT* source = Cfg::kCache == RowCache::kShared ? shared_row : x;
     for (int base = 0; base < S::kIters; base += S::kChunk) {
       Pack<XT, kVec> chunk[S::kChunk];
 #pragma unroll
       for (int i = 0; i < S::kChunk; ++i) {
         const int pack = (base + i) * S::kThreads + lane;
-        if (active && pack < S::kVecs) chunk[i] = load_pack<XT, kVec>(x + pack * kVec);
+        if (active && pack < S::kVecs) chunk[i] = load_pack<XT, kVec>(source + pack * kVec);
       }
       write_packs<Cfg, S::kChunk, XT, WT>(p, chunk, base, lane, row, active, y, gamma, beta, center, shift, rstd,
                                           segment_col);
