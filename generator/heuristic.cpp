@@ -94,7 +94,10 @@ Spec resolve(const Spec& spec, int max_vec, int sm) {
     b.threads_per_row = static_cast<int>(std::min<int64_t>(1024, (want + 31) / 32 * 32));
     b.rows_per_cta = 1;
     const int64_t per_thread = (packs + b.threads_per_row - 1) / b.threads_per_row;
-    b.cache = per_thread * b.vec <= kRegisterMaxElements ? RowCache::kRegisters : RowCache::kGlobal;
+    // validate() caps a register row at 16 packs per thread (found by fuzzing: odd N in
+    // (16384, 32768] took vec 1 and 32 single-element packs).
+    b.cache = per_thread * b.vec <= kRegisterMaxElements && per_thread <= kMaxRegisterPacks ? RowCache::kRegisters
+                                                                                            : RowCache::kGlobal;
   }
   s.block = b;
   validate(s);

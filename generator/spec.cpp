@@ -234,7 +234,7 @@ void validate(const Spec& s) {
                                             " bytes of shared memory (max " + std::to_string(kMaxSharedRowBytes) + ")");
   }
   const int64_t packs_per_thread = (s.n / b.vec / b.cluster + b.threads_per_row - 1) / b.threads_per_row;
-  if (b.cache == RowCache::kRegisters && packs_per_thread > 16)
+  if (b.cache == RowCache::kRegisters && packs_per_thread > kMaxRegisterPacks)
     throw Error(Status::kInvalidSpec, where() + "row cache 'reg' would hold " + std::to_string(packs_per_thread) +
                                           " packs per thread (max 16); use more threads or gmem");
 }

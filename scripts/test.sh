@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 need=()
-for pkg in cmake ninja-build g++ libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libxxhash-dev doctest-dev; do
+for pkg in cmake ninja-build g++ clang libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libxxhash-dev doctest-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -1,6 +1,7 @@
 #pragma once
 // Manifest files: one spec per line; '#' starts a comment; blank lines are ignored.
 #include <fstream>
+#include <istream>
 #include <string>
 #include <vector>
 
@@ -9,9 +10,8 @@
 
 namespace normjit::tools {
 
-inline std::vector<Spec> read_manifest(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw Error(Status::kInvalidArgument, "manifest '" + path + "' cannot be opened");
+// `name` prefixes errors (file:line: ...).
+inline std::vector<Spec> parse_manifest(std::istream& in, const std::string& name) {
   std::vector<Spec> specs;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
@@ -22,10 +22,16 @@ inline std::vector<Spec> read_manifest(const std::string& path) {
     try {
       specs.push_back(Spec::parse(line.substr(first, last - first + 1)));
     } catch (const Error& e) {
-      throw Error(Status::kInvalidSpec, path + ":" + std::to_string(number) + ": " + e.what());
+      throw Error(Status::kInvalidSpec, name + ":" + std::to_string(number) + ": " + e.what());
     }
   }
   return specs;
+}
+
+inline std::vector<Spec> read_manifest(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw Error(Status::kInvalidArgument, "manifest '" + path + "' cannot be opened");
+  return parse_manifest(in, path);
 }
 
 }  // namespace normjit::tools

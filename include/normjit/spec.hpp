@@ -71,6 +71,8 @@ const char* to_string(RowCache v);
 int dtype_size(DType d);
 
 constexpr int64_t kMaxHiddenSize = 262144;
+// A row held in registers takes at most this many packs per thread (an unrolled array).
+constexpr int64_t kMaxRegisterPacks = 16;
 
 // Throws Error(kInvalidSpec) naming the field when the spec cannot name a kernel (N out of range,
 // a block config that breaks its rules, ...).

@@ -114,6 +114,26 @@ TEST_CASE("bad spec strings are rejected with a message naming the problem") {
   }
 }
 
+TEST_CASE("the heuristic resolves every hidden size from 1 to 262144, every phase and x dtype, sm_80 and sm_90") {
+  // Fuzzing found odd N in (16384, 32768] resolving to a config validate() rejects.
+  size_t resolved = 0;
+  for (Phase phase : {Phase::kForwardTraining, Phase::kBackward})
+    for (DType x : {DType::kF32, DType::kBF16})
+      for (int sm : {80, 90})
+        for (int64_t n = 1; n <= kMaxHiddenSize; ++n) {
+          Spec s = Spec::make(Norm::kLayerNorm, phase, x, n, true);
+          s.epilogue = n % 2 ? Epilogue::kReluBitmask : Epilogue::kNone;
+          try {
+            resolve(s, 16, sm);
+            ++resolved;
+          } catch (const Error& e) {
+            FAIL_CHECK(std::string(e.what()));
+            return;
+          }
+        }
+  CHECK(resolved == 2 * 2 * 2 * size_t(kMaxHiddenSize));
+}
+
 TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") {
   auto block = [](const char* text, int max_vec = 16, int sm = 90) {
     return *resolve(Spec::parse(text), max_vec, sm).block;

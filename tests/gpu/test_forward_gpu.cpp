@@ -4,7 +4,7 @@
 using namespace gpu_test;
 
 TEST_CASE("forward kernels match the fp64 reference over ops x dtypes x N x rows") {
-  const int64_t ns[] = {1, 7, 127, 256, 1000, 2880, 4096, 4097, 8192, 18432, 32768, 65536, 262144};
+  const int64_t ns[] = {1, 7, 127, 256, 1000, 2880, 4096, 4097, 8192, 18432, 20001, 32768, 65536, 262144};
   std::vector<Case> cases;
   for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
     for (Phase phase : {Phase::kForwardTraining, Phase::kForwardInference})

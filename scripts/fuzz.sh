@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (spec parser, manifest reader) with clang, ASan and UBSan, and runs
+# each for a bounded time from a seed corpus of the default manifest's specs.
+# Usage: scripts/fuzz.sh [seconds per target (default 10)] [build dir (default build-fuzz)]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_PER_TARGET=${1:-10}
+OUT=${2:-build-fuzz}
+CXX=${FUZZ_CXX:-clang++}
+mkdir -p "$OUT/corpus_spec" "$OUT/corpus_manifest"
+flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iinclude -I.)
+"$CXX" "${flags[@]}" tests/fuzz/fuzz_spec.cpp generator/spec.cpp generator/heuristic.cpp -o "$OUT/fuzz_spec"
+"$CXX" "${flags[@]}" tests/fuzz/fuzz_manifest.cpp generator/spec.cpp generator/heuristic.cpp -o "$OUT/fuzz_manifest"
+# Seeds: every default-manifest spec (with and without a block config), and the manifest itself.
+i=0
+grep -v '^#' manifests/default.txt | grep . | while read -r spec; do
+  printf '%s' "$spec" > "$OUT/corpus_spec/m$i"; i=$((i + 1))
+done
+printf '%s' "layernorm.fwd_train.bf16.w_f32.n32768.bias.relu_bitmask.cfg_t512_r1_v8_c2_reg" > "$OUT/corpus_spec/cluster"
+printf '%s' "rmsnorm.fwd_infer.f16.w_f16.n65536.gelu.cfg_t1024_r1_v8_smem" > "$OUT/corpus_spec/smem"
+cp manifests/default.txt "$OUT/corpus_manifest/default"
+for target in fuzz_spec fuzz_manifest; do
+  corpus="$OUT/corpus_${target#fuzz_}"
+  "$OUT/$target" -max_total_time="$SECONDS_PER_TARGET" -max_len=4096 -print_final_stats=1 \
+    -artifact_prefix="$OUT/" "$corpus" \
+    2>"$OUT/$target.log" || { tail -40 "$OUT/$target.log"; exit 1; }
+  echo "$target: $(grep -E '^stat::number_of_executed_units' "$OUT/$target.log" | awk '{print $2}') inputs in ${SECONDS_PER_TARGET} s, no crash"
+done
