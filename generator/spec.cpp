@@ -214,8 +214,10 @@ void validate(const Spec& s) {
     const char* why = nullptr;
     if (!is_pow2(b.cluster) || b.cluster > kMaxCluster)
       why = "must be a power of two <= 8";
-    else if (sub_warp || b.cache != RowCache::kRegisters)
-      why = "needs CTA-wide rows (threads_per_row > 32) held in registers";
+    else if (sub_warp || b.cache == RowCache::kGlobal)
+      why = "needs CTA-wide rows (threads_per_row > 32) held in registers or shared memory";
+    else if (b.cache == RowCache::kShared && s.phase == Phase::kBackward)
+      why = "with shared-memory rows is forward only";
     else if (packs % b.cluster != 0)
       why = "must divide the row's packs (n / vec)";
     else if (s.epilogue == Epilogue::kReluBitmask && (s.n / b.cluster) % 8 != 0)
@@ -224,14 +226,15 @@ void validate(const Spec& s) {
       throw Error(Status::kInvalidSpec, where() + "cluster=" + std::to_string(b.cluster) + " " + why);
   }
   if (b.cache == RowCache::kShared) {
-    const int64_t bytes = s.n * dtype_size(s.x_dtype);
+    const int64_t bytes = s.n / b.cluster * dtype_size(s.x_dtype);
     if (s.phase == Phase::kBackward)
       throw Error(Status::kInvalidSpec, where() + "row cache 'smem' is forward only; the backward takes reg or gmem");
     if (sub_warp)
       throw Error(Status::kInvalidSpec, where() + "row cache 'smem' needs CTA-wide rows (threads_per_row > 32)");
     if (bytes > kMaxSharedRowBytes)
       throw Error(Status::kInvalidSpec, where() + "row cache 'smem' would take " + std::to_string(bytes) +
-                                            " bytes of shared memory (max " + std::to_string(kMaxSharedRowBytes) + ")");
+                                            " bytes of shared memory per CTA (max " +
+                                            std::to_string(kMaxSharedRowBytes) + "; a cluster splits the row)");
   }
   const int64_t packs_per_thread = (s.n / b.vec / b.cluster + b.threads_per_row - 1) / b.threads_per_row;
   if (b.cache == RowCache::kRegisters && packs_per_thread > kMaxRegisterPacks)

@@ -328,7 +328,7 @@ const Kernel& Runtime::get(const Spec& spec) {
   kernel->rows_per_cta_ = binary.rows_per_cta;
   kernel->sm_count_ = device_.sm_count;
   if (resolved.block->cache == RowCache::kShared) {
-    const int64_t bytes = resolved.n * dtype_size(resolved.x_dtype);
+    const int64_t bytes = resolved.n / resolved.block->cluster * dtype_size(resolved.x_dtype);
     int optin = 0;
     NORMJIT_CU(cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, cu_device_));
     // The kernel's static shared memory (reduction scratch) shares the same limit.

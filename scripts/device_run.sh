@@ -39,7 +39,9 @@ if [[ $STAGE == all || ,$STAGE, == *,perf,* ]]; then
   for n in $NS; do SPECS="$SPECS layernorm.bwd.bf16.w_f32.n$n.bias rmsnorm.bwd.bf16.w_f32.n$n"; done
   build/normjit-bench --rows 32768 --json "$OUT/normjit_perf.json" $SPECS 2>&1 | tee "$OUT/normjit_perf.txt" | tail -3
   build/normjit-bench --rows 4096 --json "$OUT/normjit_perf_262144.json" layernorm.fwd_train.bf16.n262144.bias \
-    rmsnorm.fwd_train.bf16.n262144 layernorm.bwd.bf16.w_f32.n262144.bias rmsnorm.bwd.bf16.w_f32.n262144 2>&1 | tail -6
+    rmsnorm.fwd_train.bf16.n262144 layernorm.bwd.bf16.w_f32.n262144.bias rmsnorm.bwd.bf16.w_f32.n262144 \
+    layernorm.fwd_train.bf16.w_bf16.n262144.bias.cfg_t1024_r1_v8_c4_smem rmsnorm.fwd_train.bf16.w_bf16.n262144.cfg_t1024_r1_v8_c4_smem \
+    layernorm.fwd_train.bf16.w_bf16.n262144.bias.cfg_t512_r1_v8_c8_smem 2>&1 | tail -8
   AB=""; for norm in layernorm rmsnorm; do
     b=$([[ $norm == layernorm ]] && echo .bias)
     AB="$AB $norm.fwd_train.bf16.w_bf16.n32768$b.cfg_t1024_r1_v8_reg $norm.fwd_train.bf16.w_bf16.n65536$b.cfg_t1024_r1_v8_gmem"

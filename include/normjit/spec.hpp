@@ -17,7 +17,7 @@ enum class DType { kF32, kF16, kBF16 };
 //   gelu:         y = gelu_tanh(norm(x)); backward recomputes the pre-activation.
 enum class Epilogue { kNone, kReluBitmask, kGelu };
 // Forward: where a CTA keeps its row between the statistics and output passes: registers (reg),
-// dynamic shared memory (smem, one row per CTA, N * sizeof(x) <= kMaxSharedRowBytes), or nowhere,
+// dynamic shared memory (smem, one row per CTA or cluster, N / cluster * sizeof(x) <= kMaxSharedRowBytes), or nowhere,
 // streaming it twice (gmem). Backward: reg = one fused kernel with the row in registers; gmem =
 // row sums, then a column-tiled dx/dgamma kernel (smem is forward only).
 enum class RowCache { kRegisters, kGlobal, kShared };

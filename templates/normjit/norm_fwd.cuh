@@ -108,10 +108,10 @@ __device__ __forceinline__ void norm_fwd(const NormParams& p) {
   __shared__ Moments moments_scratch[Cfg::kCache == RowCache::kGlobal ? kScratch : 1];
   // Clustered rows: one slot per cluster-wide sum (LayerNorm takes two).
   __shared__ float2 cluster_slots[2];
-  // Shared-memory rows (kShared): the launch gives N * sizeof(XT) bytes of dynamic shared memory.
+  // Shared-memory rows (kShared): the launch gives (N / cluster) * sizeof(XT) bytes of dynamic shared memory.
   extern __shared__ __align__(16) unsigned char dynamic_shared[];
   XT* const shared_row = reinterpret_cast<XT*>(dynamic_shared);
-  static_assert(S::kCluster == 1 || Cfg::kCache == RowCache::kRegisters, "clustered rows live in registers");
+  static_assert(S::kCluster == 1 || Cfg::kCache != RowCache::kGlobal, "clustered rows live in registers or smem");
   static_assert(Cfg::kCache != RowCache::kShared || Cfg::kRowsPerCta == 1, "a shared-memory row fills its CTA");
 
   const int lane = threadIdx.x % S::kThreads;
@@ -168,9 +168,10 @@ __device__ __forceinline__ void norm_fwd(const NormParams& p) {
     if constexpr (S::kCluster > 1) cluster_arrive();
   } else if constexpr (Cfg::kCache == RowCache::kShared) {
     // One pass over global memory: each thread keeps the packs it loads in shared memory and
-    // reads back only its own, so no barrier orders the two passes. Sums are centered on x[0],
-    // as for CTA-wide register rows: one pair reduction.
-    if constexpr (kLayerNorm) center = active ? to_float(x[0]) : 0.f;
+    // reads back only its own, so no barrier orders the two passes. Sums are centered on the row's
+    // x[0], as for CTA-wide register rows: one pair reduction. A cluster keeps one segment of the
+    // row in each CTA's shared memory (rows too large for one SM) and sums through DSMEM.
+    if constexpr (kLayerNorm) center = active ? to_float(static_cast<const XT*>(p.x)[row * p.row_stride]) : 0.f;
     float dev = 0.f, sq = 0.f;
     for (int base = 0; base < S::kIters; base += S::kChunk) {
       Pack<XT, kVec> chunk[S::kChunk];
@@ -188,11 +189,15 @@ __device__ __forceinline__ void norm_fwd(const NormParams& p) {
     }
     if constexpr (kLayerNorm) {
       row_sum_pair<S::kThreads>(dev, sq, pair_scratch);
-      shift = dev * kInvN;
-      rstd = rsqrtf(fmaxf(sq * kInvN - shift * shift, 0.f) + p.eps);
+      const float2 dev_sq = cluster_sum<S::kCluster>(make_float2(dev, sq), &cluster_slots[1]);
+      shift = dev_sq.x * kInvN;
+      rstd = rsqrtf(fmaxf(dev_sq.y * kInvN - shift * shift, 0.f) + p.eps);
     } else {
-      rstd = rsqrtf(row_sum<S::kThreads>(sq, sum_scratch) * kInvN + p.eps);
+      const float total = cluster_sum<S::kCluster>(make_float2(row_sum<S::kThreads>(sq, sum_scratch), 0.f),
+                                                   &cluster_slots[0]).x;
+      rstd = rsqrtf(total * kInvN + p.eps);
     }
+    if constexpr (S::kCluster > 1) cluster_arrive();
   } else {
     // The row streams from global memory twice. LayerNorm merges per-chunk moments (Chan) of
     // x - x[0], so one statistics pass is free of cancellation; RMSNorm only sums squares.
@@ -248,6 +253,7 @@ __device__ __forceinline__ void norm_fwd(const NormParams& p) {
       write_packs<Cfg, S::kChunk, XT, WT>(p, chunk, base, lane, row, active, y, gamma, beta, center, shift, rstd,
                                           segment_col);
     }
+    if constexpr (S::kCluster > 1) cluster_wait();
   }
 }
 

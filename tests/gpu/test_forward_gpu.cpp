@@ -41,14 +41,19 @@ TEST_CASE("forward kernels match the fp64 reference over ops x dtypes x N x rows
   MESSAGE(cases.size() << " forward cases checked on " << runtime().device().name);
 }
 
-TEST_CASE("pinned shared-memory rows (smem) match the reference") {
+TEST_CASE("pinned shared-memory rows (smem), alone and across clusters, match the reference") {
   // The heuristic does not pick smem rows yet (not measured); the tuner may.
   for (const char* text : {"layernorm.fwd_train.bf16.w_bf16.n65536.bias.cfg_t1024_r1_v8_smem",
                            "rmsnorm.fwd_train.bf16.w_f32.n65536.cfg_t512_r1_v8_smem",
                            "layernorm.fwd_train.f32.w_f32.n32768.bias.relu_bitmask.cfg_t1024_r1_v4_smem",
                            "adalayernorm.fwd_infer.f16.w_f32.n100000.bias.gelu.cfg_t1024_r1_v8_smem",
                            "rmsnorm.fwd_train.bf16.w_bf16.n4097.cfg_t256_r1_v1_smem",
-                           "layernorm.fwd_infer.f32.w_bf16.n7.cfg_t64_r1_v1_smem"}) {
+                           "layernorm.fwd_infer.f32.w_bf16.n7.cfg_t64_r1_v1_smem",
+                           // A cluster's CTAs each keep one segment (very large rows).
+                           "layernorm.fwd_train.bf16.w_bf16.n262144.bias.cfg_t1024_r1_v8_c4_smem",
+                           "rmsnorm.fwd_train.f32.w_f32.n262144.cfg_t1024_r1_v4_c8_smem",
+                           "layernorm.fwd_train.bf16.w_bf16.n131072.bias.relu_bitmask.cfg_t512_r1_v8_c2_smem",
+                           "adalayernorm.fwd_train.f16.w_f32.n98304.bias.cfg_t768_r1_v8_c2_smem"}) {
     Case c;
     c.spec = Spec::parse(text);
     c.rows = 37;

@@ -51,7 +51,11 @@ TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
                            "adalayernorm.fwd_infer.f16.w_f32.n100000.bias.gelu.cfg_t1024_r1_v8_smem",
                            "rmsnorm.fwd_train.bf16.w_bf16.n4097.cfg_t256_r1_v1_smem",
                            "layernorm.fwd_train.bf16.w_f32.n32768.bias.cfg_t512_r1_v8_c2_reg",
-                           "rmsnorm.fwd_train.f16.w_f16.n65536.bias.relu_bitmask.cfg_t256_r1_v8_c8_reg"})
+                           "rmsnorm.fwd_train.f16.w_f16.n65536.bias.relu_bitmask.cfg_t256_r1_v8_c8_reg",
+                           "layernorm.fwd_train.bf16.w_bf16.n262144.bias.cfg_t1024_r1_v8_c4_smem",
+                           "rmsnorm.fwd_train.f32.w_f32.n262144.cfg_t1024_r1_v4_c8_smem",
+                           "layernorm.fwd_train.bf16.w_bf16.n131072.bias.relu_bitmask.cfg_t512_r1_v8_c2_smem",
+                           "adalayernorm.fwd_train.f16.w_f32.n98304.bias.cfg_t768_r1_v8_c2_smem"})
     specs.push_back(Spec::parse(text));
 
   // And every spec of the default manifest, as the heuristic resolves it. Five of these spill
