@@ -98,13 +98,14 @@ GeneratedSource generate(const Spec& spec) {
       // Compile-time cluster shape: a plain cuLaunchKernel then launches clusters.
       {"CLUSTER_DIMS", b.cluster > 1 ? " __cluster_dims__(" + std::to_string(b.cluster) + ", 1, 1)" : ""},
   };
+  values["ROW_CACHE"] = b.cache == RowCache::kRegisters ? "kRegisters"
+                        : b.cache == RowCache::kShared  ? "kShared"
+                                                        : "kGlobal";
   if (backward) {
-    values["FUSED"] = b.cache == RowCache::kRegisters ? "1" : "0";
+    // Rows in registers or shared memory: the fused persistent kernel; streamed: the split route.
+    values["FUSED"] = b.cache != RowCache::kGlobal ? "1" : "0";
   } else {
     values["TRAINING"] = spec.phase == Phase::kForwardTraining ? "true" : "false";
-    values["ROW_CACHE"] = b.cache == RowCache::kRegisters ? "kRegisters"
-                          : b.cache == RowCache::kShared  ? "kShared"
-                                                          : "kGlobal";
   }
   g.source = render(template_text(backward ? "norm_bwd.cu.in" : "norm_fwd.cu.in"), values, name);
   return g;

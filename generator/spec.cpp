@@ -217,7 +217,7 @@ void validate(const Spec& s) {
     else if (sub_warp || b.cache == RowCache::kGlobal)
       why = "needs CTA-wide rows (threads_per_row > 32) held in registers or shared memory";
     else if (b.cache == RowCache::kShared && s.phase == Phase::kBackward)
-      why = "with shared-memory rows is forward only";
+      why = "with shared-memory rows is forward only (a backward smem row fills one CTA)";
     else if (packs % b.cluster != 0)
       why = "must divide the row's packs (n / vec)";
     else if (s.epilogue == Epilogue::kReluBitmask && (s.n / b.cluster) % 8 != 0)
@@ -226,9 +226,8 @@ void validate(const Spec& s) {
       throw Error(Status::kInvalidSpec, where() + "cluster=" + std::to_string(b.cluster) + " " + why);
   }
   if (b.cache == RowCache::kShared) {
-    const int64_t bytes = s.n / b.cluster * dtype_size(s.x_dtype);
-    if (s.phase == Phase::kBackward)
-      throw Error(Status::kInvalidSpec, where() + "row cache 'smem' is forward only; the backward takes reg or gmem");
+    // The backward keeps x and dy.
+    const int64_t bytes = s.n / b.cluster * dtype_size(s.x_dtype) * (s.phase == Phase::kBackward ? 2 : 1);
     if (sub_warp)
       throw Error(Status::kInvalidSpec, where() + "row cache 'smem' needs CTA-wide rows (threads_per_row > 32)");
     if (bytes > kMaxSharedRowBytes)

@@ -160,7 +160,7 @@ Kernel::BackwardPlan Kernel::plan(int64_t rows, int64_t rows_per_batch) const {
   p.rows_per_group = ada && rows_per_batch > 0 ? rows_per_batch : rows;
   if (p.groups == 0 || p.rows_per_group == 0) return p;
   const BlockConfig& b = *spec_.block;
-  if (b.cache == RowCache::kRegisters) {
+  if (b.cache != RowCache::kGlobal) {
     // A persistent grid: as many CTAs (clusters) as fit on the GPU at once, shared among the
     // groups; one partial slot each.
     const int64_t row_blocks = ceil_div(p.rows_per_group, b.rows_per_cta);
@@ -235,7 +235,7 @@ void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
   p.row_chunk = static_cast<int>(bwd_plan.row_chunk);
   const unsigned groups = static_cast<unsigned>(bwd_plan.groups);
   if (a.rows > 0) {
-    if (spec_.block->cache == RowCache::kRegisters) {
+    if (spec_.block->cache != RowCache::kGlobal) {
       run(function_, static_cast<unsigned>(bwd_plan.slots * spec_.block->cluster), groups, 1, threads_per_cta_,
           "the fused backward");
     } else {
@@ -314,7 +314,7 @@ const Kernel& Runtime::get(const Spec& spec) {
     return f;
   };
   if (resolved.phase == Phase::kBackward) {
-    const bool fused = resolved.block->cache == RowCache::kRegisters;
+    const bool fused = resolved.block->cache != RowCache::kGlobal;
     kernel->function_ = function(fused ? "_fused" : "_rowsums");
     if (!fused) kernel->tiles_ = function("_tiles");
     kernel->reduce_ = function("_reduce");
@@ -328,7 +328,9 @@ const Kernel& Runtime::get(const Spec& spec) {
   kernel->rows_per_cta_ = binary.rows_per_cta;
   kernel->sm_count_ = device_.sm_count;
   if (resolved.block->cache == RowCache::kShared) {
-    const int64_t bytes = resolved.n / resolved.block->cluster * dtype_size(resolved.x_dtype);
+    // Forward: the row (a cluster's CTA: its segment); backward: x and dy.
+    const int64_t bytes = resolved.n / resolved.block->cluster * dtype_size(resolved.x_dtype) *
+                          (resolved.phase == Phase::kBackward ? 2 : 1);
     int optin = 0;
     NORMJIT_CU(cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, cu_device_));
     // The kernel's static shared memory (reduction scratch) shares the same limit.

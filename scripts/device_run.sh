@@ -49,6 +49,9 @@ if [[ $STAGE == all || ,$STAGE, == *,perf,* ]]; then
     AB="$AB $norm.fwd_train.bf16.w_bf16.n65536$b.cfg_t1024_r1_v8_smem $norm.fwd_train.bf16.w_bf16.n65536$b.cfg_t512_r1_v8_smem"
     AB="$AB $norm.fwd_train.bf16.w_bf16.n98304$b.cfg_t1024_r1_v8_smem $norm.fwd_train.bf16.w_bf16.n98304$b.cfg_t1024_r1_v8_gmem"
     for n in 16384 32768 65536; do AB="$AB $norm.bwd.bf16.w_f32.n$n$b.cfg_t1024_r1_v8_gmem"; done
+    # Backward with x and dy in shared memory, against the split route above and the heuristic's pick.
+    AB="$AB $norm.bwd.bf16.w_f32.n12288$b.cfg_t384_r1_v8_smem $norm.bwd.bf16.w_f32.n14336$b.cfg_t448_r1_v8_smem"
+    AB="$AB $norm.bwd.bf16.w_f32.n16384$b.cfg_t512_r1_v8_smem $norm.bwd.bf16.w_f32.n18432$b.cfg_t576_r1_v8_smem"
   done
   build/normjit-bench --rows 32768 --json "$OUT/normjit_perf_ab.json" $AB 2>&1 | tail -12
   python3 bench/summary.py "$OUT"/normjit_perf.json "$OUT"/normjit_perf_262144.json "$OUT"/normjit_perf_ab.json \

@@ -17,9 +17,10 @@ enum class DType { kF32, kF16, kBF16 };
 //   gelu:         y = gelu_tanh(norm(x)); backward recomputes the pre-activation.
 enum class Epilogue { kNone, kReluBitmask, kGelu };
 // Forward: where a CTA keeps its row between the statistics and output passes: registers (reg),
-// dynamic shared memory (smem, one row per CTA or cluster, N / cluster * sizeof(x) <= kMaxSharedRowBytes), or nowhere,
-// streaming it twice (gmem). Backward: reg = one fused kernel with the row in registers; gmem =
-// row sums, then a column-tiled dx/dgamma kernel (smem is forward only).
+// dynamic shared memory (smem: one row per CTA, or one segment per CTA of a cluster; at most
+// kMaxSharedRowBytes per CTA), or nowhere, streaming it twice (gmem). Backward: reg = one fused
+// persistent kernel with the row in registers; smem = the same with x and dy in shared memory
+// (2 * N * sizeof(x) bytes, no cluster); gmem = row sums, then a column-tiled dx/dgamma kernel.
 enum class RowCache { kRegisters, kGlobal, kShared };
 // The most dynamic shared memory a smem row may take (sm_90's per-CTA opt-in limit, 227 KB).
 constexpr int64_t kMaxSharedRowBytes = 227 * 1024;

@@ -80,6 +80,15 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   // Clustered rows: the row sums' cluster slots, alternating per row so one barrier per row
   // suffices (a slot is rewritten only after every CTA passed the next row's barrier).
   __shared__ float2 cluster_slots[2];
+  // Shared-memory rows (kShared): x and dy wait in dynamic shared memory between the passes and
+  // gamma*d is recomputed, so only the dgamma/dbeta sums stay in registers: about twice the row a
+  // CTA can take. Each thread reads back only its own packs: no barrier orders the passes.
+  constexpr bool kSmem = Cfg::kCache == RowCache::kShared;
+  constexpr int kHeld = kSmem ? 1 : S::kIters;  // packs per thread held in registers between passes
+  static_assert(!kSmem || (kRows == 1 && S::kCluster == 1), "a shared-memory row fills one CTA");
+  extern __shared__ __align__(16) unsigned char dynamic_shared[];
+  XT* const shared_x = reinterpret_cast<XT*>(dynamic_shared);
+  XT* const shared_dy = shared_x + S::kSegment;
 
   const int lane = threadIdx.x % S::kThreads;
   const int row_in_cta = threadIdx.x / S::kThreads;
@@ -109,39 +118,58 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
     const long long offset = row * p.row_stride + segment_col;
     const XT* x = static_cast<const XT*>(p.x) + offset;
     const XT* dy = static_cast<const XT*>(p.dy) + offset;
-    Pack<XT, kVec> xs[S::kIters], dys[S::kIters];
+    Pack<XT, kVec> xs[kHeld], dys[kHeld];
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i) {
       const int pack = i * S::kThreads + lane;
       if (active && pack < S::kVecs) {
-        xs[i] = load_pack<XT, kVec>(x + pack * kVec);
-        dys[i] = load_pack<XT, kVec>(dy + pack * kVec);
+        const int h = kSmem ? 0 : i;
+        xs[h] = load_pack<XT, kVec>(x + pack * kVec);
+        dys[h] = load_pack<XT, kVec>(dy + pack * kVec);
+        if constexpr (kSmem) {
+          store_pack<XT, kVec>(shared_x + pack * kVec, xs[0]);
+          store_pack<XT, kVec>(shared_dy + pack * kVec, dys[0]);
+        }
       }
     }
+    // Pack i of this thread's x and dy, wherever it waits.
+    auto held = [&](int i, Pack<XT, kVec>& xv, Pack<XT, kVec>& dyv) {
+      if constexpr (kSmem) {
+        const int pack = i * S::kThreads + lane;
+        xv = load_pack<XT, kVec>(shared_x + pack * kVec);
+        dyv = load_pack<XT, kVec>(shared_dy + pack * kVec);
+      } else {
+        xv = xs[i];
+        dyv = dys[i];
+      }
+    };
     const float mean = kLayerNorm && active ? p.mean[row] : 0.f;
     const float rstd = active ? p.rstd[row] : 0.f;
 
-    float gd[S::kIters][kVec];  // gamma * d
+    float gd[kHeld][kVec];  // gamma * d (registers only; shared-memory rows recompute it)
     float c1 = 0.f, c2 = 0.f;
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i) {
       const int pack = i * S::kThreads + lane;
       const int col = pack * kVec;
+      const int h = kSmem ? 0 : i;
       if (active && pack < S::kVecs) {
         const Pack<WT, kVec> g = load_pack<WT, kVec>(gamma + col);
+        Pack<XT, kVec> xv, dyv;
+        held(i, xv, dyv);
         float xhat[kVec], d[kVec];
-        pack_xhat_grad<Cfg>(xs[i], dys[i], g, beta, p, row, col, segment_col, mean, rstd, xhat, d);
+        pack_xhat_grad<Cfg>(xv, dyv, g, beta, p, row, col, segment_col, mean, rstd, xhat, d);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           acc_g[i][j] += d[j] * xhat[j];
           acc_b[i][j] += d[j];
-          gd[i][j] = d[j] * to_float(g.v[j]);
-          c1 += gd[i][j];
-          c2 += gd[i][j] * xhat[j];
+          gd[h][j] = d[j] * to_float(g.v[j]);
+          c1 += gd[h][j];
+          c2 += gd[h][j] * xhat[j];
         }
       } else {
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) gd[i][j] = 0.f;
+        for (int j = 0; j < kVec; ++j) gd[h][j] = 0.f;
       }
     }
     row_sum_pair<S::kThreads>(c1, c2, pair_scratch);
@@ -153,11 +181,25 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
     for (int i = 0; i < S::kIters; ++i) {
       const int pack = i * S::kThreads + lane;
       if (active && pack < S::kVecs) {
+        Pack<XT, kVec> xv, dyv;
+        held(i, xv, dyv);
+        float gdv[kVec];
+        if constexpr (kSmem) {
+          const int col = pack * kVec;
+          const Pack<WT, kVec> g = load_pack<WT, kVec>(gamma + col);
+          float xhat[kVec], d[kVec];
+          pack_xhat_grad<Cfg>(xv, dyv, g, beta, p, row, col, segment_col, mean, rstd, xhat, d);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) gdv[j] = d[j] * to_float(g.v[j]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) gdv[j] = gd[i][j];
+        }
         Pack<XT, kVec> o;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const float xhat = (to_float(xs[i].v[j]) - mean) * rstd;
-          o.v[j] = Convert<XT>::from(rstd * (gd[i][j] - c1 - xhat * c2));
+          const float xhat = (to_float(xv.v[j]) - mean) * rstd;
+          o.v[j] = Convert<XT>::from(rstd * (gdv[j] - c1 - xhat * c2));
         }
         store_pack<XT, kVec>(dx + pack * kVec, o);
       }

@@ -95,7 +95,7 @@ TEST_CASE("bad spec strings are rejected with a message naming the problem") {
       {"layernorm.fwd_train.bf16.w_bf16.n32768.cfg_t32_r1_v8_c2_reg", "cluster=2 needs CTA-wide rows"},
       {"layernorm.fwd_train.bf16.w_bf16.n4104.cfg_t256_r1_v8_c2_reg", "cluster=2 must divide"},
       {"layernorm.fwd_train.f32.w_f32.n4104.relu_bitmask.cfg_t256_r1_v4_c2_reg", "whole mask bytes"},
-      {"layernorm.bwd.bf16.w_bf16.n8192.cfg_t256_r1_v8_smem", "'smem' is forward only"},
+      {"layernorm.bwd.bf16.w_bf16.n65536.cfg_t1024_r1_v8_smem", "262144 bytes of shared memory per CTA"},
       {"layernorm.fwd_train.bf16.w_bf16.n262144.cfg_t1024_r1_v8_smem", "524288 bytes of shared memory"},
       {"layernorm.fwd_train.bf16.w_bf16.n256.cfg_t32_r8_v8_smem", "'smem' needs CTA-wide rows"},
       {"layernorm.fwd_train.bf16.w_bf16.n65536.cfg_t32_r1_v8_c2_smem", "cluster=2 needs CTA-wide rows"},

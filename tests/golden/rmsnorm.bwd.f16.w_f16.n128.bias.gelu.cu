@@ -16,6 +16,7 @@ struct Cfg {
   static constexpr int kThreadsPerRow = 16;
   static constexpr int kRowsPerCta = 16;
   static constexpr int kCluster = 1;
+  static constexpr normjit::RowCache kCache = normjit::RowCache::kRegisters;
 };
 }  // namespace
 

@@ -73,14 +73,20 @@ TEST_CASE("epilogue backward: relu_bitmask consumes the mask, gelu recomputes it
         }
 }
 
-TEST_CASE("pinned block configurations: clusters of every size, forward and backward") {
+TEST_CASE("pinned block configurations: clusters of every size and shared-memory rows, forward and backward") {
   // The heuristic picks clusters only where they measured faster; the tuner may pick any valid one.
   for (const char* text : {"layernorm.fwd_train.bf16.w_f32.n32768.bias.cfg_t512_r1_v8_c2_reg",
                            "rmsnorm.fwd_train.f16.w_f16.n65536.bias.relu_bitmask.cfg_t256_r1_v8_c8_reg",
                            "adalayernorm.fwd_train.f32.w_f32.n18432.bias.gelu.cfg_t288_r1_v4_c4_reg",
                            "layernorm.bwd.bf16.w_f32.n28672.bias.relu_bitmask.cfg_t448_r1_v8_c4_reg",
                            "adalayernorm.bwd.f16.w_f32.n12288.bias.gelu.cfg_t384_r1_v8_c2_reg",
-                           "rmsnorm.bwd.f32.w_f32.n65536.cfg_t512_r1_v4_c8_reg"}) {
+                           "rmsnorm.bwd.f32.w_f32.n65536.cfg_t512_r1_v4_c8_reg",
+                           // x and dy in shared memory (not picked by the heuristic yet).
+                           "layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t512_r1_v8_smem",
+                           "rmsnorm.bwd.bf16.w_f32.n16384.cfg_t512_r1_v8_smem",
+                           "layernorm.bwd.bf16.w_f32.n18432.bias.cfg_t576_r1_v8_smem",
+                           "adalayernorm.bwd.f16.w_f32.n12288.bias.relu_bitmask.cfg_t512_r1_v8_smem",
+                           "rmsnorm.bwd.f32.w_f32.n8192.bias.gelu.cfg_t512_r1_v4_smem"}) {
     Case c;
     c.spec = Spec::parse(text);
     c.rows = 37;
@@ -160,7 +166,8 @@ TEST_CASE("seed 003: RMSNorm 4096x128 fp16 with bias, forward training and backw
 TEST_CASE("dgamma, dbeta and dx are bitwise identical across 10 runs") {
   for (const char* text : {"layernorm.bwd.bf16.w_f32.n4096.bias", "rmsnorm.bwd.bf16.w_bf16.n256.bias",
                            "adalayernorm.bwd.f16.w_f32.n768.bias", "layernorm.bwd.bf16.w_f32.n65536.bias",
-                           "layernorm.bwd.f32.w_f32.n7.bias.relu_bitmask", "rmsnorm.bwd.bf16.w_f32.n32768"}) {
+                           "layernorm.bwd.f32.w_f32.n7.bias.relu_bitmask", "rmsnorm.bwd.bf16.w_f32.n32768",
+                           "layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t512_r1_v8_smem"}) {
     Case c;
     c.spec = Spec::parse(text);
     c.rows = c.spec.n >= 65536 ? 257 : 4099;

@@ -55,7 +55,11 @@ TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
                            "layernorm.fwd_train.bf16.w_bf16.n262144.bias.cfg_t1024_r1_v8_c4_smem",
                            "rmsnorm.fwd_train.f32.w_f32.n262144.cfg_t1024_r1_v4_c8_smem",
                            "layernorm.fwd_train.bf16.w_bf16.n131072.bias.relu_bitmask.cfg_t512_r1_v8_c2_smem",
-                           "adalayernorm.fwd_train.f16.w_f32.n98304.bias.cfg_t768_r1_v8_c2_smem"})
+                           "adalayernorm.fwd_train.f16.w_f32.n98304.bias.cfg_t768_r1_v8_c2_smem",
+                           "layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t512_r1_v8_smem",
+                           "layernorm.bwd.bf16.w_f32.n18432.bias.cfg_t576_r1_v8_smem",
+                           "adalayernorm.bwd.f16.w_f32.n12288.bias.relu_bitmask.cfg_t512_r1_v8_smem",
+                           "rmsnorm.bwd.f32.w_f32.n8192.bias.gelu.cfg_t512_r1_v4_smem"})
     specs.push_back(Spec::parse(text));
 
   // And every spec of the default manifest, as the heuristic resolves it. Five of these spill
