@@ -1,6 +1,7 @@
 #include "normjit/runtime.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -270,6 +271,19 @@ Runtime::Runtime(int device, std::filesystem::path cache_dir) : disk_cache_(std:
                                            std::to_string(device_.sm_major * 10 + device_.sm_minor) +
                                            "; normjit needs sm_80 or newer");
   target_ = Target{device_.sm_major * 10 + device_.sm_minor};
+  // The tuning database: NORMJIT_TUNING_DB, else tuning.json in the cache directory.
+  const char* db_env = std::getenv("NORMJIT_TUNING_DB");
+  const std::filesystem::path db_path =
+      db_env && *db_env ? std::filesystem::path(db_env) : disk_cache_.dir() / "tuning.json";
+  std::error_code ec;
+  tuning_mode_ = tuning_mode_from_env(std::filesystem::exists(db_path, ec));
+  if (tuning_mode_ == TuningMode::kTuneOnMiss)
+    throw Error(Status::kNotSupported, "NORMJIT_TUNING=tune (tuning on a miss) is not built yet; run normjit-tune "
+                                       "and let the runtime read its database (NORMJIT_TUNING=db)");
+  if (tuning_mode_ == TuningMode::kDatabase) {
+    tuning_db_ = TuningDb::load(db_path.string());
+    detail::log().info("tuning database {}: {} entries", db_path.string(), tuning_db_.size());
+  }
   NORMJIT_CU(cuDevicePrimaryCtxRetain(&context_, cu_device_));
   NORMJIT_CU(cuCtxSetCurrent(context_));
   detail::log().info("runtime on device {} ({}, {}, {} SMs), cache {}", device, device_.name, target_.str(),
@@ -283,8 +297,29 @@ Runtime::~Runtime() {
   if (context_) cu.cuDevicePrimaryCtxRelease(cu_device_);
 }
 
+TuningKey Runtime::tuning_key(const Spec& spec) const {
+  Spec bare = spec;
+  bare.block.reset();
+  return TuningKey{device_.name, target_.arch, device_.sm_count, device_.driver_version, nvrtc_version(), version(),
+                   bare.str()};
+}
+
+Spec Runtime::choose(const Spec& spec, int max_vec) const {
+  if (spec.block) return spec;
+  if (tuning_mode_ == TuningMode::kDatabase && tuning_db_.size() > 0) {
+    // A winner measured with wider vectors than these pointers allow falls back to the heuristic.
+    if (auto e = tuning_db_.lookup(tuning_key(spec)); e && e->config.vec <= max_vec) {
+      Spec tuned = spec;
+      tuned.block = e->config;
+      validate(tuned);
+      return tuned;
+    }
+  }
+  return resolve(spec, max_vec, target_.arch);
+}
+
 const Kernel& Runtime::get(const Spec& spec) {
-  const Spec resolved = resolve(spec, 16, target_.arch);
+  const Spec resolved = choose(spec, 16);
   if (resolved.block->cluster > 1 && target_.arch < 90)
     throw Error(Status::kNotSupported, "spec '" + resolved.str() + "' uses a cluster of " +
                                            std::to_string(resolved.block->cluster) + " CTAs; " + target_.str() +
@@ -366,7 +401,7 @@ const Kernel& Runtime::get(const Spec& spec) {
 }
 
 void Runtime::launch(const Spec& spec, const LaunchArgs& args, CUstream stream) {
-  const Spec resolved = spec.block ? spec : resolve(spec, max_vec_for(spec, args), target_.arch);
+  const Spec resolved = spec.block ? spec : choose(spec, max_vec_for(spec, args));
   get(resolved).launch(args, stream);
 }
 

@@ -4,3 +4,4 @@
 #include "normjit/error.hpp"
 #include "normjit/runtime.hpp"
 #include "normjit/spec.hpp"
+#include "normjit/tuning.hpp"

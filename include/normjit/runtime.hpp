@@ -11,6 +11,7 @@
 #include "normjit/driver.hpp"
 #include "normjit/error.hpp"
 #include "normjit/spec.hpp"
+#include "normjit/tuning.hpp"
 
 namespace normjit {
 
@@ -103,9 +104,15 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  // The kernel for a spec (block config from the heuristic when absent). Thread-safe; the
-  // reference stays valid for the runtime's lifetime.
+  // The kernel for a spec. A spec without a block config takes the tuning database's winner for
+  // this device when the tuning mode is db (see tuning.hpp), else the heuristic's. Thread-safe;
+  // the reference stays valid for the runtime's lifetime.
   const Kernel& get(const Spec& spec);
+  // The block config get() would use, for pointers that allow vectors of max_vec elements.
+  Spec choose(const Spec& spec, int max_vec = 16) const;
+  // The tuning database key of a spec on this device.
+  TuningKey tuning_key(const Spec& spec) const;
+  TuningMode tuning_mode() const { return tuning_mode_; }
   // Picks the vector width the pointers' alignment allows, then gets and launches.
   void launch(const Spec& spec, const LaunchArgs& args, CUstream stream = nullptr);
 
@@ -120,6 +127,8 @@ class Runtime {
   CUdevice cu_device_ = 0;
   CUcontext context_ = nullptr;
   DiskCache disk_cache_;
+  TuningMode tuning_mode_ = TuningMode::kHeuristic;
+  TuningDb tuning_db_;
   mutable std::mutex mutex_;
   // Keyed by the packed fields of the resolved spec: building the string form costs more than
   // the whole lookup.

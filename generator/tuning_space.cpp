@@ -1,0 +1,85 @@
+// The block-config space the tuner searches, pruned to configurations worth timing.
+#include <algorithm>
+#include <cstdlib>
+#include <set>
+
+#include "normjit/error.hpp"
+#include "normjit/tuning.hpp"
+
+namespace normjit {
+namespace {
+
+bool valid(const Spec& base, const BlockConfig& b) {
+  Spec s = base;
+  s.block = b;
+  try {
+    validate(s);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+std::vector<BlockConfig> candidate_configs(const Spec& spec, int sm, int max_vec, size_t limit) {
+  Spec bare = spec;
+  bare.block.reset();
+  const BlockConfig heuristic = *resolve(bare, max_vec, sm).block;
+  std::vector<BlockConfig> grid;
+  auto add = [&](int threads, int rows, int vec, RowCache cache, int cluster) {
+    BlockConfig b;
+    b.threads_per_row = threads;
+    b.rows_per_cta = rows;
+    b.vec = vec;
+    b.cache = cache;
+    b.cluster = cluster;
+    if (valid(bare, b)) grid.push_back(b);
+  };
+  // Vector widths: the widest that divides N and the caller's alignment, and two narrower.
+  std::vector<int> vecs;
+  for (int v = std::min(16 / dtype_size(spec.x_dtype), std::max(1, max_vec)); v >= 1 && vecs.size() < 3; v /= 2)
+    if (spec.n % v == 0) vecs.push_back(v);
+  const RowCache caches[] = {RowCache::kRegisters, RowCache::kShared, RowCache::kGlobal};
+  for (int vec : vecs) {
+    const int64_t packs = spec.n / vec;
+    // Sub-warp and warp rows: lanes per row a power of two, 64-256 threads per CTA.
+    for (int t = 1; t <= 32; t *= 2) {
+      if (t * int64_t(kMaxRegisterPacks) < packs || t > 4 * packs) continue;
+      for (int cta : {64, 128, 256}) add(t, cta / t, vec, RowCache::kRegisters, 1);
+    }
+    // CTA rows: powers of two times 32, and the counts that split the row into 1-16 packs each.
+    std::set<int> threads;
+    for (int t = 64; t <= 1024; t *= 2) threads.insert(t);
+    for (int per = 1; per <= kMaxRegisterPacks; ++per) {
+      const int64_t t = (packs + per - 1) / per;
+      if (t > 32 && t <= 1024) threads.insert(static_cast<int>((t + 31) / 32 * 32));
+    }
+    for (int t : threads)
+      for (RowCache cache : caches) add(t, 1, vec, cache, 1);
+    // Clusters (sm_90+): 2-8 CTAs of 128-1024 threads share a row in registers or shared memory.
+    if (sm >= 90)
+      for (int c = 2; c <= kMaxCluster; c *= 2)
+        for (int t = 128; t <= 1024; t *= 2)
+          for (RowCache cache : {RowCache::kRegisters, RowCache::kShared}) add(t, 1, vec, cache, c);
+  }
+  // Nearest the heuristic's threads per row first, then by the canonical cfg string.
+  auto cfg = [&](const BlockConfig& b) {
+    Spec s = bare;
+    s.block = b;
+    return s.str();
+  };
+  std::stable_sort(grid.begin(), grid.end(), [&](const BlockConfig& a, const BlockConfig& b) {
+    const int da = std::abs(a.threads_per_row * a.cluster - heuristic.threads_per_row * heuristic.cluster);
+    const int db = std::abs(b.threads_per_row * b.cluster - heuristic.threads_per_row * heuristic.cluster);
+    return da != db ? da < db : cfg(a) < cfg(b);
+  });
+  std::vector<BlockConfig> out{heuristic};
+  for (const BlockConfig& b : grid) {
+    if (out.size() >= limit) break;
+    if (std::find(out.begin(), out.end(), b) == out.end()) out.push_back(b);
+  }
+  return out;
+}
+
+}  // namespace normjit

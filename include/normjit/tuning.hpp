@@ -1,0 +1,68 @@
+#pragma once
+// Autotuning: the block-config space of a spec, and the tuning database of measured winners.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "normjit/spec.hpp"
+
+namespace normjit {
+
+// The configurations the tuner times for a spec on an sm_XY target: every one that validate()
+// accepts among a pruned grid (vector width at most two steps below the widest, thread counts
+// that are powers of two times 32 or split the row evenly, rows per CTA giving 64-256-thread CTAs,
+// clusters of 2-8 on sm_90+, shared-memory rows where they fit). The heuristic's own choice is
+// always first. At most `limit` configurations, nearest the heuristic's thread count first.
+std::vector<BlockConfig> candidate_configs(const Spec& spec, int sm, int max_vec = 16, size_t limit = 48);
+
+// What a measured winner is valid for: the device, the software that built and ran it, the spec.
+struct TuningKey {
+  std::string device;  // device name, e.g. "NVIDIA H100 80GB HBM3"
+  int sm = 0;          // compute capability, major*10 + minor
+  int sm_count = 0;
+  int driver = 0;      // cuDriverGetVersion
+  int nvrtc = 0;       // nvrtc_version()
+  std::string normjit;  // version()
+  std::string spec;    // canonical spec string without a block config
+  bool operator<(const TuningKey& o) const;
+  bool operator==(const TuningKey& o) const;
+};
+
+struct TuningEntry {
+  BlockConfig config;
+  double us = 0;            // the winner's median time per launch
+  double heuristic_us = 0;  // the heuristic's, measured in the same run
+  int64_t rows = 0;         // rows it was timed at
+};
+
+// A JSON file of winners ({"format": "normjit-tuning-db", "version": 1, "entries": [...]}). Merging
+// keeps, per key, the fastest entry (ties: the smaller config string), so databases from several
+// machines or ranks merge to the same result in any order.
+class TuningDb {
+ public:
+  // Throws Error(kInvalidArgument) naming the file and what is wrong with it.
+  static TuningDb load(const std::string& path);
+  static TuningDb parse(const std::string& json_text, const std::string& name);
+  // Written to a temp file and renamed into place.
+  void save(const std::string& path) const;
+  std::string dump() const;
+
+  void record(const TuningKey& key, const TuningEntry& entry);  // keeps the faster of old and new
+  void merge(const TuningDb& other);
+  std::optional<TuningEntry> lookup(const TuningKey& key) const;
+  size_t size() const { return entries_.size(); }
+  const std::map<TuningKey, TuningEntry>& entries() const { return entries_; }
+
+ private:
+  std::map<TuningKey, TuningEntry> entries_;
+};
+
+// How Runtime picks a block config for a spec without one: NORMJIT_TUNING=heuristic | db (the
+// default when the database file exists) | tune (not yet built: throws). The database path is
+// NORMJIT_TUNING_DB, else <cache dir>/tuning.json.
+enum class TuningMode { kHeuristic, kDatabase, kTuneOnMiss };
+TuningMode tuning_mode_from_env(bool database_exists);
+
+}  // namespace normjit
