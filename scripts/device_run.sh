@@ -76,6 +76,14 @@ if [[ ,$STAGE, == *,peers,* ]]; then
     python3 bench/plot.py --out "$OUT/$ph.png" --phase $ph --date "$(date +%F)" "$OUT/normjit_$ph.json" "$OUT/peers_$ph.json" 2>&1 | tail -2
   done
 fi
+if [[ ,$STAGE, == *,tune,* ]]; then
+  # normjit-tune over a few specs per route; the summary prints heuristic against tuned times.
+  T=""; for n in 768 4096 12288 16384 65536; do T="$T layernorm.fwd_train.bf16.n$n.bias layernorm.bwd.bf16.w_f32.n$n.bias"; done
+  build/normjit-tune --rows 32768 --budget-s ${TUNE_BUDGET_S:-15} --max-candidates ${TUNE_CANDIDATES:-12} \
+    --tuning-db "$OUT/tuning.json" --json "$OUT/tune.json" $T 2>&1 | tee "$OUT/tune.txt" | tail -14
+  # The runtime reads the database: the tuned configs, run by plain normjit-bench.
+  NORMJIT_TUNING_DB="$OUT/tuning.json" build/normjit-bench --rows 32768 --json "$OUT/tuned_bench.json" $T 2>&1 | tail -11
+fi
 if [[ ,$STAGE, == *,explore,* ]]; then
   # Block-config A/B in one process (cfg pinned), then ncu stall reasons for clustered vs one-CTA rows.
   X=""

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (spec parser, manifest reader) with clang, ASan and UBSan, and runs
+# Builds the libFuzzer targets (spec parser, manifest reader, tuning database) with clang, ASan and UBSan, and runs
 # each for a bounded time from a seed corpus of the default manifest's specs.
 # Usage: scripts/fuzz.sh [seconds per target (default 10)] [build dir (default build-fuzz)]
 set -euo pipefail
@@ -7,10 +7,12 @@ cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET=${1:-10}
 OUT=${2:-build-fuzz}
 CXX=${FUZZ_CXX:-clang++}
-mkdir -p "$OUT/corpus_spec" "$OUT/corpus_manifest"
+mkdir -p "$OUT/corpus_spec" "$OUT/corpus_manifest" "$OUT/corpus_tuning_db"
 flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iinclude -I.)
 "$CXX" "${flags[@]}" tests/fuzz/fuzz_spec.cpp generator/spec.cpp generator/heuristic.cpp -o "$OUT/fuzz_spec"
 "$CXX" "${flags[@]}" tests/fuzz/fuzz_manifest.cpp generator/spec.cpp generator/heuristic.cpp -o "$OUT/fuzz_manifest"
+"$CXX" "${flags[@]}" tests/fuzz/fuzz_tuning_db.cpp runtime/tuning_db.cpp generator/spec.cpp generator/heuristic.cpp \
+  -o "$OUT/fuzz_tuning_db"
 # Seeds: every default-manifest spec (with and without a block config), and the manifest itself.
 i=0
 grep -v '^#' manifests/default.txt | grep . | while read -r spec; do
@@ -19,7 +21,12 @@ done
 printf '%s' "layernorm.fwd_train.bf16.w_f32.n32768.bias.relu_bitmask.cfg_t512_r1_v8_c2_reg" > "$OUT/corpus_spec/cluster"
 printf '%s' "rmsnorm.fwd_infer.f16.w_f16.n65536.gelu.cfg_t1024_r1_v8_smem" > "$OUT/corpus_spec/smem"
 cp manifests/default.txt "$OUT/corpus_manifest/default"
-for target in fuzz_spec fuzz_manifest; do
+cat > "$OUT/corpus_tuning_db/one" <<'JSON'
+{"format": "normjit-tuning-db", "version": 1, "entries": [{"device": "NVIDIA H100 80GB HBM3", "sm": 90,
+ "sm_count": 132, "driver": 13000, "nvrtc": 13000, "normjit": "0.1.0", "spec": "layernorm.fwd_train.bf16.w_f32.n4096.bias",
+ "config": "t128_r1_v8_reg", "us": 183.5, "heuristic_us": 183.5, "rows": 32768}]}
+JSON
+for target in fuzz_spec fuzz_manifest fuzz_tuning_db; do
   corpus="$OUT/corpus_${target#fuzz_}"
   "$OUT/$target" -max_total_time="$SECONDS_PER_TARGET" -max_len=4096 -print_final_stats=1 \
     -artifact_prefix="$OUT/" "$corpus" \

@@ -12,12 +12,19 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <filesystem>
 #include <random>
 
 #include "normjit/normjit.hpp"
 #include "normjit/reference.hpp"
 
 namespace nj = normjit;
+
+#ifdef NORMJIT_TUNE_TOOL
+constexpr const char* kTool = "normjit-tune";
+#else
+constexpr const char* kTool = "normjit-bench";
+#endif
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -157,7 +164,12 @@ struct Graph {
 }  // namespace
 
 int main(int argc, char** argv) {
+#ifdef NORMJIT_TUNE_TOOL
+  CLI::App app{"Tune normjit kernels on a GPU: verify and time each spec's candidate block configs, keep the "
+               "fastest in a tuning database (--tuning-db)."};
+#else
   CLI::App app{"Verify and time normjit kernels on a GPU."};
+#endif
   std::vector<std::string> spec_args;
   int64_t rows = 32768;
   int device = 0, warmup = 5, reps = 25, batch = 10, verify_rows = 16;
@@ -180,6 +192,22 @@ int main(int argc, char** argv) {
   app.add_option("--cache-dir", cache_dir, "Disk cache directory");
   app.add_option("--json", json_path, "Write results as JSON to this file ('-' for stdout)");
   app.add_flag("--no-verify", no_verify, "Skip the reference check");
+#ifdef NORMJIT_TUNE_TOOL
+  bool tune = true;
+#else
+  bool tune = false;
+  app.add_flag("--tune", tune, "Tune: time each spec's candidate block configs (normjit-tune)");
+#endif
+  std::string tuning_db_path;
+  double budget_s = 60;
+  size_t max_candidates = 24;
+  app.add_option("--tuning-db", tuning_db_path, "Tuning database to update with the winners (JSON)");
+  app.add_option("--budget-s", budget_s, "Tuning: seconds per spec before the remaining candidates are dropped")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-candidates", max_candidates, "Tuning: candidates per spec, nearest the heuristic first")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t(1), size_t(256)));
   app.add_flag("--graph", graph,
                "Also time CUDA-graph replay: one graph of K launches (and one of K copies) over K >= 16 "
                "rotating buffer sets that exceed 4x L2; verifies a replay's outputs");
@@ -200,8 +228,9 @@ int main(int argc, char** argv) {
     else
       std::printf("%-58s %8s %10s %9s %9s %7s %9s %9s\n", "spec", "rows", "us", "GB/s", "copy GB/s", "%copy",
                   "max_err/tol", "first get");
-    for (size_t si = 0; si < spec_args.size(); ++si) {
-      const nj::Spec requested = nj::Spec::parse(spec_args[si]);
+    // Verifies and times one spec; its results row.
+    auto measure = [&](const std::string& spec_text, size_t si) -> nlohmann::json {
+      const nj::Spec requested = nj::Spec::parse(spec_text);
       const auto t0 = Clock::now();
       const nj::RuntimeCounters before = rt.counters();
       const nj::Kernel& kernel = rt.get(requested);
@@ -413,7 +442,74 @@ int main(int argc, char** argv) {
                     us, gbps, copy_gbps, 100.0 * gbps / copy_gbps, worst, first_get_kind, first_get_ms);
       }
       std::fflush(stdout);
-      results.push_back(std::move(row));
+      return row;
+    };
+
+    if (!tune) {
+      for (size_t si = 0; si < spec_args.size(); ++si) results.push_back(measure(spec_args[si], si));
+    } else {
+      // Tuning: per spec, the heuristic's config and then the other candidates, nearest first,
+      // until the budget is spent; the fastest verified one wins. The heuristic is a candidate, so
+      // the winner is never slower than it in this measurement.
+      nj::TuningDb db;
+      if (!tuning_db_path.empty() && std::filesystem::exists(tuning_db_path)) db = nj::TuningDb::load(tuning_db_path);
+      std::printf("\n");
+      size_t si = 0;
+      std::vector<std::string> summary;
+      for (const std::string& text : spec_args) {
+        nj::Spec base = nj::Spec::parse(text);
+        base.block.reset();
+        const auto t_spec = Clock::now();
+        double heuristic_us = 0, best_us = 0;
+        nj::BlockConfig best{};
+        int timed = 0, skipped = 0;
+        for (const nj::BlockConfig& b : nj::candidate_configs(base, rt.target().arch, 16, max_candidates)) {
+          if (timed > 0 && std::chrono::duration<double>(Clock::now() - t_spec).count() > budget_s) break;
+          nj::Spec candidate = base;
+          candidate.block = b;
+          nlohmann::json row;
+          try {
+            row = measure(candidate.str(), si++);
+          } catch (const nj::Error& e) {  // e.g. more shared memory than this device has
+            std::fprintf(stderr, "normjit-tune: skipping %s: %s\n", candidate.str().c_str(), e.what());
+            ++skipped;
+            continue;
+          }
+          const bool ok = no_verify || row["max_err_over_tol"].get<double>() <= 1.0;
+          const double us = row["us"].get<double>();
+          row["tuning_candidate"] = timed;
+          results.push_back(row);
+          if (timed++ == 0) heuristic_us = us;
+          if (ok && (best_us == 0 || us < best_us)) {
+            best_us = us;
+            best = b;
+          }
+        }
+        if (best_us == 0) {
+          std::fprintf(stderr, "normjit-tune: no verified candidate for %s\n", base.str().c_str());
+          all_ok = false;
+          continue;
+        }
+        nj::TuningEntry entry;
+        entry.config = best;
+        entry.us = best_us;
+        entry.heuristic_us = heuristic_us;
+        entry.rows = rows;
+        db.record(rt.tuning_key(base), entry);
+        nj::Spec won = base;
+        won.block = best;
+        char line[512];
+        std::snprintf(line, sizeof(line), "%-58s %10.2f %10.2f %7.3fx  %3d timed %2d skipped  %s", base.str().c_str(),
+                      heuristic_us, best_us, heuristic_us / best_us, timed, skipped,
+                      won.str().substr(won.str().find(".cfg_") + 5).c_str());
+        summary.push_back(line);
+      }
+      std::printf("\n%-58s %10s %10s %8s\n", "spec", "heur. us", "tuned us", "speedup");
+      for (const auto& line : summary) std::printf("%s\n", line.c_str());
+      if (!tuning_db_path.empty()) {
+        db.save(tuning_db_path);
+        std::fprintf(stderr, "normjit-tune: %zu entries in %s\n", db.size(), tuning_db_path.c_str());
+      }
     }
     if (!json_path.empty()) {
       nlohmann::json doc{{"device", dev.name}, {"sm", rt.target().str()}, {"sm_count", dev.sm_count},
@@ -423,12 +519,12 @@ int main(int argc, char** argv) {
       else std::ofstream(json_path) << doc.dump(2) << "\n";
     }
     if (!all_ok) {
-      std::fprintf(stderr, "normjit-bench: verification FAILED (max_err/tol > 1) for at least one spec\n");
+      std::fprintf(stderr, "%s: verification FAILED (max_err/tol > 1) for at least one spec\n", kTool);
       return 1;
     }
     return 0;
   } catch (const nj::Error& e) {
-    std::fprintf(stderr, "normjit-bench: %s\n", e.what());
+    std::fprintf(stderr, "%s: %s\n", kTool, e.what());
     return 2;
   }
 }
