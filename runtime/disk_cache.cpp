@@ -3,6 +3,7 @@
 // Entries carry a magic number, a format version and a checksum; anything that does not verify is
 // never loaded, only recompiled and replaced. A per-key lock file (flock) makes one thread or
 // process compile a missing key while the others wait and then read its entry.
+#include <nlohmann/json.hpp>
 #include <xxhash.h>
 
 #include <atomic>
@@ -187,7 +188,9 @@ std::string hex128(XXH128_hash_t h) {
 }  // namespace
 
 DiskCache::DiskCache(fs::path dir)
-    : dir_(dir.empty() ? default_dir() : std::move(dir)), max_bytes_(max_bytes_from_env()) {}
+    : dir_(dir.empty() ? default_dir() : std::move(dir)), max_bytes_(max_bytes_from_env()) {
+  if (const char* b = std::getenv("NORMJIT_BUNDLE"); b && *b) use_bundle(b);
+}
 
 fs::path DiskCache::default_dir() {
   if (const char* d = std::getenv("NORMJIT_CACHE_DIR"); d && *d) return d;
@@ -224,6 +227,11 @@ std::string DiskCache::key(const GeneratedSource& src, const Target& target) {
 CacheCounters DiskCache::counters() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return counters_;
+}
+
+fs::path DiskCache::entry_path(const Spec& spec, const Target& target) const {
+  const GeneratedSource src = generate(spec);
+  return dir_ / (src.spec + "." + target.str() + "." + key(src, target).substr(0, 32) + ".kernel");
 }
 
 Binary DiskCache::get_or_compile(const Spec& spec, const Target& target, double* compile_ms) {
@@ -267,6 +275,18 @@ Binary DiskCache::get_or_compile(const Spec& spec, const Target& target, double*
     detail::log().debug("disk cache hit {} ({})", src.spec, entry.string());
     return b;
   };
+  if (!bundle_entries_.empty()) {
+    // A bundle's entries were verified when it was opened.
+    if (auto it = bundle_entries_.find(entry.filename().string()); it != bundle_entries_.end()) {
+      Binary b;
+      if (deserialize(it->second, b).empty() && b.kernel_name == src.kernel_name) {
+        b.spec = src.spec;
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++counters_.disk_hits;
+        return b;
+      }
+    }
+  }
   if (auto b = load(true)) return hit(std::move(*b), false);
 
   bool write_ok;
@@ -379,6 +399,111 @@ void DiskCache::enforce_cap(const fs::path& keep) {
   if (total > max_bytes_)
     detail::log().warn("disk cache {} holds {} bytes, over NORMJIT_CACHE_MAX_BYTES={}: the rest is in use or newest",
                        dir_.string(), total, max_bytes_);
+}
+
+namespace {
+
+constexpr char kBundleMagic[8] = {'N', 'J', 'B', 'U', 'N', 'D', 'L', 'E'};
+constexpr uint32_t kBundleVersion = 1;
+
+uint64_t xxh64(const std::string& bytes) { return XXH64(bytes.data(), bytes.size(), 0); }
+
+// The bundle's entries by file name, every one verified; throws naming the first problem.
+std::map<std::string, std::string> read_bundle(const fs::path& path) {
+  auto bad = [&](const std::string& why) {
+    return Error(Status::kCacheError, "bundle " + path.string() + ": " + why);
+  };
+  std::string bytes;
+  if (!read_file(path, bytes)) throw bad(std::string("cannot be read: ") + std::strerror(errno));
+  constexpr size_t kHead = sizeof(kBundleMagic) + sizeof(uint32_t) + sizeof(uint64_t);
+  if (bytes.size() < kHead || std::memcmp(bytes.data(), kBundleMagic, sizeof(kBundleMagic)) != 0)
+    throw bad("not a normjit bundle (no NJBUNDLE magic)");
+  uint32_t version;
+  uint64_t manifest_size;
+  std::memcpy(&version, bytes.data() + sizeof(kBundleMagic), sizeof(version));
+  std::memcpy(&manifest_size, bytes.data() + sizeof(kBundleMagic) + sizeof(version), sizeof(manifest_size));
+  if (version != kBundleVersion)
+    throw bad("format version " + std::to_string(version) + ", expected " + std::to_string(kBundleVersion));
+  if (manifest_size > bytes.size() - kHead) throw bad("truncated manifest");
+  nlohmann::json manifest;
+  try {
+    manifest = nlohmann::json::parse(bytes.substr(kHead, manifest_size));
+  } catch (const nlohmann::json::exception& e) {
+    throw bad(std::string("manifest is not JSON: ") + e.what());
+  }
+  std::map<std::string, std::string> entries;
+  size_t offset = kHead + manifest_size;
+  try {
+    for (const auto& e : manifest.at("entries")) {
+      const std::string name = e.at("name").get<std::string>();
+      const uint64_t size = e.at("bytes").get<uint64_t>();
+      if (name.empty() || name.find('/') != std::string::npos || name.substr(name.size() < 7 ? 0 : name.size() - 7) != ".kernel")
+        throw bad("entry name '" + name + "' is not a cache entry file name");
+      if (size > bytes.size() - offset) throw bad("entry " + name + " is truncated");
+      std::string entry = bytes.substr(offset, size);
+      offset += size;
+      if (xxh64(entry) != e.at("xxh64").get<uint64_t>()) throw bad("entry " + name + ": checksum mismatch");
+      Binary b;
+      if (const std::string why = deserialize(entry, b); !why.empty()) throw bad("entry " + name + ": " + why);
+      entries.emplace(name, std::move(entry));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw bad(std::string("manifest: ") + e.what());
+  }
+  if (offset != bytes.size()) throw bad(std::to_string(bytes.size() - offset) + " bytes after the last entry");
+  return entries;
+}
+
+}  // namespace
+
+void DiskCache::use_bundle(const fs::path& bundle) {
+  auto entries = read_bundle(bundle);
+  detail::log().info("bundle {}: {} entries", bundle.string(), entries.size());
+  std::lock_guard<std::mutex> lock(mutex_);
+  bundle_entries_ = std::move(entries);
+}
+
+size_t export_bundle(const fs::path& cache_dir, const fs::path& bundle, const std::vector<std::string>& names) {
+  std::vector<std::string> chosen = names;
+  if (chosen.empty()) {
+    std::error_code ec;
+    for (fs::directory_iterator it(cache_dir, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().extension() == ".kernel") chosen.push_back(it->path().filename().string());
+    std::sort(chosen.begin(), chosen.end());
+  }
+  nlohmann::json list = nlohmann::json::array();
+  std::string blobs;
+  for (const std::string& name : chosen) {
+    std::string entry;
+    if (!read_file(cache_dir / name, entry))
+      throw Error(Status::kCacheError, "cannot export " + (cache_dir / name).string() + ": cannot be read");
+    Binary b;
+    if (const std::string why = deserialize(entry, b); !why.empty())
+      throw Error(Status::kCacheError, "cannot export " + (cache_dir / name).string() + ": " + why);
+    list.push_back({{"name", name}, {"spec", name.substr(0, name.rfind(".sm_"))},
+                    {"arch", b.arch}, {"bytes", entry.size()}, {"xxh64", xxh64(entry)}});
+    blobs += entry;
+  }
+  const std::string manifest =
+      nlohmann::json{{"format", "normjit-bundle"}, {"normjit", version()}, {"entries", list}}.dump();
+  std::string out(kBundleMagic, sizeof(kBundleMagic));
+  const uint32_t v = kBundleVersion;
+  const uint64_t size = manifest.size();
+  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+  out.append(reinterpret_cast<const char*>(&size), sizeof(size));
+  out += manifest;
+  out += blobs;
+  write_atomic(bundle, out);
+  return chosen.size();
+}
+
+size_t import_bundle(const fs::path& bundle, const fs::path& cache_dir) {
+  const auto entries = read_bundle(bundle);  // all verified before anything is written
+  std::error_code ec;
+  fs::create_directories(cache_dir, ec);
+  if (ec) throw Error(Status::kCacheError, "cannot create cache directory " + cache_dir.string() + ": " + ec.message());
+  for (const auto& [name, bytes] : entries) write_atomic(cache_dir / name, bytes);
+  return entries.size();
 }
 
 }  // namespace normjit

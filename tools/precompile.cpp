@@ -17,7 +17,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"Compile normjit kernels into the disk cache (no GPU needed)."};
   std::vector<std::string> manifests, spec_args, archs{"sm_90"};
-  std::string cache_dir, json_path;
+  std::string cache_dir, json_path, bundle_path, import_path;
   unsigned jobs = std::max(1u, std::thread::hardware_concurrency());
   bool quiet = false;
   app.add_option("specs", spec_args, "Spec strings, e.g. layernorm.fwd_train.bf16.w_bf16.n4096");
@@ -27,9 +27,23 @@ int main(int argc, char** argv) {
   app.add_option("-j,--jobs", jobs, "Parallel compile threads")->capture_default_str()->check(CLI::Range(1u, 256u));
   app.add_option("--json", json_path, "Write a JSON summary to this file ('-' for stdout)");
   app.add_flag("-q,--quiet", quiet, "No per-kernel progress lines");
+  app.add_option("--bundle", bundle_path, "Also write this run's kernels (every spec x arch) into one bundle file");
+  app.add_option("--import", import_path, "Verify a bundle and import its entries into the cache; nothing else")
+      ->check(CLI::ExistingFile);
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (!import_path.empty()) {
+      if (!spec_args.empty() || !manifests.empty() || !bundle_path.empty()) {
+        std::cerr << "normjit-precompile: --import takes no specs, manifests or --bundle\n";
+        return 2;
+      }
+      const normjit::DiskCache cache(cache_dir);
+      const size_t n = normjit::import_bundle(import_path, cache.dir());
+      std::fprintf(stderr, "normjit-precompile: imported %zu entries from %s into %s\n", n, import_path.c_str(),
+                   cache.dir().string().c_str());
+      return 0;
+    }
     std::vector<normjit::Spec> specs;
     for (const auto& m : manifests) {
       auto more = normjit::tools::read_manifest(m);
@@ -123,6 +137,18 @@ int main(int argc, char** argv) {
       } else {
         std::ofstream(json_path) << j.dump(2) << "\n";
       }
+    }
+    if (!bundle_path.empty()) {
+      if (failed) {
+        std::cerr << "normjit-precompile: not writing " << bundle_path << ": " << failed << " kernel(s) failed\n";
+        return 1;
+      }
+      std::vector<std::string> names;
+      for (const auto& j : work) names.push_back(cache.entry_path(j.spec, j.target).filename().string());
+      std::sort(names.begin(), names.end());
+      names.erase(std::unique(names.begin(), names.end()), names.end());
+      const size_t n = normjit::export_bundle(cache.dir(), bundle_path, names);
+      std::fprintf(stderr, "normjit-precompile: wrote %zu entries to bundle %s\n", n, bundle_path.c_str());
     }
     return failed ? 1 : 0;
   } catch (const normjit::Error& e) {

@@ -1,6 +1,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -99,6 +100,11 @@ class DiskCache {
   uint64_t max_bytes() const { return max_bytes_; }
   // Bytes of the entries (.kernel and .cu) now in the directory.
   uint64_t size_bytes() const;
+  // The entry file a resolved spec compiles to for a target (whether or not it exists yet).
+  std::filesystem::path entry_path(const Spec& resolved_spec, const Target& target) const;
+  // Entries are looked up in this bundle (verified when it is opened) before the directory;
+  // NORMJIT_BUNDLE names one at construction. Throws Error(kCacheError) naming a bad bundle.
+  void use_bundle(const std::filesystem::path& bundle);
 
  private:
   void enforce_cap(const std::filesystem::path& keep);
@@ -108,6 +114,19 @@ class DiskCache {
   CacheCounters counters_;
   bool writable_ = true;
   uint64_t max_bytes_ = 0;
+  std::map<std::string, std::string> bundle_entries_;  // entry file name -> entry bytes
 };
+
+// Bundles: one versioned file carrying many cache entries, for deployment. Layout: the magic
+// "NJBUNDLE", a u32 format version, a u64 manifest size, the manifest (JSON: per entry its file
+// name, spec, arch, size and XXH64), then the entries' bytes in manifest order. Each entry is
+// also a complete cache entry with its own magic, version and checksum.
+// Writes the named entries of a cache directory (all valid ones when `names` is empty) into a
+// bundle; returns how many. Throws Error(kCacheError) naming a missing or invalid entry.
+size_t export_bundle(const std::filesystem::path& cache_dir, const std::filesystem::path& bundle,
+                     const std::vector<std::string>& names = {});
+// Verifies the whole bundle first, then writes its entries into the cache directory (each
+// renamed into place); a bad bundle writes nothing. Returns how many entries it holds.
+size_t import_bundle(const std::filesystem::path& bundle, const std::filesystem::path& cache_dir);
 
 }  // namespace normjit

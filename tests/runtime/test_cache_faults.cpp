@@ -261,3 +261,66 @@ TEST_CASE("NORMJIT_CACHE_MAX_BYTES is read at construction; a bad value names it
   unsetenv("NORMJIT_CACHE_MAX_BYTES");
   CHECK(DiskCache("/tmp/normjit-cap").max_bytes() == 0);
 }
+
+TEST_CASE("bundles: two archs exported in one run, imported or used directly with no compile; damage is refused whole") {
+  const fs::path dir = fresh_dir("bundle");
+  const fs::path built = dir / "built", bundle = dir / "kernels.njb";
+  const std::vector<std::string> specs = {"layernorm.fwd_train.bf16.w_f32.n4096.bias", "rmsnorm.bwd.f16.w_f16.n768",
+                                          "adalayernorm.fwd_infer.f32.w_f32.n1000.bias.gelu"};
+  std::string cmd = std::string(NORMJIT_PRECOMPILE_EXE) + " -q -a sm_80 -a sm_90 -c " + built.string() + " --bundle " +
+                    bundle.string();
+  for (const auto& s : specs) cmd += " " + s;
+  REQUIRE(run(cmd) == 0);
+  REQUIRE(fs::exists(bundle));
+
+  // Imported into an empty cache: every kernel is a disk hit, for both archs.
+  const fs::path imported = dir / "imported";
+  REQUIRE(run(std::string(NORMJIT_PRECOMPILE_EXE) + " --import " + bundle.string() + " -c " + imported.string()) == 0);
+  CHECK(count_ext(imported, ".kernel") == 2 * specs.size());
+  {
+    DiskCache cache(imported);
+    for (const auto& s : specs)
+      for (int arch : {80, 90}) cache.get_or_compile(resolve(Spec::parse(s), 16, arch), Target{arch});
+    CHECK(cache.counters().compiles == 0);
+    CHECK(cache.counters().disk_hits == 2 * specs.size());
+  }
+  // Used directly: an empty directory, the bundle as the only source.
+  {
+    DiskCache cache(dir / "empty");
+    cache.use_bundle(bundle);
+    for (const auto& s : specs) {
+      const Binary b = cache.get_or_compile(resolve(Spec::parse(s)), Target{90});
+      CHECK(b.image.size() > 1000);
+    }
+    CHECK(cache.counters().compiles == 0);
+    CHECK_FALSE(fs::exists(dir / "empty"));  // nothing written
+  }
+  // Damage anywhere: the bundle is refused with its name and the reason, and nothing is imported.
+  const std::string good = slurp(bundle);
+  auto refused = [&](const std::string& what, const std::string& bytes, const std::string& needle) {
+    CAPTURE(what);
+    const fs::path bad = dir / "bad.njb", target = dir / ("target-" + std::to_string(bytes.size()));
+    std::ofstream(bad, std::ios::binary | std::ios::trunc) << bytes;
+    try {
+      import_bundle(bad, target);
+      FAIL("a damaged bundle was imported");
+    } catch (const Error& e) {
+      CHECK(e.status() == Status::kCacheError);
+      CHECK(std::string(e.what()).find(bad.string()) != std::string::npos);
+      CHECK(std::string(e.what()).find(needle) != std::string::npos);
+    }
+    CHECK(count_ext(target, ".kernel") == 0);
+  };
+  std::string flipped = good;
+  flipped[flipped.size() - 200] ^= 0x04;  // inside the last entry
+  refused("bit flip in an entry", flipped, "checksum mismatch");
+  refused("truncated", good.substr(0, good.size() - 10), "truncated");
+  std::string magic = good;
+  magic[0] = 'X';
+  refused("bad magic", magic, "NJBUNDLE");
+  std::string version = good;
+  version[8] = 7;
+  refused("wrong version", version, "format version 7");
+  refused("trailing bytes", good + "junk", "bytes after the last entry");
+  fs::remove_all(dir);
+}
