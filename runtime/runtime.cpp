@@ -273,16 +273,13 @@ Runtime::Runtime(int device, std::filesystem::path cache_dir) : disk_cache_(std:
   target_ = Target{device_.sm_major * 10 + device_.sm_minor};
   // The tuning database: NORMJIT_TUNING_DB, else tuning.json in the cache directory.
   const char* db_env = std::getenv("NORMJIT_TUNING_DB");
-  const std::filesystem::path db_path =
-      db_env && *db_env ? std::filesystem::path(db_env) : disk_cache_.dir() / "tuning.json";
+  tuning_db_path_ = db_env && *db_env ? std::filesystem::path(db_env) : disk_cache_.dir() / "tuning.json";
   std::error_code ec;
-  tuning_mode_ = tuning_mode_from_env(std::filesystem::exists(db_path, ec));
-  if (tuning_mode_ == TuningMode::kTuneOnMiss)
-    throw Error(Status::kNotSupported, "NORMJIT_TUNING=tune (tuning on a miss) is not built yet; run normjit-tune "
-                                       "and let the runtime read its database (NORMJIT_TUNING=db)");
-  if (tuning_mode_ == TuningMode::kDatabase) {
-    tuning_db_ = TuningDb::load(db_path.string());
-    detail::log().info("tuning database {}: {} entries", db_path.string(), tuning_db_.size());
+  const bool db_exists = std::filesystem::exists(tuning_db_path_, ec);
+  tuning_mode_ = tuning_mode_from_env(db_exists);
+  if (tuning_mode_ != TuningMode::kHeuristic && db_exists) {
+    tuning_db_ = TuningDb::load(tuning_db_path_.string());
+    detail::log().info("tuning database {}: {} entries", tuning_db_path_.string(), tuning_db_.size());
   }
   NORMJIT_CU(cuDevicePrimaryCtxRetain(&context_, cu_device_));
   NORMJIT_CU(cuCtxSetCurrent(context_));
@@ -306,7 +303,8 @@ TuningKey Runtime::tuning_key(const Spec& spec) const {
 
 Spec Runtime::choose(const Spec& spec, int max_vec) const {
   if (spec.block) return spec;
-  if (tuning_mode_ == TuningMode::kDatabase && tuning_db_.size() > 0) {
+  if (tuning_mode_ != TuningMode::kHeuristic) {
+    std::lock_guard<std::mutex> lock(tuning_mutex_);
     // A winner measured with wider vectors than these pointers allow falls back to the heuristic.
     if (auto e = tuning_db_.lookup(tuning_key(spec)); e && e->config.vec <= max_vec) {
       Spec tuned = spec;
@@ -319,6 +317,14 @@ Spec Runtime::choose(const Spec& spec, int max_vec) const {
 }
 
 const Kernel& Runtime::get(const Spec& spec) {
+  if (tuning_mode_ == TuningMode::kTuneOnMiss && !spec.block) {
+    bool known;
+    {
+      std::lock_guard<std::mutex> lock(tuning_mutex_);
+      known = tuning_db_.lookup(tuning_key(spec)).has_value();
+    }
+    if (!known) return get(tune_on_miss(spec));
+  }
   const Spec resolved = choose(spec, 16);
   if (resolved.block->cluster > 1 && target_.arch < 90)
     throw Error(Status::kNotSupported, "spec '" + resolved.str() + "' uses a cluster of " +
@@ -401,6 +407,7 @@ const Kernel& Runtime::get(const Spec& spec) {
 }
 
 void Runtime::launch(const Spec& spec, const LaunchArgs& args, CUstream stream) {
+  if (tuning_mode_ == TuningMode::kTuneOnMiss && !spec.block) (void)get(spec);  // tunes on a miss
   const Spec resolved = spec.block ? spec : choose(spec, max_vec_for(spec, args));
   get(resolved).launch(args, stream);
 }

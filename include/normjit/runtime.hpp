@@ -113,6 +113,7 @@ class Runtime {
   // The tuning database key of a spec on this device.
   TuningKey tuning_key(const Spec& spec) const;
   TuningMode tuning_mode() const { return tuning_mode_; }
+  const std::filesystem::path& tuning_db_path() const { return tuning_db_path_; }
   // Picks the vector width the pointers' alignment allows, then gets and launches.
   void launch(const Spec& spec, const LaunchArgs& args, CUstream stream = nullptr);
 
@@ -127,7 +128,13 @@ class Runtime {
   CUdevice cu_device_ = 0;
   CUcontext context_ = nullptr;
   DiskCache disk_cache_;
+  // Tune on a miss (NORMJIT_TUNING=tune): times the spec's candidates on scratch buffers, records
+  // the fastest in the database (merged into the file under a lock) and returns it.
+  Spec tune_on_miss(const Spec& spec);
+
   TuningMode tuning_mode_ = TuningMode::kHeuristic;
+  std::filesystem::path tuning_db_path_;
+  mutable std::mutex tuning_mutex_;  // guards tuning_db_
   TuningDb tuning_db_;
   mutable std::mutex mutex_;
   // Keyed by the packed fields of the resolved spec: building the string form costs more than

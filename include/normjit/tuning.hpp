@@ -60,8 +60,10 @@ class TuningDb {
 };
 
 // How Runtime picks a block config for a spec without one: NORMJIT_TUNING=heuristic | db (the
-// default when the database file exists) | tune (not yet built: throws). The database path is
-// NORMJIT_TUNING_DB, else <cache dir>/tuning.json.
+// default when the database file exists) | tune (db, and a spec missing from it is tuned on the
+// spot: NORMJIT_TUNE_CANDIDATES (8) candidates timed on NORMJIT_TUNE_ROWS rows of random data, the
+// winner merged into the file under a lock). The database path is NORMJIT_TUNING_DB, else
+// <cache dir>/tuning.json.
 enum class TuningMode { kHeuristic, kDatabase, kTuneOnMiss };
 TuningMode tuning_mode_from_env(bool database_exists);
 

@@ -164,3 +164,45 @@ TEST_CASE("explicit launch arguments are validated before any launch") {
   LaunchArgs a;
   CHECK_THROWS_WITH_AS(k.launch(a), doctest::Contains("x is null"), Error);
 }
+
+TEST_CASE("tune on a miss: the winner is recorded, never slower than the heuristic, and read back in db mode") {
+  (void)runtime();  // the shared runtime exists before the environment says "tune"
+  const std::filesystem::path db =
+      std::filesystem::temp_directory_path() / ("normjit-tune-" + std::to_string(std::random_device{}()) + ".json");
+  setenv("NORMJIT_TUNING", "tune", 1);
+  setenv("NORMJIT_TUNING_DB", db.c_str(), 1);
+  setenv("NORMJIT_TUNE_CANDIDATES", "4", 1);
+  const Spec forward = Spec::parse("layernorm.fwd_train.bf16.w_bf16.n4096.bias");
+  const Spec backward = Spec::parse("rmsnorm.bwd.bf16.w_f32.n2048");
+  {
+    Runtime tuning(0, runtime().disk_cache().dir());
+    CHECK(tuning.tuning_mode() == TuningMode::kTuneOnMiss);
+    const Spec tuned_fwd = tuning.get(forward).spec();
+    const Spec tuned_bwd = tuning.get(backward).spec();
+    const TuningDb saved = TuningDb::load(db.string());
+    for (const auto& [spec, tuned] : {std::pair{forward, tuned_fwd}, std::pair{backward, tuned_bwd}}) {
+      const auto e = saved.lookup(tuning.tuning_key(spec));
+      REQUIRE(e.has_value());
+      CHECK(e->config == *tuned.block);
+      CHECK(e->us <= e->heuristic_us);
+      MESSAGE(spec.str() << ": tuned " << tuned.str() << " " << e->us << " us, heuristic " << e->heuristic_us << " us");
+    }
+  }
+  setenv("NORMJIT_TUNING", "db", 1);
+  {
+    Runtime reading(0, runtime().disk_cache().dir());
+    const TuningDb saved = TuningDb::load(db.string());
+    CHECK(reading.get(forward).spec().block == saved.lookup(reading.tuning_key(forward))->config);
+  }
+  // A tuned config computes the same function: checked through the shared runtime, pinned.
+  Case c;
+  c.spec = Spec::parse(forward.str());
+  c.spec.block = TuningDb::load(db.string()).lookup(runtime().tuning_key(forward))->config;
+  c.rows = 37;
+  CHECK(run_forward(c).worst <= 1.0);
+  unsetenv("NORMJIT_TUNING");
+  unsetenv("NORMJIT_TUNING_DB");
+  unsetenv("NORMJIT_TUNE_CANDIDATES");
+  std::filesystem::remove(db);
+  std::filesystem::remove(db.string() + ".lock");
+}

@@ -1,0 +1,205 @@
+// Tuning on a miss (NORMJIT_TUNING=tune): the spec's candidate block configs are timed on scratch
+// buffers of random data, the fastest is recorded in the tuning database and used from then on.
+#include <sys/file.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
+
+#include "normjit/compiler.hpp"
+#include "normjit/driver.hpp"
+#include "normjit/error.hpp"
+#include "normjit/runtime.hpp"
+#include "runtime/fill_source.hpp"
+#include "runtime/log.hpp"
+
+namespace normjit {
+namespace {
+
+int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (*end != '\0' || n < lo || n > hi)
+    throw Error(Status::kInvalidArgument, std::string(name) + "='" + v + "' must be an integer in [" +
+                                              std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return n;
+}
+
+struct Scratch {
+  CUdeviceptr ptr = 0;
+  explicit Scratch(size_t bytes) {
+    if (bytes) NORMJIT_CU_CTX(cuMemAlloc(&ptr, bytes), "allocating " + std::to_string(bytes) + " tuning bytes");
+  }
+  ~Scratch() {
+    if (ptr) driver().cuMemFree(ptr);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* get() const { return reinterpret_cast<void*>(ptr); }
+};
+
+struct EventPair {
+  CUevent start = nullptr, stop = nullptr;
+  EventPair() {
+    NORMJIT_CU(cuEventCreate(&start, CU_EVENT_DEFAULT));
+    NORMJIT_CU(cuEventCreate(&stop, CU_EVENT_DEFAULT));
+  }
+  ~EventPair() {
+    driver().cuEventDestroy(start);
+    driver().cuEventDestroy(stop);
+  }
+};
+
+}  // namespace
+
+Spec Runtime::tune_on_miss(const Spec& requested) {
+  Spec spec = requested;
+  spec.block.reset();
+  const int64_t n = spec.n;
+  // About 2^25 elements per buffer: past the L2 of current GPUs, and a few ms per candidate.
+  const int64_t rows = env_int("NORMJIT_TUNE_ROWS", std::clamp<int64_t>((int64_t(1) << 25) / n, 1, 65536), 1,
+                               int64_t(1) << 24);
+  const size_t limit = static_cast<size_t>(env_int("NORMJIT_TUNE_CANDIDATES", 8, 1, 256));
+  const bool backward = spec.phase == Phase::kBackward;
+  const bool ada = spec.norm == Norm::kAdaLayerNorm;
+  const int xs = dtype_size(spec.x_dtype), ws = dtype_size(spec.w_dtype);
+  const size_t x_bytes = size_t(rows) * n * xs;
+  Spec fwd = spec;
+  fwd.phase = Phase::kForwardTraining;
+  const std::vector<BlockConfig> candidates = candidate_configs(spec, target_.arch, 16, limit);
+  size_t workspace = 0;
+  for (const BlockConfig& b : candidates) {
+    Spec s = spec;
+    s.block = b;
+    if (backward) workspace = std::max(workspace, get(s).workspace_bytes(rows, ada ? rows : 0));
+  }
+
+  NORMJIT_CU(cuCtxSetCurrent(context_));
+  Scratch x(x_bytes), y(x_bytes), dy(backward ? x_bytes : 0), gamma(n * ws), beta(n * ws), mean(rows * 4),
+      rstd(rows * 4), mask(size_t(rows) * mask_row_bytes(n)), dgamma(n * ws), dbeta(n * ws), work(workspace);
+  {
+    GeneratedSource src;
+    src.spec = "tuner.fill";
+    src.kernel_name = "normjit_tuner_fill";
+    src.source = detail::kFillSource;
+    const CompileResult fill_kernels = compile(src, target_);
+    CUmodule module = nullptr;
+    NORMJIT_CU(cuModuleLoadData(&module, fill_kernels.binary.image.data()));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      modules_.push_back(module);
+    }
+    auto fill = [&](const Scratch& buf, DType d, long long count, unsigned seed, float scale, float offset) {
+      CUfunction f = nullptr;
+      const char* name = d == DType::kF32 ? "fill_f32" : d == DType::kF16 ? "fill_f16" : "fill_bf16";
+      NORMJIT_CU(cuModuleGetFunction(&f, module, name));
+      void* out = buf.get();
+      void* args[] = {&out, &count, &seed, &scale, &offset};
+      NORMJIT_CU(cuLaunchKernel(f, unsigned(device_.sm_count) * 8, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
+    };
+    const unsigned seed = static_cast<unsigned>(n * 7919 + static_cast<int>(spec.phase));
+    fill(x, spec.x_dtype, rows * n, seed, 2.0f, 0.5f);
+    fill(gamma, spec.w_dtype, n, seed + 1, 0.5f, 1.0f);
+    fill(beta, spec.w_dtype, n, seed + 2, 0.5f, 0.0f);
+    if (backward) fill(dy, spec.x_dtype, rows * n, seed + 3, 1.0f, 0.0f);
+  }
+  LaunchArgs a;
+  a.x = x.get();
+  a.y = y.get();
+  a.gamma = gamma.get();
+  a.beta = spec.has_bias ? beta.get() : nullptr;
+  a.mean = spec.norm != Norm::kRMSNorm && spec.phase != Phase::kForwardInference ? static_cast<float*>(mean.get()) : nullptr;
+  a.rstd = spec.phase != Phase::kForwardInference ? static_cast<float*>(rstd.get()) : nullptr;
+  a.mask = spec.epilogue == Epilogue::kReluBitmask ? static_cast<unsigned char*>(mask.get()) : nullptr;
+  a.rows = rows;
+  a.row_stride = n;
+  a.rows_per_batch = ada ? rows : 0;
+  a.eps = 1e-5f;
+  a.clip_lower = 0.f;
+  a.clip_upper = 6.f;
+  if (backward) {
+    LaunchArgs f = a;
+    f.mean = spec.norm != Norm::kRMSNorm ? static_cast<float*>(mean.get()) : nullptr;
+    f.rstd = static_cast<float*>(rstd.get());
+    get(fwd).launch(f);  // the statistics (and mask) the backward reads
+    a.y = nullptr;
+    a.beta = spec.has_bias && spec.epilogue == Epilogue::kGelu ? beta.get() : nullptr;
+    a.mean = f.mean;
+    a.rstd = f.rstd;
+    a.dy = dy.get();
+    a.dx = y.get();
+    a.dgamma = dgamma.get();
+    a.dbeta = spec.has_bias ? dbeta.get() : nullptr;
+    a.workspace = work.get();
+    a.workspace_bytes = workspace;
+  }
+
+  // Median of 7 batches of 5 launches after one warm-up batch, per candidate.
+  EventPair ev;
+  BlockConfig best{};
+  double best_us = 0, heuristic_us = 0;
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    Spec s = spec;
+    s.block = candidates[c];
+    try {
+      const Kernel& k = get(s);
+      std::vector<float> ms;
+      for (int batch = 0; batch < 8; ++batch) {
+        NORMJIT_CU(cuEventRecord(ev.start, nullptr));
+        for (int i = 0; i < 5; ++i) k.launch(a);
+        NORMJIT_CU(cuEventRecord(ev.stop, nullptr));
+        NORMJIT_CU(cuEventSynchronize(ev.stop));
+        float t = 0;
+        NORMJIT_CU(cuEventElapsedTime(&t, ev.start, ev.stop));
+        if (batch > 0) ms.push_back(t);
+      }
+      std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+      const double us = 1000.0 * ms[ms.size() / 2] / 5;
+      if (c == 0) heuristic_us = us;
+      if (best_us == 0 || us < best_us) {
+        best_us = us;
+        best = candidates[c];
+      }
+    } catch (const Error& e) {  // e.g. more shared memory than this device has
+      detail::log().info("tuning {}: skipping {}: {}", spec.str(), s.str(), e.what());
+    }
+  }
+  if (best_us == 0) throw Error(Status::kNotSupported, "tuning " + spec.str() + ": no candidate ran");
+
+  TuningEntry entry;
+  entry.config = best;
+  entry.us = best_us;
+  entry.heuristic_us = heuristic_us;
+  entry.rows = rows;
+  const TuningKey key = tuning_key(spec);
+  {
+    std::lock_guard<std::mutex> lock(tuning_mutex_);
+    tuning_db_.record(key, entry);
+    // Merged into the file under a lock, so concurrent processes keep each other's winners.
+    const std::string lock_path = tuning_db_path_.string() + ".lock";
+    const int fd = ::open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+    if (fd >= 0 && ::flock(fd, LOCK_EX) == 0) {
+      try {
+        std::error_code ec;
+        if (std::filesystem::exists(tuning_db_path_, ec)) tuning_db_.merge(TuningDb::load(tuning_db_path_.string()));
+        tuning_db_.save(tuning_db_path_.string());
+      } catch (const Error& e) {
+        detail::log().warn("tuning database {} not updated: {}", tuning_db_path_.string(), e.what());
+      }
+    } else {
+      detail::log().warn("tuning database {} not updated: cannot lock {}", tuning_db_path_.string(), lock_path);
+    }
+    if (fd >= 0) ::close(fd);
+  }
+  Spec tuned = spec;
+  tuned.block = best;
+  detail::log().info("tuned {}: {} ({:.2f} us; heuristic {:.2f} us)", spec.str(), tuned.str(), best_us, heuristic_us);
+  return tuned;
+}
+
+}  // namespace normjit
