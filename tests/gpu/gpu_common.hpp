@@ -81,6 +81,18 @@ struct Case {
   double atol = -1, rtol = -1;
 };
 
+// A pinned block config (a strategy the heuristic may not pick): 37 rows, one AdaLayerNorm
+// batch, a clip the data crosses, x = center + noise.
+inline Case pinned_case(const char* text, double center = 0.0) {
+  Case c;
+  c.spec = Spec::parse(text);
+  c.rows = 37;
+  c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? 37 : 0;
+  c.clip_upper = 1.5f;
+  c.center = center;
+  return c;
+}
+
 inline int64_t groups_of(const Case& c) {
   return c.spec.norm == Norm::kAdaLayerNorm ? c.rows / c.rows_per_batch : 1;
 }

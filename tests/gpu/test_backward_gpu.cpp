@@ -87,11 +87,7 @@ TEST_CASE("pinned block configurations: clusters of every size and shared-memory
                            "layernorm.bwd.bf16.w_f32.n18432.bias.cfg_t576_r1_v8_smem",
                            "adalayernorm.bwd.f16.w_f32.n12288.bias.relu_bitmask.cfg_t512_r1_v8_smem",
                            "rmsnorm.bwd.f32.w_f32.n8192.bias.gelu.cfg_t512_r1_v4_smem"}) {
-    Case c;
-    c.spec = Spec::parse(text);
-    c.rows = 37;
-    c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? 37 : 0;
-    c.clip_upper = 1.5f;
+    const Case c = pinned_case(text);
     const std::string name = text;
     CAPTURE(name);
     if (c.spec.phase == Phase::kBackward) {

@@ -54,12 +54,7 @@ TEST_CASE("pinned shared-memory rows (smem), alone and across clusters, match th
                            "rmsnorm.fwd_train.f32.w_f32.n262144.cfg_t1024_r1_v4_c8_smem",
                            "layernorm.fwd_train.bf16.w_bf16.n131072.bias.relu_bitmask.cfg_t512_r1_v8_c2_smem",
                            "adalayernorm.fwd_train.f16.w_f32.n98304.bias.cfg_t768_r1_v8_c2_smem"}) {
-    Case c;
-    c.spec = Spec::parse(text);
-    c.rows = 37;
-    c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? 37 : 0;
-    c.clip_upper = 1.5f;
-    c.center = 100.0;  // x0-centered sums: the mean is far from zero
+    const Case c = pinned_case(text, 100.0);  // x0-centered sums: the mean far from zero
     const std::string name = text;
     CAPTURE(name);
     CHECK(run_forward(c).worst <= 1.0);

@@ -8,35 +8,12 @@
 #include <sstream>
 
 #include "normjit/normjit.hpp"
+#include "tests/runtime/cache_test_util.hpp"
 
 using namespace normjit;
 namespace fs = std::filesystem;
 
-namespace {
-
-fs::path fresh_dir(const char* tag) {
-  const fs::path d = fs::temp_directory_path() /
-                     ("normjit-test-" + std::string(tag) + "-" + std::to_string(std::random_device{}()));
-  fs::remove_all(d);
-  return d;
-}
-
-std::vector<fs::path> entries(const fs::path& dir, const std::string& ext) {
-  std::vector<fs::path> out;
-  if (!fs::exists(dir)) return out;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().extension() == ext) out.push_back(e.path());
-  return out;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-}  // namespace
+using namespace cache_test;
 
 TEST_CASE("disk cache: miss compiles, hit loads, source kept beside the cubin") {
   const fs::path dir = fresh_dir("hits");

@@ -21,33 +21,14 @@
 #include <thread>
 
 #include "normjit/normjit.hpp"
+#include "tests/runtime/cache_test_util.hpp"
 
 using namespace normjit;
 namespace fs = std::filesystem;
 
+using namespace cache_test;
+
 namespace {
-
-fs::path fresh_dir(const char* tag) {
-  const fs::path d = fs::temp_directory_path() /
-                     ("normjit-faults-" + std::string(tag) + "-" + std::to_string(std::random_device{}()));
-  fs::remove_all(d);
-  return d;
-}
-
-size_t count_ext(const fs::path& dir, const std::string& ext) {
-  size_t n = 0;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-    n += it->path().extension() == ext;
-  return n;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // Small, fast-compiling and distinct: rmsnorm inference at N = first .. first + count - 1.
 std::vector<std::string> small_specs(int first, int count) {
