@@ -24,9 +24,10 @@ int access_bytes(int vec, DType d) { return std::min(16, vec * dtype_size(d)); }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Every field of a resolved spec in one word (n < 2^19, block fields < 2^11 each).
+// Every field of a spec in one word (n < 2^19, block fields < 2^11 each). A spec without a block
+// config packs threads_per_row = 0, which no resolved spec has.
 uint64_t packed_key(const Spec& s) {
-  const BlockConfig& b = *s.block;
+  const BlockConfig b = s.block.value_or(BlockConfig{});
   uint64_t k = static_cast<uint64_t>(s.n);  // 19 bits
   k = k << 2 | static_cast<uint64_t>(s.norm);
   k = k << 2 | static_cast<uint64_t>(s.phase);
@@ -316,16 +317,26 @@ Spec Runtime::choose(const Spec& spec, int max_vec) const {
   return resolve(spec, max_vec, target_.arch);
 }
 
-const Kernel& Runtime::get(const Spec& spec) {
-  if (tuning_mode_ == TuningMode::kTuneOnMiss && !spec.block) {
-    bool known;
-    {
-      std::lock_guard<std::mutex> lock(tuning_mutex_);
-      known = tuning_db_.lookup(tuning_key(spec)).has_value();
-    }
-    if (!known) return get(tune_on_miss(spec));
+Spec Runtime::tuned_choice(const Spec& spec) {
+  // Remembered per spec: the database lookup builds strings, too slow for every in-process hit.
+  const uint64_t unresolved = packed_key(spec);
+  {
+    std::lock_guard<std::mutex> lock(tuning_mutex_);
+    if (auto it = chosen_.find(unresolved); it != chosen_.end()) return it->second;
   }
-  const Spec resolved = choose(spec, 16);
+  bool known = true;
+  if (tuning_mode_ == TuningMode::kTuneOnMiss) {
+    std::lock_guard<std::mutex> lock(tuning_mutex_);
+    known = tuning_db_.lookup(tuning_key(spec)).has_value();
+  }
+  const Spec chosen = known ? choose(spec, 16) : tune_on_miss(spec);
+  std::lock_guard<std::mutex> lock(tuning_mutex_);
+  chosen_[unresolved] = chosen;
+  return chosen;
+}
+
+const Kernel& Runtime::get(const Spec& spec) {
+  const Spec resolved = spec.block || tuning_mode_ == TuningMode::kHeuristic ? choose(spec, 16) : tuned_choice(spec);
   if (resolved.block->cluster > 1 && target_.arch < 90)
     throw Error(Status::kNotSupported, "spec '" + resolved.str() + "' uses a cluster of " +
                                            std::to_string(resolved.block->cluster) + " CTAs; " + target_.str() +
@@ -407,7 +418,7 @@ const Kernel& Runtime::get(const Spec& spec) {
 }
 
 void Runtime::launch(const Spec& spec, const LaunchArgs& args, CUstream stream) {
-  if (tuning_mode_ == TuningMode::kTuneOnMiss && !spec.block) (void)get(spec);  // tunes on a miss
+  if (tuning_mode_ == TuningMode::kTuneOnMiss && !spec.block) (void)tuned_choice(spec);  // tunes on a miss
   const Spec resolved = spec.block ? spec : choose(spec, max_vec_for(spec, args));
   get(resolved).launch(args, stream);
 }

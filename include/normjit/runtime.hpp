@@ -131,11 +131,14 @@ class Runtime {
   // Tune on a miss (NORMJIT_TUNING=tune): times the spec's candidates on scratch buffers, records
   // the fastest in the database (merged into the file under a lock) and returns it.
   Spec tune_on_miss(const Spec& spec);
+  // get()'s choice for a spec without a block config outside heuristic mode (tuning on a miss).
+  Spec tuned_choice(const Spec& spec);
 
   TuningMode tuning_mode_ = TuningMode::kHeuristic;
   std::filesystem::path tuning_db_path_;
-  mutable std::mutex tuning_mutex_;  // guards tuning_db_
+  mutable std::mutex tuning_mutex_;  // guards tuning_db_ and chosen_
   TuningDb tuning_db_;
+  std::unordered_map<uint64_t, Spec> chosen_;  // tuned_choice() by the spec's packed fields
   mutable std::mutex mutex_;
   // Keyed by the packed fields of the resolved spec: building the string form costs more than
   // the whole lookup.
