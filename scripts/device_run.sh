@@ -29,6 +29,10 @@ if [[ $STAGE == all || ,$STAGE, == *,launch,* ]]; then
     LSPECS="$LSPECS layernorm.fwd_train.$dt.n768.bias layernorm.bwd.$dt.n768.bias rmsnorm.fwd_train.$dt.n128 rmsnorm.bwd.$dt.n128"
   done
   build/normjit-bench --graph --rows 4096 --json "$OUT/normjit_launch.json" $LSPECS 2>&1 | tee "$OUT/normjit_launch.txt"
+  # Host-side launch cost against a raw cuLaunchKernel, and get() hits (autotuning issue's figures).
+  build/normjit-bench --launch-overhead --rows 4096 --json "$OUT/normjit_launch_overhead.json" \
+    layernorm.fwd_train.f16.n768.bias rmsnorm.fwd_train.f16.n128 layernorm.fwd_train.bf16.n4096.bias 2>&1 \
+    | tee "$OUT/normjit_launch_overhead.txt" | grep -E "host launch|^layernorm|^rmsnorm"
 fi
 if [[ $STAGE == all || ,$STAGE, == *,perf,* ]]; then
   # normjit alone over powers of two and the hidden sizes models use, bf16, M = 32768 (M = 4096 at

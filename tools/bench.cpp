@@ -18,6 +18,7 @@
 #include "normjit/normjit.hpp"
 #include "normjit/reference.hpp"
 #include "runtime/fill_source.hpp"
+#include "templates/normjit/params.h"
 
 namespace nj = normjit;
 
@@ -181,6 +182,9 @@ int main(int argc, char** argv) {
   bool tune = false;
   app.add_flag("--tune", tune, "Tune: time each spec's candidate block configs (normjit-tune)");
 #endif
+  bool launch_overhead = false;
+  app.add_flag("--launch-overhead", launch_overhead,
+               "Forward specs: host time per Kernel::launch against a raw cuLaunchKernel of the same kernel");
   std::string tuning_db_path;
   double budget_s = 60;
   size_t max_candidates = 24;
@@ -423,6 +427,52 @@ int main(int argc, char** argv) {
       } else {
         std::printf("%-58s %8lld %10.2f %9.1f %9.1f %6.1f%% %9.3f %s %.2f ms\n", spec.str().c_str(), (long long)rows,
                     us, gbps, copy_gbps, 100.0 * gbps / copy_gbps, worst, first_get_kind, first_get_ms);
+      }
+      if (launch_overhead && !backward) {
+        // Host time to enqueue one launch: Kernel::launch (validation, context check, parameter
+        // packing) against a raw cuLaunchKernel of the same function and parameters. 200 launches
+        // per sample stay under the launch queue's depth, so the host never waits on the GPU.
+        const nj::LaunchArgs a = forward_args(0);
+        nj::NormParams p{};
+        p.x = a.x;
+        p.gamma = a.gamma;
+        p.beta = a.beta;
+        p.y = a.y;
+        p.mean = a.mean;
+        p.rstd = a.rstd;
+        p.mask = a.mask;
+        p.rows = a.rows;
+        p.row_stride = a.row_stride;
+        p.rows_per_group = ada ? a.rows_per_batch : a.rows;
+        p.mask_stride = nj::mask_row_bytes(n);
+        p.eps = a.eps;
+        p.clip_lower = a.clip_lower;
+        p.clip_upper = a.clip_upper;
+        void* params[] = {&p};
+        const nj::BlockConfig& b = *spec.block;
+        const unsigned grid = static_cast<unsigned>((rows + b.rows_per_cta - 1) / b.rows_per_cta * b.cluster);
+        auto host_us = [&](auto&& enqueue) {
+          std::vector<double> per_launch;
+          for (int rep = 0; rep < 21; ++rep) {
+            NORMJIT_CU(cuCtxSynchronize());
+            const auto t0 = Clock::now();
+            for (int i = 0; i < 200; ++i) enqueue();
+            per_launch.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 200);
+          }
+          NORMJIT_CU(cuCtxSynchronize());
+          std::nth_element(per_launch.begin(), per_launch.begin() + 10, per_launch.end());
+          return per_launch[10];
+        };
+        const double raw_us = host_us([&] {
+          NORMJIT_CU(cuLaunchKernel(kernel.function(), grid, 1, 1, kernel.threads_per_cta(), 1, 1,
+                                    kernel.dynamic_smem_bytes(), nullptr, params, nullptr));
+        });
+        const double launch_us = host_us([&] { kernel.launch(a); });
+        std::printf("  host launch: normjit %.3f us, raw cuLaunchKernel %.3f us (%.2fx); in-process get %.0f ns\n",
+                    launch_us, raw_us, launch_us / raw_us, hit_ns);
+        row["host_launch_us"] = launch_us;
+        row["raw_launch_us"] = raw_us;
+        row["host_launch_ratio"] = launch_us / raw_us;
       }
       std::fflush(stdout);
       return row;

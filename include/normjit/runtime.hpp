@@ -66,6 +66,10 @@ class Kernel {
   // Backward scratch for these sizes (0 for forward).
   size_t workspace_bytes(int64_t rows, int64_t rows_per_batch = 0) const;
   int threads_per_cta() const { return threads_per_cta_; }
+  // The main CUfunction (forward: the kernel; backward: the fused or row-sum kernel) and the
+  // dynamic shared memory it launches with: for comparisons against a raw cuLaunchKernel.
+  CUfunction function() const { return function_; }
+  unsigned dynamic_smem_bytes() const { return dynamic_smem_bytes_; }
 
  private:
   friend class Runtime;
