@@ -242,21 +242,24 @@ Binary DiskCache::get_or_compile(const Spec& spec, const Target& target, double*
   const fs::path stem = dir_ / (src.spec + "." + target.str() + "." + k.substr(0, 32));
   const fs::path entry = stem.string() + ".kernel";
 
-  // A valid entry, or nothing; `report` logs and counts an invalid one.
-  auto load = [&](bool report) -> std::optional<Binary> {
-    std::string bytes;
-    if (!read_file(entry, bytes)) return std::nullopt;
+  // The binary in an entry's bytes when they are a valid entry for this kernel; else `why` says why.
+  auto decode = [&](const std::string& bytes, std::string& why) -> std::optional<Binary> {
     Binary b;
-    const std::string why = deserialize(bytes, b);
-    if (why.empty() && b.kernel_name == src.kernel_name) {
-      b.spec = src.spec;
-      return b;
-    }
+    why = deserialize(bytes, b);
+    if (why.empty() && b.kernel_name != src.kernel_name) why = "kernel name mismatch";
+    if (!why.empty()) return std::nullopt;
+    b.spec = src.spec;
+    return b;
+  };
+  // A valid entry on disk, or nothing; `report` logs and counts an invalid one.
+  auto load = [&](bool report) -> std::optional<Binary> {
+    std::string bytes, why;
+    if (!read_file(entry, bytes)) return std::nullopt;
+    if (auto b = decode(bytes, why)) return b;
     if (report) {
       std::lock_guard<std::mutex> lock(mutex_);
       ++counters_.corrupt_entries;
-      detail::log().warn("disk cache entry {} is invalid ({}); recompiling {}", entry.string(),
-                         why.empty() ? "kernel name mismatch" : why, src.spec);
+      detail::log().warn("disk cache entry {} is invalid ({}); recompiling {}", entry.string(), why, src.spec);
     }
     return std::nullopt;
   };
@@ -278,12 +281,11 @@ Binary DiskCache::get_or_compile(const Spec& spec, const Target& target, double*
   if (!bundle_entries_.empty()) {
     // A bundle's entries were verified when it was opened.
     if (auto it = bundle_entries_.find(entry.filename().string()); it != bundle_entries_.end()) {
-      Binary b;
-      if (deserialize(it->second, b).empty() && b.kernel_name == src.kernel_name) {
-        b.spec = src.spec;
+      std::string why;
+      if (auto b = decode(it->second, why)) {
         std::lock_guard<std::mutex> lock(mutex_);
         ++counters_.disk_hits;
-        return b;
+        return *b;
       }
     }
   }
