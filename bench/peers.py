@@ -113,29 +113,16 @@ def run_fwd(args):
                     if api is None:
                         continue  # import failure, reported once
                     candidates = PEER_CANDIDATES[provider]["fwd"](api, norm, n, eps, xs, ys, w, b)
-                fn, y, impl, why = first_working(candidates)
-                if fn is None:
-                    skip(provider, norm, n, "; ".join(why))
+                got = measure(provider, norm, n, candidates, lambda y: forward_error(norm, n, eps, xs[0], y, w, b), sets)
+                if got is None:
                     continue
-                if why:
-                    print(f"  {provider}: fell back to {impl} ({'; '.join(why)})", flush=True)
-                try:
-                    err = forward_error(norm, n, eps, xs[0], y, w, b)
-                    y = None
-                    us = median_us(fn, sets)
-                except Exception as e:  # noqa: BLE001 - keep the other providers and shapes going
-                    skip(provider, norm, n, first_line(e))
-                    fn = y = None
-                    torch.cuda.empty_cache()
-                    continue
+                us, err, impl = got
                 gbps = nbytes / us * 1e-3
                 r = dict(provider=provider, norm=norm, n=n, rows=m, dtype=args.dtype, phase="fwd", us=us, gbps=gbps,
                          copy_gbps=copy_gbps, pct_copy=100 * gbps / copy_gbps, max_abs_err=err, impl=impl)
                 results.append(r)
                 print(f"{provider:14s} {norm:9s} N={n:6d} {us:9.2f} us {gbps:8.1f} GB/s {r['pct_copy']:5.1f}% of copy "
                       f"({copy_gbps:.0f}) err {err:.3g} [{impl}]", flush=True)
-                fn = None  # drops the provider's graphs / plans before the next one
-                torch.cuda.empty_cache()
             del xs, ys
             torch.cuda.empty_cache()
             # Rewritten after every shape so a run cut short still leaves its figures.
@@ -607,6 +594,27 @@ def first_working(candidates):
     return None, None, None, why
 
 
+def measure(provider, norm, n, candidates, check, sets):
+    """The first working candidate's reference errors (check(its outputs for set 0)) and median time:
+    (us, errors, impl), or None after printing why it was skipped."""
+    fn, out, impl, why = first_working(candidates)
+    if fn is None:
+        skip(provider, norm, n, "; ".join(why))
+        return None
+    if why:
+        print(f"  {provider}: fell back to {impl} ({'; '.join(why)})", flush=True)
+    try:
+        errors = check(out)
+        out = None
+        return median_us(fn, sets), errors, impl
+    except Exception as e:  # noqa: BLE001 - keep the other providers and shapes going
+        skip(provider, norm, n, first_line(e))
+        return None
+    finally:
+        fn = out = None  # drops the provider's graphs, plans or saved tensors before the next one
+        torch.cuda.empty_cache()
+
+
 def dump(path, results):
     doc = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__, results=results)
     peers = {p: api.version for p, api in _peer_apis.items() if api is not None}
@@ -661,21 +669,11 @@ def run_bwd(args):
                     if api is None:
                         continue  # import failure, reported once
                     candidates = PEER_CANDIDATES[provider]["bwd"](api, norm, n, eps, xs, dys, ys, w, b)
-                fn, grads, impl, why = first_working(candidates)
-                if fn is None:
-                    skip(provider, norm, n, "; ".join(why))
+                got = measure(provider, norm, n, candidates,
+                              lambda g: reference_errors(norm, n, eps, xs[0], dys[0], w, b, g[0], g[1]), sets)
+                if got is None:
                     continue
-                if why:
-                    print(f"  {provider}: fell back to {impl} ({'; '.join(why)})", flush=True)
-                try:
-                    err, err_dw = reference_errors(norm, n, eps, xs[0], dys[0], w, b, grads[0], grads[1])
-                    grads = None
-                    us = median_us(fn, sets)
-                except Exception as e:  # noqa: BLE001 - keep the other providers and shapes going
-                    skip(provider, norm, n, first_line(e))
-                    grads = fn = None
-                    torch.cuda.empty_cache()
-                    continue
+                us, (err, err_dw), impl = got
                 gbps = nbytes / us * 1e-3
                 r = dict(provider=provider, norm=norm, n=n, rows=m, dtype=args.dtype, wdtype=args.wdtype, phase="bwd",
                          us=us, gbps=gbps, copy_gbps=copy_gbps, pct_copy=100 * gbps / copy_gbps, max_abs_err=err,
@@ -683,8 +681,6 @@ def run_bwd(args):
                 results.append(r)
                 print(f"{provider:14s} {norm:9s} N={n:6d} {us:9.2f} us {gbps:8.1f} GB/s {r['pct_copy']:5.1f}% of copy "
                       f"({copy_gbps:.0f}) err dx {err:.3g} dgamma {err_dw:.3g} [{impl}]", flush=True)
-                fn = None  # drops the provider's graphs / saved tensors before the next one
-                torch.cuda.empty_cache()
             del xs, dys, ys
             torch.cuda.empty_cache()
             # Rewritten after every shape so a run cut short still leaves its figures.

@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "../templates/normjit/params.h"
 #include "runtime/log.hpp"
@@ -185,22 +186,7 @@ size_t Kernel::workspace_bytes(int64_t rows, int64_t rows_per_batch) const {
   return plan(rows, rows_per_batch).workspace_bytes;
 }
 
-void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
-  validate_launch(spec_, a);
-  const bool backward = spec_.phase == Phase::kBackward;
-  // Planned once: the workspace check and the grid both use it.
-  const BackwardPlan bwd_plan = backward ? plan(a.rows, a.rows_per_batch) : BackwardPlan{};
-  if (backward) check_workspace(a, bwd_plan);
-  CUcontext current = nullptr;
-  NORMJIT_CU(cuCtxGetCurrent(&current));
-  if (current == nullptr) {
-    NORMJIT_CU(cuCtxSetCurrent(context_));
-  } else if (current != context_) {
-    throw Error(Status::kInvalidArgument, "launch of " + spec_string_ +
-                                              ": the calling thread's current CUDA context is not the primary "
-                                              "context of the device this kernel was loaded on");
-  }
-  if (a.rows == 0 && !backward) return;
+NormParams Kernel::params_for(const LaunchArgs& a) const {
   NormParams p{};
   p.x = a.x;
   p.gamma = a.gamma;
@@ -221,6 +207,45 @@ void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
   p.eps = a.eps;
   p.clip_lower = a.clip_lower;
   p.clip_upper = a.clip_upper;
+  return p;
+}
+
+unsigned Kernel::forward_grid(int64_t rows) const {
+  return static_cast<unsigned>(ceil_div(rows, rows_per_cta_) * spec_.block->cluster);
+}
+
+Kernel::RawLaunch Kernel::raw_forward_launch(const LaunchArgs& a) const {
+  if (spec_.phase == Phase::kBackward)
+    throw Error(Status::kInvalidArgument, "raw_forward_launch(" + spec_string_ + "): a backward launches several kernels");
+  validate_launch(spec_, a);
+  const NormParams p = params_for(a);
+  RawLaunch r;
+  r.function = function_;
+  r.grid_x = forward_grid(a.rows);
+  r.threads = static_cast<unsigned>(threads_per_cta_);
+  r.dynamic_smem_bytes = dynamic_smem_bytes_;
+  r.params.resize(sizeof(p));
+  std::memcpy(r.params.data(), &p, sizeof(p));
+  return r;
+}
+
+void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
+  validate_launch(spec_, a);
+  const bool backward = spec_.phase == Phase::kBackward;
+  // Planned once: the workspace check and the grid both use it.
+  const BackwardPlan bwd_plan = backward ? plan(a.rows, a.rows_per_batch) : BackwardPlan{};
+  if (backward) check_workspace(a, bwd_plan);
+  CUcontext current = nullptr;
+  NORMJIT_CU(cuCtxGetCurrent(&current));
+  if (current == nullptr) {
+    NORMJIT_CU(cuCtxSetCurrent(context_));
+  } else if (current != context_) {
+    throw Error(Status::kInvalidArgument, "launch of " + spec_string_ +
+                                              ": the calling thread's current CUDA context is not the primary "
+                                              "context of the device this kernel was loaded on");
+  }
+  if (a.rows == 0 && !backward) return;
+  NormParams p = params_for(a);
   void* params[] = {&p};
   auto run = [&](CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned threads, const char* what) {
     if (gx == 0 || gy == 0 || gz == 0) return;
@@ -229,8 +254,7 @@ void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
                    std::string("launching ") + what + " of " + spec_string_);
   };
   if (!backward) {
-    run(function_, static_cast<unsigned>(ceil_div(a.rows, rows_per_cta_) * spec_.block->cluster), 1, 1,
-        threads_per_cta_, "the kernel");
+    run(function_, forward_grid(a.rows), 1, 1, threads_per_cta_, "the kernel");
     return;
   }
   p.partial_slots = static_cast<int>(bwd_plan.slots);

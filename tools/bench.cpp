@@ -18,7 +18,6 @@
 #include "normjit/normjit.hpp"
 #include "normjit/reference.hpp"
 #include "runtime/fill_source.hpp"
-#include "templates/normjit/params.h"
 
 namespace nj = normjit;
 
@@ -433,24 +432,8 @@ int main(int argc, char** argv) {
         // packing) against a raw cuLaunchKernel of the same function and parameters. 200 launches
         // per sample stay under the launch queue's depth, so the host never waits on the GPU.
         const nj::LaunchArgs a = forward_args(0);
-        nj::NormParams p{};
-        p.x = a.x;
-        p.gamma = a.gamma;
-        p.beta = a.beta;
-        p.y = a.y;
-        p.mean = a.mean;
-        p.rstd = a.rstd;
-        p.mask = a.mask;
-        p.rows = a.rows;
-        p.row_stride = a.row_stride;
-        p.rows_per_group = ada ? a.rows_per_batch : a.rows;
-        p.mask_stride = nj::mask_row_bytes(n);
-        p.eps = a.eps;
-        p.clip_lower = a.clip_lower;
-        p.clip_upper = a.clip_upper;
-        void* params[] = {&p};
-        const nj::BlockConfig& b = *spec.block;
-        const unsigned grid = static_cast<unsigned>((rows + b.rows_per_cta - 1) / b.rows_per_cta * b.cluster);
+        nj::Kernel::RawLaunch raw = kernel.raw_forward_launch(a);
+        void* params[] = {raw.params.data()};
         auto host_us = [&](auto&& enqueue) {
           std::vector<double> per_launch;
           for (int rep = 0; rep < 21; ++rep) {
@@ -464,8 +447,8 @@ int main(int argc, char** argv) {
           return per_launch[10];
         };
         const double raw_us = host_us([&] {
-          NORMJIT_CU(cuLaunchKernel(kernel.function(), grid, 1, 1, kernel.threads_per_cta(), 1, 1,
-                                    kernel.dynamic_smem_bytes(), nullptr, params, nullptr));
+          NORMJIT_CU(cuLaunchKernel(raw.function, raw.grid_x, 1, 1, raw.threads, 1, 1, raw.dynamic_smem_bytes, nullptr,
+                                    params, nullptr));
         });
         const double launch_us = host_us([&] { kernel.launch(a); });
         std::printf("  host launch: normjit %.3f us, raw cuLaunchKernel %.3f us (%.2fx); in-process get %.0f ns\n",

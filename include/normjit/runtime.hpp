@@ -15,6 +15,8 @@
 
 namespace normjit {
 
+struct NormParams;  // templates/normjit/params.h
+
 // Raw device pointers and sizes for one launch. Row-major; x, y, dy and dx share row_stride.
 // Pointers a spec does not use must stay null (a non-null one is reported as a mismatch).
 struct LaunchArgs {
@@ -66,10 +68,14 @@ class Kernel {
   // Backward scratch for these sizes (0 for forward).
   size_t workspace_bytes(int64_t rows, int64_t rows_per_batch = 0) const;
   int threads_per_cta() const { return threads_per_cta_; }
-  // The main CUfunction (forward: the kernel; backward: the fused or row-sum kernel) and the
-  // dynamic shared memory it launches with: for comparisons against a raw cuLaunchKernel.
-  CUfunction function() const { return function_; }
-  unsigned dynamic_smem_bytes() const { return dynamic_smem_bytes_; }
+  // What launch() hands cuLaunchKernel for a forward spec (the function, grid, block, dynamic
+  // shared memory and packed parameters), so a caller can time a raw cuLaunchKernel of it.
+  struct RawLaunch {
+    CUfunction function = nullptr;
+    unsigned grid_x = 0, threads = 0, dynamic_smem_bytes = 0;
+    std::vector<unsigned char> params;  // one NormParams, passed by value
+  };
+  RawLaunch raw_forward_launch(const LaunchArgs& args) const;
 
  private:
   friend class Runtime;
@@ -79,6 +85,9 @@ class Kernel {
   };
   BackwardPlan plan(int64_t rows, int64_t rows_per_batch) const;
   void check_workspace(const LaunchArgs& args, const BackwardPlan& plan) const;
+  // The kernel parameters for these arguments (the backward's slots and chunks come from its plan).
+  NormParams params_for(const LaunchArgs& args) const;
+  unsigned forward_grid(int64_t rows) const;
 
   Spec spec_;
   std::string spec_string_;
