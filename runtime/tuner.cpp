@@ -13,7 +13,7 @@
 #include "normjit/driver.hpp"
 #include "normjit/error.hpp"
 #include "normjit/runtime.hpp"
-#include "runtime/fill_source.hpp"
+#include "runtime/device_scratch.hpp"
 #include "runtime/log.hpp"
 
 namespace normjit {
@@ -29,31 +29,6 @@ int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
                                               std::to_string(lo) + ", " + std::to_string(hi) + "]");
   return n;
 }
-
-struct Scratch {
-  CUdeviceptr ptr = 0;
-  explicit Scratch(size_t bytes) {
-    if (bytes) NORMJIT_CU_CTX(cuMemAlloc(&ptr, bytes), "allocating " + std::to_string(bytes) + " tuning bytes");
-  }
-  ~Scratch() {
-    if (ptr) driver().cuMemFree(ptr);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  void* get() const { return reinterpret_cast<void*>(ptr); }
-};
-
-struct EventPair {
-  CUevent start = nullptr, stop = nullptr;
-  EventPair() {
-    NORMJIT_CU(cuEventCreate(&start, CU_EVENT_DEFAULT));
-    NORMJIT_CU(cuEventCreate(&stop, CU_EVENT_DEFAULT));
-  }
-  ~EventPair() {
-    driver().cuEventDestroy(start);
-    driver().cuEventDestroy(stop);
-  }
-};
 
 }  // namespace
 
@@ -80,33 +55,17 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   }
 
   NORMJIT_CU(cuCtxSetCurrent(context_));
-  Scratch x(x_bytes), y(x_bytes), dy(backward ? x_bytes : 0), gamma(n * ws), beta(n * ws), mean(rows * 4),
+  using detail::DeviceBuffer;
+  DeviceBuffer x(x_bytes), y(x_bytes), dy(backward ? x_bytes : 0), gamma(n * ws), beta(n * ws), mean(rows * 4),
       rstd(rows * 4), mask(size_t(rows) * mask_row_bytes(n)), dgamma(n * ws), dbeta(n * ws), work(workspace);
   {
-    GeneratedSource src;
-    src.spec = "tuner.fill";
-    src.kernel_name = "normjit_tuner_fill";
-    src.source = detail::kFillSource;
-    const CompileResult fill_kernels = compile(src, target_);
-    CUmodule module = nullptr;
-    NORMJIT_CU(cuModuleLoadData(&module, fill_kernels.binary.image.data()));
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      modules_.push_back(module);
-    }
-    auto fill = [&](const Scratch& buf, DType d, long long count, unsigned seed, float scale, float offset) {
-      CUfunction f = nullptr;
-      const char* name = d == DType::kF32 ? "fill_f32" : d == DType::kF16 ? "fill_f16" : "fill_bf16";
-      NORMJIT_CU(cuModuleGetFunction(&f, module, name));
-      void* out = buf.get();
-      void* args[] = {&out, &count, &seed, &scale, &offset};
-      NORMJIT_CU(cuLaunchKernel(f, unsigned(device_.sm_count) * 8, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
-    };
+    const detail::FillKernels fill(target_, device_.sm_count);
     const unsigned seed = static_cast<unsigned>(n * 7919 + static_cast<int>(spec.phase));
-    fill(x, spec.x_dtype, rows * n, seed, 2.0f, 0.5f);
-    fill(gamma, spec.w_dtype, n, seed + 1, 0.5f, 1.0f);
-    fill(beta, spec.w_dtype, n, seed + 2, 0.5f, 0.0f);
-    if (backward) fill(dy, spec.x_dtype, rows * n, seed + 3, 1.0f, 0.0f);
+    fill.run(x.get(), spec.x_dtype, rows * n, seed, 2.0f, 0.5f);
+    fill.run(gamma.get(), spec.w_dtype, n, seed + 1, 0.5f, 1.0f);
+    fill.run(beta.get(), spec.w_dtype, n, seed + 2, 0.5f, 0.0f);
+    if (backward) fill.run(dy.get(), spec.x_dtype, rows * n, seed + 3, 1.0f, 0.0f);
+    NORMJIT_CU(cuCtxSynchronize());  // the fills finish before their module is unloaded
   }
   LaunchArgs a;
   a.x = x.get();
@@ -139,8 +98,6 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
     a.workspace_bytes = workspace;
   }
 
-  // Median of 7 batches of 5 launches after one warm-up batch, per candidate.
-  EventPair ev;
   BlockConfig best{};
   double best_us = 0, heuristic_us = 0;
   for (size_t c = 0; c < candidates.size(); ++c) {
@@ -148,18 +105,8 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
     s.block = candidates[c];
     try {
       const Kernel& k = get(s);
-      std::vector<float> ms;
-      for (int batch = 0; batch < 8; ++batch) {
-        NORMJIT_CU(cuEventRecord(ev.start, nullptr));
-        for (int i = 0; i < 5; ++i) k.launch(a);
-        NORMJIT_CU(cuEventRecord(ev.stop, nullptr));
-        NORMJIT_CU(cuEventSynchronize(ev.stop));
-        float t = 0;
-        NORMJIT_CU(cuEventElapsedTime(&t, ev.start, ev.stop));
-        if (batch > 0) ms.push_back(t);
-      }
-      std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-      const double us = 1000.0 * ms[ms.size() / 2] / 5;
+      // Median of 7 batches of 5 launches after 5 warm-up launches.
+      const double us = detail::time_median_us(5, 7, 5, [&](int) { k.launch(a); });
       if (c == 0) heuristic_us = us;
       if (best_us == 0 || us < best_us) {
         best_us = us;

@@ -17,7 +17,7 @@
 
 #include "normjit/normjit.hpp"
 #include "normjit/reference.hpp"
-#include "runtime/fill_source.hpp"
+#include "runtime/device_scratch.hpp"
 
 namespace nj = normjit;
 
@@ -30,75 +30,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-const char* const kUtilitySource = nj::detail::kFillSource;
-
-struct DeviceBuffer {
-  CUdeviceptr ptr = 0;
-  size_t bytes = 0;
-  explicit DeviceBuffer(size_t n) : bytes(n) {
-    if (n) NORMJIT_CU_CTX(cuMemAlloc(&ptr, n), "allocating " + std::to_string(n) + " bytes");
-  }
-  ~DeviceBuffer() {
-    if (ptr) nj::driver().cuMemFree(ptr);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return reinterpret_cast<void*>(ptr); }
-};
-
-struct Utility {
-  CUmodule module = nullptr;
-  CUfunction fill[3] = {};
-  explicit Utility(const nj::Target& target) {
-    nj::GeneratedSource src;
-    src.spec = "bench.utility";
-    src.kernel_name = "normjit_bench_utility";
-    src.source = kUtilitySource;
-    const nj::CompileResult r = nj::compile(src, target);
-    NORMJIT_CU(cuModuleLoadData(&module, r.binary.image.data()));
-    NORMJIT_CU(cuModuleGetFunction(&fill[0], module, "fill_f32"));
-    NORMJIT_CU(cuModuleGetFunction(&fill[1], module, "fill_f16"));
-    NORMJIT_CU(cuModuleGetFunction(&fill[2], module, "fill_bf16"));
-  }
-  void run_fill(void* out, nj::DType d, long long n, unsigned seed, float scale, float offset) const {
-    CUfunction f = fill[d == nj::DType::kF32 ? 0 : d == nj::DType::kF16 ? 1 : 2];
-    void* args[] = {&out, &n, &seed, &scale, &offset};
-    NORMJIT_CU(cuLaunchKernel(f, 132 * 8, 1, 1, 256, 1, 1, 0, nullptr, args, nullptr));
-  }
-};
-
-struct Events {
-  CUevent start = nullptr, stop = nullptr;
-  Events() {
-    NORMJIT_CU(cuEventCreate(&start, CU_EVENT_DEFAULT));
-    NORMJIT_CU(cuEventCreate(&stop, CU_EVENT_DEFAULT));
-  }
-  ~Events() {
-    nj::driver().cuEventDestroy(start);
-    nj::driver().cuEventDestroy(stop);
-  }
-};
-
-// Median over `reps` batches of `batch` calls of fn(i), in microseconds per call. The events go
-// on `stream`, which must be the stream fn works on.
-template <class Fn>
-double time_median_us(int warmup, int reps, int batch, Fn&& fn, CUstream stream = nullptr) {
-  Events ev;
-  int counter = 0;
-  for (int i = 0; i < warmup; ++i) fn(counter++);
-  std::vector<double> per_call;
-  for (int r = 0; r < reps; ++r) {
-    NORMJIT_CU(cuEventRecord(ev.start, stream));
-    for (int b = 0; b < batch; ++b) fn(counter++);
-    NORMJIT_CU(cuEventRecord(ev.stop, stream));
-    NORMJIT_CU(cuEventSynchronize(ev.stop));
-    float ms = 0;
-    NORMJIT_CU(cuEventElapsedTime(&ms, ev.start, ev.stop));
-    per_call.push_back(1000.0 * ms / batch);
-  }
-  std::sort(per_call.begin(), per_call.end());
-  return per_call[per_call.size() / 2];
-}
+using nj::detail::DeviceBuffer;
+using nj::detail::time_median_us;
 
 // The legacy stream cannot be captured. Non-blocking, so that no legacy-stream work (fills,
 // memsets) joins a capture; the caller orders the two with cuCtxSynchronize.
@@ -205,7 +138,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "device %d: %s (%s, %d SMs, L2 %d MB), driver %d, NVRTC %d, seed %u\n", dev.ordinal,
                  dev.name.c_str(), rt.target().str().c_str(), dev.sm_count, dev.l2_bytes >> 20, dev.driver_version,
                  nj::nvrtc_version(), seed);
-    Utility util(rt.target());
+    const nj::detail::FillKernels util(rt.target(), dev.sm_count);
     nlohmann::json results = nlohmann::json::array();
     bool all_ok = true;
     if (graph)
@@ -267,10 +200,10 @@ int main(int argc, char** argv) {
           dbeta(backward && spec.has_bias ? groups * n * ws : 0),
           workspace(backward ? kernel.workspace_bytes(rows, rpb) : 0);
       const unsigned s0 = seed + 17 * static_cast<unsigned>(si);
-      util.run_fill(x.get(), spec.x_dtype, (long long)(rows * n * sets), s0, 2.0f, 0.5f);
-      util.run_fill(gamma.get(), spec.w_dtype, groups * n, s0 + 1, 0.5f, 1.0f);
-      if (spec.has_bias) util.run_fill(beta.get(), spec.w_dtype, groups * n, s0 + 2, 0.5f, 0.0f);
-      if (backward) util.run_fill(dy.get(), spec.x_dtype, (long long)(rows * n * sets), s0 + 3, 1.0f, 0.0f);
+      util.run(x.get(), spec.x_dtype, (long long)(rows * n * sets), s0, 2.0f, 0.5f);
+      util.run(gamma.get(), spec.w_dtype, groups * n, s0 + 1, 0.5f, 1.0f);
+      if (spec.has_bias) util.run(beta.get(), spec.w_dtype, groups * n, s0 + 2, 0.5f, 0.0f);
+      if (backward) util.run(dy.get(), spec.x_dtype, (long long)(rows * n * sets), s0 + 3, 1.0f, 0.0f);
       NORMJIT_CU(cuMemsetD8(y.ptr, 0xff, y.bytes));  // poison: NaN in every dtype
       auto forward_args = [&](int set) {
         nj::LaunchArgs a;
