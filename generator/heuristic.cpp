@@ -1,6 +1,7 @@
 // Default block configuration for a spec: how many threads share a row, how many rows a CTA
 // holds, the vector width, and where the row waits between the statistics and output passes.
 #include <algorithm>
+#include <optional>
 
 #include "normjit/error.hpp"
 #include "normjit/spec.hpp"
@@ -27,20 +28,102 @@ constexpr int64_t kRegisterMaxElements = 32;
 constexpr int64_t kBackwardElements = 16;
 constexpr int64_t kBackwardMaxFusedThreads = 512;
 constexpr int64_t kBackwardWarpRowPacks = 4;
-// Backward, clustered rows (sm_90): only where each CTA gets exactly this many threads. Measured on
-// an H100 (bench/NOTES.md, 2026-11-21): 256-thread cluster CTAs beat the split route (RMSNorm
-// N = 16384: 87 % of copy against 58 %), while 288-512-thread ones ran at 29-60 %, below it.
-constexpr int64_t kClusterThreads = 256;
+// Backward past the fused register limit, sm_90 (H100 A/B, bench/NOTES.md, 2026-11-21). What
+// limits these rows is resident warps: a CTA that holds 4 packs per thread and both dgamma and
+// dbeta sums needs 108-122 registers, so one CTA per SM, and below ~24 warps per SM the row ran
+// at 67-82 % of copy where 24-32 warps reached 85-95 %.
+// - Registers, 2 packs per thread, up to 640 threads with dbeta (96 registers; 768 spilled
+//   24 bytes) or 768 without.
+constexpr int64_t kBackwardRegThreadsWithBias = 640;
+constexpr int64_t kBackwardRegThreads = 768;
+// - x and dy in shared memory: at most this much per CTA (sm_90 allows 227 KB; the reduction
+//   scratch is static shared memory on top).
+constexpr int64_t kBackwardSharedBytes = 200 * 1024;
+// - Clusters of shared-memory rows: 1024-thread CTAs only. Clustered CTAs of 288-896 threads ran
+//   at 29-60 % of copy against 76-85 % at 1024 (cause not found).
+constexpr int kClusterThreads = 1024;
 
-// The cluster (a power of two <= kMaxCluster) that gives each CTA kClusterThreads threads of
-// `per_thread` packs, with whole mask bytes when the epilogue writes a mask; 0 when none does.
-int backward_cluster(const Spec& s, int64_t packs, int64_t per_thread) {
-  for (int c = 2; c <= kMaxCluster; c *= 2) {
-    if (packs != c * kClusterThreads * per_thread) continue;
-    if (s.epilogue == Epilogue::kReluBitmask && (s.n / c) % 8 != 0) continue;
-    return c;
+int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+
+// Backward rows too long for the fused register route (sm_90): the block config, or nullopt
+// for the split route. `packs` are 16-byte vectors of x.
+std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t packs) {
+  const int64_t row_bytes = 2 * s.n * dtype_size(s.x_dtype);  // x and dy
+  BlockConfig b;
+  b.vec = vec;
+  b.rows_per_cta = 1;
+  // Threads (a multiple of 32) holding `elements` values each of one CTA's row (16, 24 or 32: the
+  // bf16 figures below are 2, 3 or 4 16-byte packs).
+  auto threads_for = [&](int64_t elements) {
+    const int64_t per_thread = std::max<int64_t>(1, elements / vec);
+    return round_up((packs + per_thread - 1) / per_thread, 32);
+  };
+  if (const int64_t t = threads_for(16); t <= (s.has_bias ? kBackwardRegThreadsWithBias : kBackwardRegThreads)) {
+    b.threads_per_row = static_cast<int>(t);
+    b.cache = RowCache::kRegisters;
+    return b;
   }
-  return 0;
+  // Measured for 2-byte x only; fp32 x with these thread counts spilled 12-124 bytes (ptxas).
+  if (dtype_size(s.x_dtype) > 2) return std::nullopt;
+  b.cache = RowCache::kShared;
+  if (row_bytes <= kBackwardSharedBytes) {
+    // With dbeta: 2 packs per thread up to 1024 threads, else 3 up to 768. Without: 4 packs, or 3
+    // where 4 would leave a 544-736-thread CTA alone on its SM (N = 18432: 82 -> 92 % of copy).
+    int64_t t = s.has_bias ? threads_for(16) : threads_for(32);
+    if (s.has_bias && t > 1024) t = threads_for(24) <= 768 ? threads_for(24) : 0;
+    if (!s.has_bias && t > 512 && t < 768) t = threads_for(24);
+    if (t > 0 && t <= 1024) {
+      b.threads_per_row = static_cast<int>(t);
+      return b;
+    }
+  }
+  // A cluster shares the row: the fewest 1024-thread CTAs that hold it in shared memory at 16
+  // values per thread with dbeta (32 without).
+  const int64_t per_thread = std::max<int64_t>(1, (s.has_bias ? 16 : 32) / vec);
+  for (int c = 2; c <= kMaxCluster; c *= 2) {
+    if (packs % c != 0 || row_bytes / c > kBackwardSharedBytes) continue;
+    // Whole iterations only: ragged segments (N = 20480-49152 with dbeta) ran at 40-55 %.
+    if (packs / c > per_thread * kClusterThreads || (packs / c) % kClusterThreads != 0) continue;
+    if (s.epilogue == Epilogue::kReluBitmask && (s.n / c) % 8 != 0) continue;
+    b.threads_per_row = kClusterThreads;
+    b.cluster = c;
+    return b;
+  }
+  return std::nullopt;
+}
+
+// Forward rows past registers (sm_90): one CTA's shared memory up to this size. Against
+// streaming the row twice (bf16, H100): faster at N = 98304 (73-80 % of copy against 64-71 %),
+// and for LayerNorm at 40960 and 49152 (73 / 84 % against 62 / 70 %); slower at 65536 (75 against
+// 85 %), and for RMSNorm at 40960 (75 against 87 %).
+constexpr int64_t kForwardSharedBytes = 200 * 1024;
+constexpr int64_t kForwardSharedMinN = 65536;
+// Past one CTA: a cluster whose CTAs take this much of the row each, 8 packs per thread
+// (N = 262144 bf16, 8 x 512 threads: RMSNorm 81.6 %, LayerNorm 72.3 % against 58-62 %).
+constexpr int64_t kForwardClusterSegmentBytes = 64 * 1024;
+constexpr int64_t kForwardClusterPacks = 8;
+
+std::optional<BlockConfig> forward_large_row(const Spec& s, int vec, int64_t packs) {
+  const int64_t row_bytes = s.n * dtype_size(s.x_dtype);
+  if (s.n == kForwardSharedMinN || (s.n < kForwardSharedMinN && s.norm == Norm::kRMSNorm)) return std::nullopt;
+  BlockConfig b;
+  b.vec = vec;
+  b.rows_per_cta = 1;
+  b.cache = RowCache::kShared;
+  if (row_bytes <= kForwardSharedBytes) {
+    b.threads_per_row = 1024;
+    return b;
+  }
+  for (int c = 2; c <= kMaxCluster; c *= 2) {
+    if (packs % c != 0 || row_bytes / c > kForwardClusterSegmentBytes) continue;
+    if (s.epilogue == Epilogue::kReluBitmask && (s.n / c) % 8 != 0) continue;
+    const int64_t t = round_up((packs / c + kForwardClusterPacks - 1) / kForwardClusterPacks, 32);
+    if (t > 1024) continue;
+    b.threads_per_row = static_cast<int>(t);
+    b.cluster = c;
+    return b;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -68,14 +151,10 @@ Spec resolve(const Spec& spec, int max_vec, int sm) {
     if (packs <= 32 * std::max(per_thread, kBackwardWarpRowPacks)) {
       b.threads_per_row = 32;
       b.rows_per_cta = 8;
-    } else if (const int c = packs > kBackwardMaxFusedThreads * per_thread && sm >= 90
-                                 ? backward_cluster(s, packs, per_thread)
-                                 : 0) {
-      // Past one CTA's registers, a cluster shares the row and stays fused: x and dy are read
-      // once instead of twice on the split route.
-      b.rows_per_cta = 1;
-      b.threads_per_row = static_cast<int>(kClusterThreads);
-      b.cluster = c;
+    } else if (const auto large = packs > kBackwardMaxFusedThreads * per_thread && sm >= 90
+                                      ? backward_large_row(s, b.vec, packs)
+                                      : std::nullopt) {
+      b = *large;
     } else {
       const int64_t want = (packs + per_thread - 1) / per_thread;
       b.rows_per_cta = 1;
@@ -88,8 +167,8 @@ Spec resolve(const Spec& spec, int max_vec, int sm) {
     b.rows_per_cta = 4;
     b.cache = RowCache::kRegisters;
   } else {
-    // Clusters are not chosen for the forward: every clustered configuration measured (2-8 CTAs
-    // of 128-512 threads, N = 18432-65536) ran below one CTA per row (bench/NOTES.md).
+    // Clusters only for rows past one CTA's shared memory: every clustered configuration measured
+    // at N = 18432-65536 (2-8 CTAs of 128-1024 threads) ran below one CTA per row (bench/NOTES.md).
     const int64_t want = (packs + kCtaRowTargetPacks - 1) / kCtaRowTargetPacks;
     b.threads_per_row = static_cast<int>(std::min<int64_t>(1024, (want + 31) / 32 * 32));
     b.rows_per_cta = 1;
@@ -98,6 +177,8 @@ Spec resolve(const Spec& spec, int max_vec, int sm) {
     // (16384, 32768] took vec 1 and 32 single-element packs).
     b.cache = per_thread * b.vec <= kRegisterMaxElements && per_thread <= kMaxRegisterPacks ? RowCache::kRegisters
                                                                                             : RowCache::kGlobal;
+    if (b.cache == RowCache::kGlobal && sm >= 90)
+      if (const auto large = forward_large_row(s, b.vec, packs)) b = *large;
   }
   s.block = b;
   validate(s);

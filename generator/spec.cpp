@@ -216,8 +216,6 @@ void validate(const Spec& s) {
       why = "must be a power of two <= 8";
     else if (sub_warp || b.cache == RowCache::kGlobal)
       why = "needs CTA-wide rows (threads_per_row > 32) held in registers or shared memory";
-    else if (b.cache == RowCache::kShared && s.phase == Phase::kBackward)
-      why = "with shared-memory rows is forward only (a backward smem row fills one CTA)";
     else if (packs % b.cluster != 0)
       why = "must divide the row's packs (n / vec)";
     else if (s.epilogue == Epilogue::kReluBitmask && (s.n / b.cluster) % 8 != 0)

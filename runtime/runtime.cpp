@@ -429,6 +429,7 @@ const Kernel& Runtime::get(const Spec& spec) {
     config.gridDimY = config.gridDimZ = 1;
     config.blockDimX = static_cast<unsigned>(binary.threads_per_cta);
     config.blockDimY = config.blockDimZ = 1;
+    config.sharedMemBytes = kernel->dynamic_smem_bytes_;  // shared-memory rows limit clusters per GPC
     int clusters = 0;
     NORMJIT_CU_CTX(cuOccupancyMaxActiveClusters(&clusters, kernel->function_, &config), "sizing the grid of " + name);
     kernel->resident_ctas_ = std::max(1, clusters);

@@ -17,7 +17,7 @@ cmake --build build -j 16 >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A3
 echo "== build ok"
 if [[ $STAGE == all || ,$STAGE, == *,tests,* ]]; then
   (cd build && ctest --output-on-failure -V -R normjit_gpu_tests 2>&1 | tail -40) | tee "$OUT/gpu_tests.log" | tail -15
-  (cd build && ctest --output-on-failure -E normjit_gpu_tests 2>&1 | tail -8)
+  (cd build && ctest --output-on-failure -E normjit_gpu_tests >"$OUT/cpu_tests.log" 2>&1; tail -8 "$OUT/cpu_tests.log")
   [[ ${MEMCHECK:-1} == 1 ]] && compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/normjit_gpu_tests \
     -tc="strided*,variance*,unaligned*,seed*,epilogue backward*" \
     >"$OUT/memcheck.log" 2>&1; echo "== memcheck rc=$? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"; tail -3 "$OUT/memcheck.log"
@@ -35,30 +35,27 @@ if [[ $STAGE == all || ,$STAGE, == *,launch,* ]]; then
     | tee "$OUT/normjit_launch_overhead.txt" | grep -E "host launch|^layernorm|^rmsnorm"
 fi
 if [[ $STAGE == all || ,$STAGE, == *,perf,* ]]; then
-  # normjit alone over powers of two and the hidden sizes models use, bf16, M = 32768 (M = 4096 at
-  # N = 262144; M*N >= 2^24 everywhere), forward training and backward (fp32 weights); then the
-  # single-CTA configurations the clusters replaced, pinned by cfg, for an A/B in this process.
-  NS=${PERF_NS:-"256 512 768 1024 2048 2880 3584 4096 5120 7168 8192 12288 14336 16384 18432 28672 32768 65536"}
+  # normjit alone over powers of two, the hidden sizes models use and sizes between them, bf16,
+  # M = 32768 (M = 4096 past 65536; M*N >= 2^24 everywhere), forward training and backward (fp32
+  # weights); then the previous heuristic's picks, pinned by cfg, for an A/B in this process.
+  NS=${PERF_NS:-"256 512 768 1024 2048 2880 3584 4096 5120 7168 8192 10240 12288 13312 14336 16384 18432 20480 24576 28672 32768 40960 49152 65536"}
   SPECS=""; for n in $NS; do SPECS="$SPECS layernorm.fwd_train.bf16.n$n.bias rmsnorm.fwd_train.bf16.n$n"; done
   for n in $NS; do SPECS="$SPECS layernorm.bwd.bf16.w_f32.n$n.bias rmsnorm.bwd.bf16.w_f32.n$n"; done
   build/normjit-bench --rows 32768 --json "$OUT/normjit_perf.json" $SPECS 2>&1 | tee "$OUT/normjit_perf.txt" | tail -3
-  build/normjit-bench --rows 4096 --json "$OUT/normjit_perf_262144.json" layernorm.fwd_train.bf16.n262144.bias \
-    rmsnorm.fwd_train.bf16.n262144 layernorm.bwd.bf16.w_f32.n262144.bias rmsnorm.bwd.bf16.w_f32.n262144 \
-    layernorm.fwd_train.bf16.w_bf16.n262144.bias.cfg_t1024_r1_v8_c4_smem rmsnorm.fwd_train.bf16.w_bf16.n262144.cfg_t1024_r1_v8_c4_smem \
-    layernorm.fwd_train.bf16.w_bf16.n262144.bias.cfg_t512_r1_v8_c8_smem 2>&1 | tail -8
+  L=""; for n in 98304 131072 262144; do
+    L="$L layernorm.fwd_train.bf16.n$n.bias rmsnorm.fwd_train.bf16.n$n layernorm.bwd.bf16.w_f32.n$n.bias rmsnorm.bwd.bf16.w_f32.n$n"; done
+  build/normjit-bench --rows 4096 --json "$OUT/normjit_perf_large.json" $L 2>&1 | tail -3
+  # The previous heuristic's picks, pinned by cfg, for a before/after in this process.
   AB=""; for norm in layernorm rmsnorm; do
     b=$([[ $norm == layernorm ]] && echo .bias)
-    AB="$AB $norm.fwd_train.bf16.w_bf16.n32768$b.cfg_t1024_r1_v8_reg $norm.fwd_train.bf16.w_bf16.n65536$b.cfg_t1024_r1_v8_gmem"
-    # Shared-memory rows (not picked by the heuristic until measured): N = 65536 and 98304.
-    AB="$AB $norm.fwd_train.bf16.w_bf16.n65536$b.cfg_t1024_r1_v8_smem $norm.fwd_train.bf16.w_bf16.n65536$b.cfg_t512_r1_v8_smem"
-    AB="$AB $norm.fwd_train.bf16.w_bf16.n98304$b.cfg_t1024_r1_v8_smem $norm.fwd_train.bf16.w_bf16.n98304$b.cfg_t1024_r1_v8_gmem"
-    for n in 16384 32768 65536; do AB="$AB $norm.bwd.bf16.w_f32.n$n$b.cfg_t1024_r1_v8_gmem"; done
-    # Backward with x and dy in shared memory, against the split route above and the heuristic's pick.
-    AB="$AB $norm.bwd.bf16.w_f32.n12288$b.cfg_t384_r1_v8_smem $norm.bwd.bf16.w_f32.n14336$b.cfg_t448_r1_v8_smem"
-    AB="$AB $norm.bwd.bf16.w_f32.n16384$b.cfg_t512_r1_v8_smem $norm.bwd.bf16.w_f32.n18432$b.cfg_t576_r1_v8_smem"
+    for c in n4096$b.cfg_t128_r1_v8_reg n12288$b.cfg_t384_r1_v8_reg n18432$b.cfg_t576_r1_v8_reg n28672$b.cfg_t896_r1_v8_reg; do
+      AB="$AB $norm.fwd_train.bf16.w_bf16.$c"; done
+    for c in n12288$b.cfg_t1024_r1_v8_gmem n16384$b.cfg_t256_r1_v8_c4_reg n18432$b.cfg_t1024_r1_v8_gmem \
+             n32768$b.cfg_t256_r1_v8_c8_reg n65536$b.cfg_t1024_r1_v8_gmem; do
+      AB="$AB $norm.bwd.bf16.w_f32.$c"; done
   done
-  build/normjit-bench --rows 32768 --json "$OUT/normjit_perf_ab.json" $AB 2>&1 | tail -12
-  python3 bench/summary.py "$OUT"/normjit_perf.json "$OUT"/normjit_perf_262144.json "$OUT"/normjit_perf_ab.json \
+  build/normjit-bench --rows 32768 --json "$OUT/normjit_perf_ab.json" $AB 2>&1 | tail -3
+  python3 bench/summary.py "$OUT"/normjit_perf.json "$OUT"/normjit_perf_large.json "$OUT"/normjit_perf_ab.json \
     | tee "$OUT/table_perf.md"
 fi
 if [[ ,$STAGE, == *,peers,* ]]; then
@@ -87,6 +84,42 @@ if [[ ,$STAGE, == *,tune,* ]]; then
     --tuning-db "$OUT/tuning.json" --json "$OUT/tune.json" $T 2>&1 | tee "$OUT/tune.txt" | tail -14
   # The runtime reads the database: the tuned configs, run by plain normjit-bench.
   NORMJIT_TUNING_DB="$OUT/tuning.json" build/normjit-bench --rows 32768 --json "$OUT/tuned_bench.json" $T 2>&1 | tail -11
+fi
+if [[ ,$STAGE, == *,rows,* ]]; then
+  # Where the row waits at large N (shared memory, one CTA or a cluster) against the heuristic's
+  # pick, pinned by cfg in one process: backward 10240-65536, forward 18432, 65536, 262144.
+  X=""
+  for norm in layernorm rmsnorm; do
+    b=$([[ $norm == layernorm ]] && echo .bias)
+    bw() { for c in "${@:2}"; do X="$X $norm.bwd.bf16.w_f32.n$1$b.cfg_$c"; done; }
+    fw() { for c in "${@:2}"; do X="$X $norm.fwd_train.bf16.w_bf16.n$1$b.cfg_$c"; done; }
+    bw 10240 t320_r1_v8_smem t640_r1_v8_smem t640_r1_v8_reg t320_r1_v8_c2_reg t1024_r1_v8_gmem
+    bw 12288 t384_r1_v8_smem t768_r1_v8_smem t768_r1_v8_reg t1024_r1_v2_reg t384_r1_v8_c2_smem t384_r1_v8_c2_reg
+    bw 16384 t512_r1_v8_smem t1024_r1_v8_smem t512_r1_v8_c2_smem t512_r1_v8_c2_reg t256_r1_v8_c4_reg
+    bw 18432 t576_r1_v8_smem t768_r1_v8_smem t576_r1_v8_c2_smem t288_r1_v8_c2_smem
+    bw 28672 t896_r1_v8_smem t896_r1_v8_c2_smem t448_r1_v8_c4_smem t448_r1_v8_c2_smem
+    bw 32768 t1024_r1_v8_smem t1024_r1_v8_c2_smem t512_r1_v8_c4_smem t1024_r1_v8_c4_smem t256_r1_v8_c8_reg
+    bw 65536 t1024_r1_v8_c2_smem t1024_r1_v8_c4_smem t512_r1_v8_c4_smem t1024_r1_v8_c8_smem t512_r1_v8_c8_smem
+    fw 18432 t576_r1_v8_reg t768_r1_v8_reg t384_r1_v8_reg t576_r1_v8_smem t1024_r1_v8_reg
+    fw 65536 t1024_r1_v8_gmem t1024_r1_v8_c2_smem t1024_r1_v8_c2_reg t512_r1_v8_c4_smem t1024_r1_v8_c4_smem
+  done
+  build/normjit-bench --rows 32768 --json "$OUT/rows.json" $X > "$OUT/rows.txt" 2>&1
+  Y=""; for norm in layernorm rmsnorm; do b=$([[ $norm == layernorm ]] && echo .bias)
+    for c in t1024_r1_v8_gmem t512_r1_v8_c8_smem t1024_r1_v8_c4_smem t1024_r1_v8_c8_smem t256_r1_v8_c8_smem; do
+      Y="$Y $norm.fwd_train.bf16.w_bf16.n262144$b.cfg_$c"; done
+    for c in t1024_r1_v8_gmem t1024_r1_v8_c8_smem t512_r1_v8_c8_smem; do Y="$Y $norm.bwd.bf16.w_f32.n262144$b.cfg_$c"; done
+  done
+  build/normjit-bench --rows 4096 --json "$OUT/rows_262144.json" $Y > "$OUT/rows_262144.txt" 2>&1
+  python3 bench/summary.py "$OUT/rows.json" "$OUT/rows_262144.json" | tee "$OUT/table_rows.md"
+  grep -iE "error|fail|exceed" "$OUT"/rows*.txt | head
+fi
+if [[ ,$STAGE, == *,rows2,* ]]; then
+  # LayerNorm forward CTA rows: registers against shared memory; forward 40960/49152 in shared memory.
+  X=""; for n in 13312 14336 16384 18432 20480 24576; do t=$(( (n / 8 + 3) / 4 )); t=$(( (t + 31) / 32 * 32 ))
+    X="$X layernorm.fwd_train.bf16.w_bf16.n$n.bias.cfg_t${t}_r1_v8_reg layernorm.fwd_train.bf16.w_bf16.n$n.bias.cfg_t${t}_r1_v8_smem"; done
+  for n in 40960 49152; do X="$X layernorm.fwd_train.bf16.w_bf16.n$n.bias.cfg_t1024_r1_v8_smem rmsnorm.fwd_train.bf16.w_bf16.n$n.cfg_t1024_r1_v8_smem"; done
+  build/normjit-bench --rows 32768 --json "$OUT/rows2.json" $X > "$OUT/rows2.txt" 2>&1
+  python3 bench/summary.py "$OUT/rows2.json" | tee "$OUT/table_rows2.md"
 fi
 if [[ ,$STAGE, == *,explore,* ]]; then
   # Block-config A/B in one process (cfg pinned), then ncu stall reasons for clustered vs one-CTA rows.

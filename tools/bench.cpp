@@ -367,23 +367,30 @@ int main(int argc, char** argv) {
         const nj::LaunchArgs a = forward_args(0);
         nj::Kernel::RawLaunch raw = kernel.raw_forward_launch(a);
         void* params[] = {raw.params.data()};
-        auto host_us = [&](auto&& enqueue) {
-          std::vector<double> per_launch;
-          for (int rep = 0; rep < 21; ++rep) {
-            NORMJIT_CU(cuCtxSynchronize());
-            const auto t0 = Clock::now();
-            for (int i = 0; i < 200; ++i) enqueue();
-            per_launch.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 200);
-          }
+        // Raw and normjit samples alternate, so drift in clocks or queue state hits both alike.
+        auto sample_us = [&](auto&& enqueue) {
           NORMJIT_CU(cuCtxSynchronize());
-          std::nth_element(per_launch.begin(), per_launch.begin() + 10, per_launch.end());
-          return per_launch[10];
+          const auto t0 = Clock::now();
+          for (int i = 0; i < 200; ++i) enqueue();
+          return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / 200;
         };
-        const double raw_us = host_us([&] {
+        auto raw_launch = [&] {
           NORMJIT_CU(cuLaunchKernel(raw.function, raw.grid_x, 1, 1, raw.threads, 1, 1, raw.dynamic_smem_bytes, nullptr,
                                     params, nullptr));
-        });
-        const double launch_us = host_us([&] { kernel.launch(a); });
+        };
+        auto normjit_launch = [&] { kernel.launch(a); };
+        std::vector<double> raw_samples, normjit_samples;
+        for (int rep = 0; rep < 21; ++rep) {
+          raw_samples.push_back(sample_us(raw_launch));
+          normjit_samples.push_back(sample_us(normjit_launch));
+        }
+        NORMJIT_CU(cuCtxSynchronize());
+        auto median = [](std::vector<double> v) {
+          std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+          return v[v.size() / 2];
+        };
+        const double raw_us = median(raw_samples);
+        const double launch_us = median(normjit_samples);
         std::printf("  host launch: normjit %.3f us, raw cuLaunchKernel %.3f us (%.2fx); in-process get %.0f ns\n",
                     launch_us, raw_us, launch_us / raw_us, hit_ns);
         row["host_launch_us"] = launch_us;

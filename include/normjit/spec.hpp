@@ -20,7 +20,7 @@ enum class Epilogue { kNone, kReluBitmask, kGelu };
 // dynamic shared memory (smem: one row per CTA, or one segment per CTA of a cluster; at most
 // kMaxSharedRowBytes per CTA), or nowhere, streaming it twice (gmem). Backward: reg = one fused
 // persistent kernel with the row in registers; smem = the same with x and dy in shared memory
-// (2 * N * sizeof(x) bytes, no cluster); gmem = row sums, then a column-tiled dx/dgamma kernel.
+// (2 * N / cluster * sizeof(x) bytes per CTA); gmem = row sums, then a column-tiled dx/dgamma kernel.
 enum class RowCache { kRegisters, kGlobal, kShared };
 // The most dynamic shared memory a smem row may take (sm_90's per-CTA opt-in limit, 227 KB).
 constexpr int64_t kMaxSharedRowBytes = 227 * 1024;

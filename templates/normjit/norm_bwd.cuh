@@ -85,7 +85,7 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   // CTA can take. Each thread reads back only its own packs: no barrier orders the passes.
   constexpr bool kSmem = Cfg::kCache == RowCache::kShared;
   constexpr int kHeld = kSmem ? 1 : S::kIters;  // packs per thread held in registers between passes
-  static_assert(!kSmem || (kRows == 1 && S::kCluster == 1), "a shared-memory row fills one CTA");
+  static_assert(!kSmem || kRows == 1, "a shared-memory row fills its CTA (a cluster's CTA: its segment)");
   extern __shared__ __align__(16) unsigned char dynamic_shared[];
   XT* const shared_x = reinterpret_cast<XT*>(dynamic_shared);
   XT* const shared_dy = shared_x + S::kSegment;

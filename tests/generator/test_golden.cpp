@@ -60,12 +60,12 @@ TEST_CASE("epilogues are a template slot: the norm kernels are the same text for
   CHECK(relu.source.find("#include \"normjit/epilogue_relu_bitmask.cuh\"") != std::string::npos);
   CHECK(gelu.source.find("using Epilogue = normjit::EpilogueGelu;") != std::string::npos);
   CHECK(none.source.find("using Epilogue = normjit::EpilogueNone;") != std::string::npos);
-  // Backward routes: fused for rows in registers (one CTA, or a cluster of them on sm_90), row
-  // sums + tiles beyond.
+  // Backward routes: fused for rows in registers or shared memory (one CTA, or a cluster of them
+  // on sm_90), row sums + tiles beyond.
   CHECK(generate(resolve(Spec::parse("rmsnorm.bwd.bf16.n4096"))).source.find("#if 1") != std::string::npos);
-  const std::string clustered = generate(resolve(Spec::parse("rmsnorm.bwd.bf16.n32768"))).source;
+  const std::string clustered = generate(resolve(Spec::parse("rmsnorm.bwd.bf16.n65536"))).source;
   CHECK(clustered.find("#if 1") != std::string::npos);
-  CHECK(clustered.find("__cluster_dims__(8, 1, 1)") != std::string::npos);
-  CHECK(generate(resolve(Spec::parse("rmsnorm.bwd.bf16.n32768"), 16, 80)).source.find("#if 0") != std::string::npos);
-  CHECK(generate(resolve(Spec::parse("rmsnorm.bwd.bf16.n262144"))).source.find("#if 0") != std::string::npos);
+  CHECK(clustered.find("__cluster_dims__(2, 1, 1)") != std::string::npos);
+  CHECK(generate(resolve(Spec::parse("rmsnorm.bwd.bf16.n65536"), 16, 80)).source.find("#if 0") != std::string::npos);
+  CHECK(generate(resolve(Spec::parse("layernorm.bwd.bf16.n262144.bias"))).source.find("#if 0") != std::string::npos);
 }

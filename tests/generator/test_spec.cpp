@@ -99,7 +99,7 @@ TEST_CASE("bad spec strings are rejected with a message naming the problem") {
       {"layernorm.fwd_train.bf16.w_bf16.n262144.cfg_t1024_r1_v8_smem", "524288 bytes of shared memory"},
       {"layernorm.fwd_train.bf16.w_bf16.n256.cfg_t32_r8_v8_smem", "'smem' needs CTA-wide rows"},
       {"layernorm.fwd_train.bf16.w_bf16.n65536.cfg_t32_r1_v8_c2_smem", "cluster=2 needs CTA-wide rows"},
-      {"layernorm.bwd.bf16.w_bf16.n65536.cfg_t1024_r1_v8_c2_smem", "cluster=2 with shared-memory rows is forward only"},
+      {"layernorm.bwd.bf16.w_bf16.n262144.cfg_t1024_r1_v8_c4_smem", "262144 bytes of shared memory per CTA"},
       {"layernorm.fwd_train.bf16.w_bf16.n262144.cfg_t1024_r1_v8_c2_smem", "262144 bytes of shared memory per CTA"},
   };
   for (const Bad& b : bad) {
@@ -147,22 +147,39 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("rmsnorm.fwd_train.bf16.n1") == BlockConfig{1, 256, 1, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n4097").vec == 1);
   CHECK(block("layernorm.fwd_train.bf16.n4096", 2).vec == 2);
-  // Large forward rows: one CTA in registers, then streamed twice; never a cluster (slower).
+  // Large forward rows: one CTA in registers, then streamed twice (65536; RMSNorm below it), else
+  // one CTA's shared memory, then a cluster's (sm_90 only).
   CHECK(block("layernorm.fwd_train.bf16.n32768") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n65536") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
-  CHECK(block("layernorm.fwd_train.bf16.n262144").cache == RowCache::kGlobal);
+  CHECK(block("layernorm.fwd_train.bf16.n40960") == BlockConfig{1024, 1, 8, RowCache::kShared});
+  CHECK(block("rmsnorm.fwd_train.bf16.n40960") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
+  CHECK(block("rmsnorm.fwd_train.bf16.n98304") == BlockConfig{1024, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.fwd_train.bf16.n131072") == BlockConfig{512, 1, 8, RowCache::kShared, 4});
+  CHECK(block("layernorm.fwd_train.bf16.n262144") == BlockConfig{512, 1, 8, RowCache::kShared, 8});
+  CHECK(block("layernorm.fwd_train.bf16.n262144", 16, 80).cache == RowCache::kGlobal);
   CHECK(block("layernorm.fwd_train.f32.n65536").cache == RowCache::kGlobal);
-  // Backward: fewer elements per thread; past 512 threads the split route.
+  // Backward: fewer elements per thread; past 512 threads the split route (sm_80).
   CHECK(block("layernorm.bwd.bf16.w_f32.n4096.bias") == BlockConfig{256, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.bwd.bf16.w_f32.n512.bias") == BlockConfig{32, 8, 8, RowCache::kRegisters});
   CHECK(block("rmsnorm.bwd.f32.n8192") == BlockConfig{512, 1, 4, RowCache::kRegisters});
-  // Backward on sm_90: a cluster of 256-thread CTAs where that splits the row exactly, else split.
-  CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias") == BlockConfig{256, 1, 8, RowCache::kRegisters, 4});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n32768") == BlockConfig{256, 1, 8, RowCache::kRegisters, 8});
-  CHECK(block("rmsnorm.bwd.f32.n16384") == BlockConfig{256, 1, 4, RowCache::kRegisters, 4});
   CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias", 16, 80) == BlockConfig{1024, 1, 8, RowCache::kGlobal});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n12288") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n65536") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
+  // Backward on sm_90: registers up to 640 threads (768 without dbeta), then x and dy in shared
+  // memory, then a cluster of 1024-thread CTAs with whole iterations, else split.
+  CHECK(block("layernorm.bwd.bf16.w_f32.n10240.bias") == BlockConfig{640, 1, 8, RowCache::kRegisters});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n12288") == BlockConfig{768, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n12288.bias") == BlockConfig{768, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias") == BlockConfig{1024, 1, 8, RowCache::kShared});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n16384") == BlockConfig{512, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n18432.bias") == BlockConfig{768, 1, 8, RowCache::kShared});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n18432") == BlockConfig{768, 1, 8, RowCache::kShared});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n32768") == BlockConfig{1024, 1, 8, RowCache::kShared});
+  CHECK(block("rmsnorm.bwd.f32.n16384") == BlockConfig{1024, 1, 4, RowCache::kGlobal});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n32768.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n65536.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n65536") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n262144") == BlockConfig{1024, 1, 8, RowCache::kShared, 8});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n20480.bias") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n262144.bias") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
   // Warp rows, 8 per CTA, up to 4 packs per lane.
   CHECK(block("layernorm.bwd.bf16.w_f32.n1024.bias") == BlockConfig{32, 8, 8, RowCache::kRegisters});
   CHECK(block("layernorm.bwd.bf16.w_f32.n1032.bias") == BlockConfig{96, 1, 8, RowCache::kRegisters});

@@ -1,4 +1,4 @@
-// normjit kernel rmsnorm.bwd.bf16.w_f32.n16384.cfg_t256_r1_v8_c4_reg
+// normjit kernel rmsnorm.bwd.bf16.w_f32.n16384.cfg_t512_r1_v8_smem
 // Generated from templates/norm_bwd.cu.in: parameter binding only; the logic is in norm_bwd.cuh.
 #include "normjit/norm_bwd.cuh"
 #include "normjit/epilogue_none.cuh"
@@ -13,29 +13,29 @@ struct Cfg {
   static constexpr bool kHasBias = false;
   static constexpr int kN = 16384;
   static constexpr int kVec = 8;
-  static constexpr int kThreadsPerRow = 256;
+  static constexpr int kThreadsPerRow = 512;
   static constexpr int kRowsPerCta = 1;
-  static constexpr int kCluster = 4;
-  static constexpr normjit::RowCache kCache = normjit::RowCache::kRegisters;
+  static constexpr int kCluster = 1;
+  static constexpr normjit::RowCache kCache = normjit::RowCache::kShared;
 };
 }  // namespace
 
 #if 1
-extern "C" __global__ void __launch_bounds__(256) __cluster_dims__(4, 1, 1)
-normjit_rmsnorm_bwd_bf16_w_f32_n16384_cfg_t256_r1_v8_c4_reg_fused(const normjit::NormParams params) {
+extern "C" __global__ void __launch_bounds__(512)
+normjit_rmsnorm_bwd_bf16_w_f32_n16384_cfg_t512_r1_v8_smem_fused(const normjit::NormParams params) {
   normjit::norm_bwd_fused<Cfg>(params);
 }
 #else
-extern "C" __global__ void __launch_bounds__(256)
-normjit_rmsnorm_bwd_bf16_w_f32_n16384_cfg_t256_r1_v8_c4_reg_rowsums(const normjit::NormParams params) {
+extern "C" __global__ void __launch_bounds__(512)
+normjit_rmsnorm_bwd_bf16_w_f32_n16384_cfg_t512_r1_v8_smem_rowsums(const normjit::NormParams params) {
   normjit::norm_bwd_rowsums<Cfg>(params);
 }
 extern "C" __global__ void __launch_bounds__(256)
-normjit_rmsnorm_bwd_bf16_w_f32_n16384_cfg_t256_r1_v8_c4_reg_tiles(const normjit::NormParams params) {
+normjit_rmsnorm_bwd_bf16_w_f32_n16384_cfg_t512_r1_v8_smem_tiles(const normjit::NormParams params) {
   normjit::norm_bwd_tiles<Cfg>(params);
 }
 #endif
 extern "C" __global__ void __launch_bounds__(1024)
-normjit_rmsnorm_bwd_bf16_w_f32_n16384_cfg_t256_r1_v8_c4_reg_reduce(const normjit::NormParams params) {
+normjit_rmsnorm_bwd_bf16_w_f32_n16384_cfg_t512_r1_v8_smem_reduce(const normjit::NormParams params) {
   normjit::norm_bwd_reduce<Cfg>(params);
 }

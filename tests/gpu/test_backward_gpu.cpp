@@ -81,12 +81,16 @@ TEST_CASE("pinned block configurations: clusters of every size and shared-memory
                            "layernorm.bwd.bf16.w_f32.n28672.bias.relu_bitmask.cfg_t448_r1_v8_c4_reg",
                            "adalayernorm.bwd.f16.w_f32.n12288.bias.gelu.cfg_t384_r1_v8_c2_reg",
                            "rmsnorm.bwd.f32.w_f32.n65536.cfg_t512_r1_v4_c8_reg",
-                           // x and dy in shared memory (not picked by the heuristic yet).
+                           // x and dy in shared memory, one CTA or a cluster sharing the row.
                            "layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t512_r1_v8_smem",
                            "rmsnorm.bwd.bf16.w_f32.n16384.cfg_t512_r1_v8_smem",
                            "layernorm.bwd.bf16.w_f32.n18432.bias.cfg_t576_r1_v8_smem",
                            "adalayernorm.bwd.f16.w_f32.n12288.bias.relu_bitmask.cfg_t512_r1_v8_smem",
-                           "rmsnorm.bwd.f32.w_f32.n8192.bias.gelu.cfg_t512_r1_v4_smem"}) {
+                           "rmsnorm.bwd.f32.w_f32.n8192.bias.gelu.cfg_t512_r1_v4_smem",
+                           "layernorm.bwd.bf16.w_f32.n65536.bias.cfg_t1024_r1_v8_c4_smem",
+                           "rmsnorm.bwd.f16.w_f32.n32768.relu_bitmask.cfg_t512_r1_v8_c2_smem",
+                           "adalayernorm.bwd.bf16.w_f32.n28672.bias.gelu.cfg_t448_r1_v8_c8_smem",
+                           "layernorm.bwd.f16.w_f32.n262144.bias.cfg_t1024_r1_v8_c8_smem"}) {
     const Case c = pinned_case(text);
     const std::string name = text;
     CAPTURE(name);
