@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <tuple>
 
@@ -87,12 +88,27 @@ TuningDb TuningDb::parse(const std::string& text, const std::string& name) {
     const std::string where = "entry " + std::to_string(index++) + ": ";
     try {
       if (!e.is_object()) throw bad(where + "not an object");
+      // nlohmann converts a float such as 9e47 to int with undefined behaviour (found by
+      // fuzz_tuning_db): integers are checked for type and range first.
+      auto integer = [&](const char* name, int64_t lo, int64_t hi, bool required) -> int64_t {
+        if (!e.contains(name)) {
+          if (required) throw bad(where + "\"" + name + "\" is missing");
+          return 0;
+        }
+        const auto& v = e[name];
+        if (!v.is_number_integer()) throw bad(where + "\"" + name + "\" must be an integer");
+        const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(hi)
+                                                 : v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+        if (!fits) throw bad(where + "\"" + name + "\"=" + v.dump() + " is out of range");
+        return v.get<int64_t>();
+      };
+      constexpr int64_t kIntMax = std::numeric_limits<int>::max();
       TuningKey k;
       k.device = e.at("device").get<std::string>();
-      k.sm = e.at("sm").get<int>();
-      k.sm_count = e.at("sm_count").get<int>();
-      k.driver = e.at("driver").get<int>();
-      k.nvrtc = e.at("nvrtc").get<int>();
+      k.sm = static_cast<int>(integer("sm", 0, kIntMax, true));
+      k.sm_count = static_cast<int>(integer("sm_count", 0, kIntMax, true));
+      k.driver = static_cast<int>(integer("driver", 0, kIntMax, true));
+      k.nvrtc = static_cast<int>(integer("nvrtc", 0, kIntMax, true));
       k.normjit = e.at("normjit").get<std::string>();
       const Spec spec = Spec::parse(e.at("spec").get<std::string>());
       if (spec.block) throw bad(where + "\"spec\" carries a block config; it goes in \"config\"");
@@ -103,7 +119,7 @@ TuningDb TuningDb::parse(const std::string& text, const std::string& name) {
       entry.config = *tuned.block;
       entry.us = e.at("us").get<double>();
       entry.heuristic_us = e.value("heuristic_us", 0.0);
-      entry.rows = e.value("rows", int64_t(0));
+      entry.rows = integer("rows", 0, std::numeric_limits<int64_t>::max(), false);
       if (!(entry.us > 0)) throw bad(where + "\"us\" must be a positive time");
       db.record(k, entry);
     } catch (const nlohmann::json::exception& x) {

@@ -123,6 +123,16 @@ TEST_CASE("tuning database: bad files are rejected with the file and the reason"
       {R"({"format": "normjit-tuning-db", "version": 1, "entries": [{"device": "x", "sm": 90, "sm_count": 1,
           "driver": 1, "nvrtc": 1, "normjit": "v", "spec": "rmsnorm.fwd_infer.f16.n64", "config": "t8_r32_v8_reg",
           "us": -1.0}]})", "positive time"},
+      // Found by fuzz_tuning_db: a float where an int goes converted with undefined behaviour.
+      {R"({"format": "normjit-tuning-db", "version": 1, "entries": [{"device": "x", "sm": 9e47, "sm_count": 1,
+          "driver": 1, "nvrtc": 1, "normjit": "v", "spec": "rmsnorm.fwd_infer.f16.n64", "config": "t8_r32_v8_reg",
+          "us": 1.0}]})", "\"sm\" must be an integer"},
+      {R"({"format": "normjit-tuning-db", "version": 1, "entries": [{"device": "x", "sm": 90, "sm_count": 4294967296,
+          "driver": 1, "nvrtc": 1, "normjit": "v", "spec": "rmsnorm.fwd_infer.f16.n64", "config": "t8_r32_v8_reg",
+          "us": 1.0}]})", "\"sm_count\"=4294967296 is out of range"},
+      {R"({"format": "normjit-tuning-db", "version": 1, "entries": [{"device": "x", "sm": 90, "sm_count": 1,
+          "driver": 1, "nvrtc": 1, "normjit": "v", "spec": "rmsnorm.fwd_infer.f16.n64", "config": "t8_r32_v8_reg",
+          "us": 1.0, "rows": -5}]})", "\"rows\"=-5 is out of range"},
   };
   for (const Bad& b : bad) {
     CAPTURE(b.text);
