@@ -97,7 +97,9 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
 // and for LayerNorm at 40960 and 49152 (73 / 84 % against 62 / 70 %); slower at 65536 (75 against
 // 85 %), and for RMSNorm at 40960 (75 against 87 %).
 constexpr int64_t kForwardSharedBytes = 200 * 1024;
-constexpr int64_t kForwardSharedMinN = 65536;
+// Streaming measured faster at exactly this N, and for RMSNorm below it; every other size past
+// registers takes shared memory (unmeasured ones included).
+constexpr int64_t kForwardStreamingN = 65536;
 // Past one CTA: a cluster whose CTAs take this much of the row each, 8 packs per thread
 // (N = 262144 bf16, 8 x 512 threads: RMSNorm 81.6 %, LayerNorm 72.3 % against 58-62 %).
 constexpr int64_t kForwardClusterSegmentBytes = 64 * 1024;
@@ -105,7 +107,9 @@ constexpr int64_t kForwardClusterPacks = 8;
 
 std::optional<BlockConfig> forward_large_row(const Spec& s, int vec, int64_t packs) {
   const int64_t row_bytes = s.n * dtype_size(s.x_dtype);
-  if (s.n == kForwardSharedMinN || (s.n < kForwardSharedMinN && s.norm == Norm::kRMSNorm)) return std::nullopt;
+  const bool streaming_measured_faster =
+      s.n == kForwardStreamingN || (s.n < kForwardStreamingN && s.norm == Norm::kRMSNorm);
+  if (streaming_measured_faster) return std::nullopt;
   BlockConfig b;
   b.vec = vec;
   b.rows_per_cta = 1;
