@@ -16,8 +16,7 @@ TEST_CASE("backward matches the fp64 reference over ops x dtypes x N x rows") {
   // On sm_90 with 2-byte x: 12288-18432 keep x and dy in one CTA's shared memory (or registers
   // at 768 threads), 32768 one CTA or a 2-CTA cluster, 65536 a cluster, 262144 an 8-CTA cluster
   // without dbeta and the split route with it; fp32 x registers up to 10240 (12288 without dbeta),
-  // then the split route. 12289 and
-  // 20001 are odd rows past the register route (1-element packs).
+  // then the split route. 12289 and 20001 are odd rows past the register route (1-element packs).
   const int64_t ns[] = {1, 7, 127, 256, 1000, 1024, 2880, 4096, 4097, 8192, 12288, 12289, 16384, 18432, 20001, 32768, 65536, 262144};
   std::vector<Case> cases;
   for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
