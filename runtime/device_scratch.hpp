@@ -3,6 +3,7 @@
 // tune-on-a-miss share to time kernels on random data. Internal (not installed).
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "normjit/compiler.hpp"
@@ -70,6 +71,12 @@ struct Events {
   Events& operator=(const Events&) = delete;
 };
 
+// The median of samples (the upper one of an even count).
+inline double median_of(std::vector<double> samples) {
+  std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
+  return samples[samples.size() / 2];
+}
+
 // Median over `reps` batches of `batch` calls of fn(i), in microseconds per call, after `warmup`
 // calls. The events go on `stream`, which must be the stream fn works on.
 template <class Fn>
@@ -87,8 +94,7 @@ double time_median_us(int warmup, int reps, int batch, Fn&& fn, CUstream stream 
     NORMJIT_CU(cuEventElapsedTime(&ms, ev.start, ev.stop));
     per_call.push_back(1000.0 * ms / batch);
   }
-  std::sort(per_call.begin(), per_call.end());
-  return per_call[per_call.size() / 2];
+  return median_of(std::move(per_call));
 }
 
 }  // namespace normjit::detail

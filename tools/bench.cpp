@@ -385,12 +385,8 @@ int main(int argc, char** argv) {
           normjit_samples.push_back(sample_us(normjit_launch));
         }
         NORMJIT_CU(cuCtxSynchronize());
-        auto median = [](std::vector<double> v) {
-          std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-          return v[v.size() / 2];
-        };
-        const double raw_us = median(raw_samples);
-        const double launch_us = median(normjit_samples);
+        const double raw_us = nj::detail::median_of(raw_samples);
+        const double launch_us = nj::detail::median_of(normjit_samples);
         std::printf("  host launch: normjit %.3f us, raw cuLaunchKernel %.3f us (%.2fx); in-process get %.0f ns\n",
                     launch_us, raw_us, launch_us / raw_us, hit_ns);
         row["host_launch_us"] = launch_us;
