@@ -48,7 +48,6 @@ int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 // Backward rows too long for the fused register route (sm_90): the block config, or nullopt
 // for the split route. `packs` are 16-byte vectors of x.
 std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t packs) {
-  const int64_t row_bytes = 2 * s.n * dtype_size(s.x_dtype);  // x and dy
   BlockConfig b;
   b.vec = vec;
   b.rows_per_cta = 1;
@@ -66,7 +65,7 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
   // Measured for 2-byte x only; fp32 x with these thread counts spilled 12-124 bytes (ptxas).
   if (dtype_size(s.x_dtype) > 2) return std::nullopt;
   b.cache = RowCache::kShared;
-  if (row_bytes <= kBackwardSharedBytes) {
+  if (shared_row_bytes(s, 1) <= kBackwardSharedBytes) {
     // With dbeta: 2 packs per thread up to 1024 threads, else 3 up to 768. Without: 4 packs, or 3
     // where 4 would leave a 544-736-thread CTA alone on its SM (N = 18432: 82 -> 92 % of copy).
     int64_t t = s.has_bias ? threads_for(16) : threads_for(32);
@@ -81,7 +80,7 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
   // values per thread with dbeta (32 without).
   const int64_t per_thread = std::max<int64_t>(1, (s.has_bias ? 16 : 32) / vec);
   for (int c = 2; c <= kMaxCluster; c *= 2) {
-    if (packs % c != 0 || row_bytes / c > kBackwardSharedBytes) continue;
+    if (packs % c != 0 || shared_row_bytes(s, c) > kBackwardSharedBytes) continue;
     // Whole iterations only: ragged segments (N = 20480-49152 with dbeta) ran at 40-55 %.
     if (packs / c > per_thread * kClusterThreads || (packs / c) % kClusterThreads != 0) continue;
     if (s.epilogue == Epilogue::kReluBitmask && (s.n / c) % 8 != 0) continue;
@@ -106,7 +105,6 @@ constexpr int64_t kForwardClusterSegmentBytes = 64 * 1024;
 constexpr int64_t kForwardClusterPacks = 8;
 
 std::optional<BlockConfig> forward_large_row(const Spec& s, int vec, int64_t packs) {
-  const int64_t row_bytes = s.n * dtype_size(s.x_dtype);
   const bool streaming_measured_faster =
       s.n == kForwardStreamingN || (s.n < kForwardStreamingN && s.norm == Norm::kRMSNorm);
   if (streaming_measured_faster) return std::nullopt;
@@ -114,12 +112,12 @@ std::optional<BlockConfig> forward_large_row(const Spec& s, int vec, int64_t pac
   b.vec = vec;
   b.rows_per_cta = 1;
   b.cache = RowCache::kShared;
-  if (row_bytes <= kForwardSharedBytes) {
+  if (shared_row_bytes(s, 1) <= kForwardSharedBytes) {
     b.threads_per_row = 1024;
     return b;
   }
   for (int c = 2; c <= kMaxCluster; c *= 2) {
-    if (packs % c != 0 || row_bytes / c > kForwardClusterSegmentBytes) continue;
+    if (packs % c != 0 || shared_row_bytes(s, c) > kForwardClusterSegmentBytes) continue;
     if (s.epilogue == Epilogue::kReluBitmask && (s.n / c) % 8 != 0) continue;
     const int64_t t = round_up((packs / c + kForwardClusterPacks - 1) / kForwardClusterPacks, 32);
     if (t > 1024) continue;

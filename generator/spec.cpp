@@ -84,6 +84,10 @@ const char* to_string(RowCache v) { return name_of(kRowCaches, v); }
 
 int dtype_size(DType d) { return d == DType::kF32 ? 4 : 2; }
 
+int64_t shared_row_bytes(const Spec& s, int cluster) {
+  return s.n / cluster * dtype_size(s.x_dtype) * (s.phase == Phase::kBackward ? 2 : 1);
+}
+
 Spec Spec::make(Norm norm, Phase phase, DType x, int64_t n, bool has_bias) {
   Spec s;
   s.norm = norm;
@@ -224,8 +228,7 @@ void validate(const Spec& s) {
       throw Error(Status::kInvalidSpec, where() + "cluster=" + std::to_string(b.cluster) + " " + why);
   }
   if (b.cache == RowCache::kShared) {
-    // The backward keeps x and dy.
-    const int64_t bytes = s.n / b.cluster * dtype_size(s.x_dtype) * (s.phase == Phase::kBackward ? 2 : 1);
+    const int64_t bytes = shared_row_bytes(s, b.cluster);
     if (sub_warp)
       throw Error(Status::kInvalidSpec, where() + "row cache 'smem' needs CTA-wide rows (threads_per_row > 32)");
     if (bytes > kMaxSharedRowBytes)

@@ -70,6 +70,9 @@ const char* to_string(DType v);
 const char* to_string(Epilogue v);
 const char* to_string(RowCache v);
 int dtype_size(DType d);
+// Dynamic shared memory per CTA of a shared-memory row (RowCache::kShared) split over `cluster`
+// CTAs: the row's segment of x, and of dy too in the backward.
+int64_t shared_row_bytes(const Spec& s, int cluster);
 
 constexpr int64_t kMaxHiddenSize = 262144;
 // A row held in registers takes at most this many packs per thread (an unrolled array).
