@@ -104,6 +104,7 @@ GeneratedSource generate(const Spec& spec) {
   if (backward) {
     // Rows in registers or shared memory: the fused persistent kernel; streamed: the split route.
     values["FUSED"] = b.cache != RowCache::kGlobal ? "1" : "0";
+    values["DBETA_SHARED"] = dbeta_sums_in_shared(spec, b) ? "true" : "false";
   } else {
     values["TRAINING"] = spec.phase == Phase::kForwardTraining ? "true" : "false";
   }

@@ -39,6 +39,8 @@ constexpr int64_t kBackwardRegThreads = 768;
 // - x and dy in shared memory: at most this much per CTA (sm_90 allows 227 KB; the reduction
 //   scratch is static shared memory on top).
 constexpr int64_t kBackwardSharedBytes = 200 * 1024;
+// With the dbeta sums in shared memory too, up to sm_90's 227 KB less 1 KB for that scratch.
+constexpr int64_t kBackwardSharedBytesWithDbeta = kMaxSharedRowBytes - 1024;
 // - Clusters of shared-memory rows: 1024-thread CTAs only. Clustered CTAs of 288-896 threads ran
 //   at 29-60 % of copy against 76-85 % at 1024 (cause not found).
 constexpr int kClusterThreads = 1024;
@@ -65,27 +67,27 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
   // Measured for 2-byte x only; fp32 x with these thread counts spilled 12-124 bytes (ptxas).
   if (dtype_size(s.x_dtype) > 2) return std::nullopt;
   b.cache = RowCache::kShared;
-  if (shared_row_bytes(s, 1) <= kBackwardSharedBytes) {
-    // With dbeta: 2 packs per thread up to 1024 threads, else 3 up to 768. Without: 4 packs, or 3
-    // where 4 would leave a 544-736-thread CTA alone on its SM (N = 18432: 82 -> 92 % of copy).
-    int64_t t = s.has_bias ? threads_for(16) : threads_for(32);
-    if (s.has_bias && t > 1024) t = threads_for(24) <= 768 ? threads_for(24) : 0;
-    if (!s.has_bias && t > 512 && t < 768) t = threads_for(24);
-    if (t > 0 && t <= 1024) {
-      b.threads_per_row = static_cast<int>(t);
-      return b;
-    }
-  }
-  // A cluster shares the row: the fewest 1024-thread CTAs that hold it in shared memory at 16
-  // values per thread with dbeta (32 without).
-  const int64_t per_thread = std::max<int64_t>(1, (s.has_bias ? 16 : 32) / vec);
+  auto fits = [&](const BlockConfig& c) {
+    return shared_row_bytes(s, c) <= (dbeta_sums_in_shared(s, c) ? kBackwardSharedBytesWithDbeta : kBackwardSharedBytes);
+  };
+  // One CTA. With dbeta: 2 packs per thread up to 1024 threads, else 3 up to 768 (both sums in
+  // registers), else 3 or 4 with the dbeta sums in shared memory. Without: 4 packs, or 3 where 4
+  // would leave a 544-736-thread CTA alone on its SM (N = 18432: 82 -> 92 % of copy).
+  int64_t t = s.has_bias ? threads_for(16) : threads_for(32);
+  if (s.has_bias && t > 1024) t = threads_for(24) <= 1024 ? threads_for(24) : threads_for(32);
+  if (!s.has_bias && t > 512 && t < 768) t = threads_for(24);
+  b.threads_per_row = static_cast<int>(std::min<int64_t>(t, 1024));
+  if (t <= 1024 && fits(b)) return b;
+  // A cluster shares the row: the fewest 1024-thread CTAs that hold it in shared memory at up to
+  // 32 values per thread (with dbeta, past 16 its sums go to shared memory).
+  const int64_t per_thread = std::max<int64_t>(1, 32 / vec);
+  b.threads_per_row = kClusterThreads;
   for (int c = 2; c <= kMaxCluster; c *= 2) {
-    if (packs % c != 0 || shared_row_bytes(s, c) > kBackwardSharedBytes) continue;
+    b.cluster = c;
+    if (packs % c != 0 || !fits(b)) continue;
     // Whole iterations only: ragged segments (N = 20480-49152 with dbeta) ran at 40-55 %.
     if (packs / c > per_thread * kClusterThreads || (packs / c) % kClusterThreads != 0) continue;
     if (s.epilogue == Epilogue::kReluBitmask && (s.n / c) % 8 != 0) continue;
-    b.threads_per_row = kClusterThreads;
-    b.cluster = c;
     return b;
   }
   return std::nullopt;
@@ -112,17 +114,17 @@ std::optional<BlockConfig> forward_large_row(const Spec& s, int vec, int64_t pac
   b.vec = vec;
   b.rows_per_cta = 1;
   b.cache = RowCache::kShared;
-  if (shared_row_bytes(s, 1) <= kForwardSharedBytes) {
+  if (shared_row_bytes(s, b) <= kForwardSharedBytes) {
     b.threads_per_row = 1024;
     return b;
   }
   for (int c = 2; c <= kMaxCluster; c *= 2) {
-    if (packs % c != 0 || shared_row_bytes(s, c) > kForwardClusterSegmentBytes) continue;
+    b.cluster = c;
+    if (packs % c != 0 || shared_row_bytes(s, b) > kForwardClusterSegmentBytes) continue;
     if (s.epilogue == Epilogue::kReluBitmask && (s.n / c) % 8 != 0) continue;
     const int64_t t = round_up((packs / c + kForwardClusterPacks - 1) / kForwardClusterPacks, 32);
     if (t > 1024) continue;
     b.threads_per_row = static_cast<int>(t);
-    b.cluster = c;
     return b;
   }
   return std::nullopt;

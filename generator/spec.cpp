@@ -84,8 +84,19 @@ const char* to_string(RowCache v) { return name_of(kRowCaches, v); }
 
 int dtype_size(DType d) { return d == DType::kF32 ? 4 : 2; }
 
-int64_t shared_row_bytes(const Spec& s, int cluster) {
-  return s.n / cluster * dtype_size(s.x_dtype) * (s.phase == Phase::kBackward ? 2 : 1);
+bool dbeta_sums_in_shared(const Spec& s, const BlockConfig& b) {
+  if (s.phase != Phase::kBackward || !s.has_bias || b.cache != RowCache::kShared || b.threads_per_row < 1 ||
+      b.vec < 1 || b.cluster < 1)
+    return false;
+  const int64_t packs = s.n / b.vec / b.cluster;
+  const int64_t values = (packs + b.threads_per_row - 1) / b.threads_per_row * b.vec;
+  return values > (b.threads_per_row > 768 ? 16 : 24);
+}
+
+int64_t shared_row_bytes(const Spec& s, const BlockConfig& b) {
+  const int64_t segment = s.n / b.cluster;
+  if (s.phase != Phase::kBackward) return segment * dtype_size(s.x_dtype);
+  return segment * (2 * dtype_size(s.x_dtype) + (dbeta_sums_in_shared(s, b) ? 4 : 0));
 }
 
 Spec Spec::make(Norm norm, Phase phase, DType x, int64_t n, bool has_bias) {
@@ -228,7 +239,7 @@ void validate(const Spec& s) {
       throw Error(Status::kInvalidSpec, where() + "cluster=" + std::to_string(b.cluster) + " " + why);
   }
   if (b.cache == RowCache::kShared) {
-    const int64_t bytes = shared_row_bytes(s, b.cluster);
+    const int64_t bytes = shared_row_bytes(s, b);
     if (sub_warp)
       throw Error(Status::kInvalidSpec, where() + "row cache 'smem' needs CTA-wide rows (threads_per_row > 32)");
     if (bytes > kMaxSharedRowBytes)

@@ -404,7 +404,7 @@ const Kernel& Runtime::get(const Spec& spec) {
   kernel->rows_per_cta_ = binary.rows_per_cta;
   kernel->sm_count_ = device_.sm_count;
   if (resolved.block->cache == RowCache::kShared) {
-    const int64_t bytes = shared_row_bytes(resolved, resolved.block->cluster);
+    const int64_t bytes = shared_row_bytes(resolved, *resolved.block);
     int optin = 0;
     NORMJIT_CU(cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, cu_device_));
     // The kernel's static shared memory (reduction scratch) shares the same limit.

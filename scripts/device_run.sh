@@ -16,7 +16,11 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$DE
 cmake --build build -j 16 >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60; exit 1; }
 echo "== build ok"
 if [[ $STAGE == all || ,$STAGE, == *,tests,* ]]; then
-  (cd build && ctest --output-on-failure -V -R normjit_gpu_tests 2>&1 | tail -40) | tee "$OUT/gpu_tests.log" | tail -15
+  if [[ -n ${GPU_TC:-} ]]; then  # a subset of the GPU cases (doctest -tc filters)
+    build/tests/normjit_gpu_tests -tc="$GPU_TC" 2>&1 | tail -40 | tee "$OUT/gpu_tests.log" | tail -15
+  else
+    (cd build && ctest --output-on-failure -V -R normjit_gpu_tests 2>&1 | tail -40) | tee "$OUT/gpu_tests.log" | tail -15
+  fi
   (cd build && ctest --output-on-failure -E normjit_gpu_tests >"$OUT/cpu_tests.log" 2>&1; tail -8 "$OUT/cpu_tests.log")
   [[ ${MEMCHECK:-1} == 1 ]] && compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/normjit_gpu_tests \
     -tc="strided*,variance*,unaligned*,seed*,epilogue backward*" \
@@ -112,6 +116,23 @@ if [[ ,$STAGE, == *,rows,* ]]; then
   build/normjit-bench --rows 4096 --json "$OUT/rows_262144.json" $Y > "$OUT/rows_262144.txt" 2>&1
   python3 bench/summary.py "$OUT/rows.json" "$OUT/rows_262144.json" | tee "$OUT/table_rows.md"
   grep -iE "error|fail|exceed" "$OUT"/rows*.txt | head
+fi
+if [[ ,$STAGE, == *,dbeta,* ]]; then
+  # LayerNorm backward with dbeta past 18432: the dbeta sums in shared memory (one CTA, then
+  # clusters) against the split route and other thread counts, pinned by cfg in one process.
+  X=""; bw() { for c in "${@:2}"; do X="$X layernorm.bwd.bf16.w_f32.n$1.bias.cfg_$c"; done; }
+  bw 20480 t864_r1_v8_smem t1024_r1_v8_smem t1024_r1_v8_gmem
+  bw 24576 t1024_r1_v8_smem t768_r1_v8_smem t1024_r1_v8_gmem
+  bw 28672 t896_r1_v8_smem t1024_r1_v8_gmem
+  bw 40960 t1024_r1_v8_c2_smem t864_r1_v8_c2_smem t1024_r1_v8_gmem
+  bw 49152 t1024_r1_v8_c2_smem t1024_r1_v8_gmem
+  X="$X rmsnorm.bwd.bf16.w_f32.n40960.cfg_t1024_r1_v8_c2_smem rmsnorm.bwd.bf16.w_f32.n40960.cfg_t864_r1_v8_c2_smem"
+  X="$X rmsnorm.bwd.bf16.w_f32.n40960.cfg_t640_r1_v8_c2_smem rmsnorm.bwd.bf16.w_f32.n40960.cfg_t1024_r1_v8_gmem"
+  build/normjit-bench --rows 32768 --json "$OUT/dbeta.json" $X > "$OUT/dbeta.txt" 2>&1
+  Y=""; for c in t1024_r1_v8_c4_smem t1024_r1_v8_gmem; do Y="$Y layernorm.bwd.bf16.w_f32.n98304.bias.cfg_$c"; done
+  build/normjit-bench --rows 4096 --json "$OUT/dbeta_large.json" $Y > "$OUT/dbeta_large.txt" 2>&1
+  python3 bench/summary.py "$OUT/dbeta.json" "$OUT/dbeta_large.json" | tee "$OUT/table_dbeta.md"
+  grep -iE "error|fail|exceed" "$OUT"/dbeta*.txt | head
 fi
 if [[ ,$STAGE, == *,rows2,* ]]; then
   # LayerNorm forward CTA rows: registers against shared memory; forward 40960/49152 in shared memory.

@@ -70,9 +70,14 @@ const char* to_string(DType v);
 const char* to_string(Epilogue v);
 const char* to_string(RowCache v);
 int dtype_size(DType d);
-// Dynamic shared memory per CTA of a shared-memory row (RowCache::kShared) split over `cluster`
-// CTAs: the row's segment of x, and of dy too in the backward.
-int64_t shared_row_bytes(const Spec& s, int cluster);
+// Backward shared-memory rows whose threads hold more values than registers fit two fp32 sums
+// for (16 per thread above 768 threads, 24 at most 768) keep the dbeta sums in shared memory too;
+// the dgamma sums stay in registers.
+bool dbeta_sums_in_shared(const Spec& s, const BlockConfig& b);
+// Dynamic shared memory per CTA of a shared-memory row (RowCache::kShared) split over b.cluster
+// CTAs: the row's segment of x; in the backward, of dy too, and fp32 dbeta sums where
+// dbeta_sums_in_shared().
+int64_t shared_row_bytes(const Spec& s, const BlockConfig& b);
 
 constexpr int64_t kMaxHiddenSize = 262144;
 // A row held in registers takes at most this many packs per thread (an unrolled array).

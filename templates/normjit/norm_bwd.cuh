@@ -86,9 +86,14 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   constexpr bool kSmem = Cfg::kCache == RowCache::kShared;
   constexpr int kHeld = kSmem ? 1 : S::kIters;  // packs per thread held in registers between passes
   static_assert(!kSmem || kRows == 1, "a shared-memory row fills its CTA (a cluster's CTA: its segment)");
+  // Past the registers' room for both sums (dbeta_sums_in_shared), the dbeta sums follow dy in
+  // shared memory; each thread updates only its own columns, so no barrier orders them either.
+  constexpr bool kDbetaShared = Cfg::kDbetaShared;
+  static_assert(!kDbetaShared || (kSmem && Cfg::kHasBias), "shared dbeta sums belong to shared-memory rows");
   extern __shared__ __align__(16) unsigned char dynamic_shared[];
   XT* const shared_x = reinterpret_cast<XT*>(dynamic_shared);
   XT* const shared_dy = shared_x + S::kSegment;
+  float* const shared_b = reinterpret_cast<float*>(shared_dy + S::kSegment);
 
   const int lane = threadIdx.x % S::kThreads;
   const int row_in_cta = threadIdx.x / S::kThreads;
@@ -103,11 +108,22 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   const WT* gamma = static_cast<const WT*>(p.gamma) + weight_offset;
   const WT* beta = Cfg::kHasBias && p.beta ? static_cast<const WT*>(p.beta) + weight_offset : nullptr;
 
-  float acc_g[S::kIters][kVec], acc_b[S::kIters][kVec];
+  float acc_g[S::kIters][kVec], acc_b[kDbetaShared ? 1 : S::kIters][kVec];
 #pragma unroll
   for (int i = 0; i < S::kIters; ++i)
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) acc_g[i][j] = acc_b[i][j] = 0.f;
+    for (int j = 0; j < kVec; ++j) {
+      acc_g[i][j] = 0.f;
+      if constexpr (!kDbetaShared) acc_b[i][j] = 0.f;
+    }
+  if constexpr (kDbetaShared) {
+    Pack<float, kVec> zero;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) zero.v[j] = 0.f;
+#pragma unroll
+    for (int i = 0; i < S::kIters; ++i)
+      if (const int pack = i * S::kThreads + lane; pack < S::kVecs) store_pack<float, kVec>(shared_b + pack * kVec, zero);
+  }
 
   const long long row_blocks = (p.rows_per_group + kRows - 1) / kRows;
   int parity = 0;
@@ -159,10 +175,16 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
         held(i, xv, dyv);
         float xhat[kVec], d[kVec];
         pack_xhat_grad<Cfg>(xv, dyv, g, beta, p, row, col, segment_col, mean, rstd, xhat, d);
+        if constexpr (kDbetaShared) {
+          Pack<float, kVec> b = load_pack<float, kVec>(shared_b + col);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) b.v[j] += d[j];
+          store_pack<float, kVec>(shared_b + col, b);
+        }
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           acc_g[i][j] += d[j] * xhat[j];
-          acc_b[i][j] += d[j];
+          if constexpr (!kDbetaShared) acc_b[i][j] += d[j];
           gd[h][j] = d[j] * to_float(g.v[j]);
           c1 += gd[h][j];
           c2 += gd[h][j] * xhat[j];
@@ -219,10 +241,11 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
       const int pack = i * S::kThreads + lane;
       if (pack < S::kVecs) {
         Pack<float, kVec> g, b;
+        if constexpr (kDbetaShared) b = load_pack<float, kVec>(shared_b + pack * kVec);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           g.v[j] = acc_g[i][j];
-          b.v[j] = acc_b[i][j];
+          if constexpr (!kDbetaShared) b.v[j] = acc_b[i][j];
         }
         store_pack<float, kVec>(out_g + pack * kVec, g);
         if constexpr (Cfg::kHasBias) store_pack<float, kVec>(out_b + pack * kVec, b);

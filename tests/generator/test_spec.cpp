@@ -178,11 +178,43 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.bwd.bf16.w_f32.n65536.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n65536") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n262144") == BlockConfig{1024, 1, 8, RowCache::kShared, 8});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n20480.bias") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
+  // With dbeta, past 24 values per thread (16 above 768 threads) the dbeta sums join x and dy in
+  // shared memory: one CTA up to N = 28672, then clusters whose segments split evenly.
+  CHECK(block("layernorm.bwd.bf16.w_f32.n20480.bias") == BlockConfig{864, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n24576.bias") == BlockConfig{1024, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n28672.bias") == BlockConfig{896, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n49152.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n98304.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n40960.bias") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
   CHECK(block("layernorm.bwd.bf16.w_f32.n262144.bias") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
   // Warp rows, 8 per CTA, up to 4 packs per lane.
   CHECK(block("layernorm.bwd.bf16.w_f32.n1024.bias") == BlockConfig{32, 8, 8, RowCache::kRegisters});
   CHECK(block("layernorm.bwd.bf16.w_f32.n1032.bias") == BlockConfig{96, 1, 8, RowCache::kRegisters});
   // A given block config is kept as is.
   CHECK(block("layernorm.fwd_train.bf16.n4096.cfg_t512_r1_v8_reg") == BlockConfig{512, 1, 8, RowCache::kRegisters});
+}
+
+TEST_CASE("shared memory per CTA of a shared-memory row: x, dy in the backward, and dbeta sums past the registers") {
+  auto bytes = [](const char* text) {
+    const Spec s = Spec::parse(text);
+    return std::make_pair(shared_row_bytes(s, *s.block), dbeta_sums_in_shared(s, *s.block));
+  };
+  CHECK(bytes("layernorm.fwd_train.bf16.w_bf16.n40960.cfg_t1024_r1_v8_smem") == std::make_pair(int64_t(81920), false));
+  CHECK(bytes("layernorm.fwd_train.bf16.w_bf16.n131072.cfg_t512_r1_v8_c4_smem") ==
+        std::make_pair(int64_t(65536), false));
+  // 16 values per thread at 1024 threads, 24 at 768: both sums fit registers.
+  CHECK(bytes("layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t1024_r1_v8_smem") == std::make_pair(int64_t(65536), false));
+  CHECK(bytes("layernorm.bwd.bf16.w_f32.n18432.bias.cfg_t768_r1_v8_smem") == std::make_pair(int64_t(73728), false));
+  // 24 values at 864 threads, 32 at 768: 4 more bytes per column for the dbeta sums.
+  CHECK(bytes("layernorm.bwd.bf16.w_f32.n20480.bias.cfg_t864_r1_v8_smem") == std::make_pair(int64_t(163840), true));
+  CHECK(bytes("layernorm.bwd.bf16.w_f32.n24576.bias.cfg_t768_r1_v8_smem") == std::make_pair(int64_t(196608), true));
+  CHECK(bytes("layernorm.bwd.bf16.w_f32.n98304.bias.cfg_t1024_r1_v8_c4_smem") ==
+        std::make_pair(int64_t(196608), true));
+  // Without dbeta there are no dbeta sums; registers and the split route keep none in shared memory.
+  CHECK(bytes("rmsnorm.bwd.bf16.w_f32.n24576.cfg_t768_r1_v8_smem") == std::make_pair(int64_t(98304), false));
+  CHECK_FALSE(dbeta_sums_in_shared(Spec::parse("layernorm.bwd.bf16.w_f32.n24576.bias.cfg_t1024_r1_v8_gmem"),
+                                   *Spec::parse("layernorm.bwd.bf16.w_f32.n24576.bias.cfg_t1024_r1_v8_gmem").block));
+  // Past 227 KB the spec is rejected, naming the bytes.
+  CHECK_THROWS_WITH_AS(Spec::parse("layernorm.bwd.bf16.w_f32.n32768.bias.cfg_t1024_r1_v8_smem"),
+                       doctest::Contains("262144 bytes of shared memory"), Error);
 }

@@ -14,9 +14,10 @@ void check_within_tolerance(const BackwardRun& r) {
 
 TEST_CASE("backward matches the fp64 reference over ops x dtypes x N x rows") {
   // On sm_90 with 2-byte x: 12288-18432 keep x and dy in one CTA's shared memory (or registers
-  // at 768 threads), 32768 one CTA or a 2-CTA cluster, 65536 a cluster, 262144 an 8-CTA cluster
-  // without dbeta and the split route with it; fp32 x registers up to 10240 (12288 without dbeta),
-  // then the split route. 12289 and 20001 are odd rows past the register route (1-element packs).
+  // at 768 threads), 20001 too with the dbeta sums there, 32768 one CTA or a 2-CTA cluster, 65536
+  // a cluster, 262144 an 8-CTA cluster without dbeta and the split route with it; fp32 x registers
+  // up to 10240 (12288 without dbeta), then the split route. 12289 and 20001 are odd rows past the
+  // register route (1-element packs).
   const int64_t ns[] = {1, 7, 127, 256, 1000, 1024, 2880, 4096, 4097, 8192, 12288, 12289, 16384, 18432, 20001, 32768, 65536, 262144};
   std::vector<Case> cases;
   for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
@@ -92,7 +93,7 @@ TEST_CASE("pinned block configurations: clusters of every size and shared-memory
                            "layernorm.bwd.bf16.w_f32.n65536.bias.cfg_t1024_r1_v8_c4_smem",
                            "rmsnorm.bwd.f16.w_f32.n32768.relu_bitmask.cfg_t512_r1_v8_c2_smem",
                            "adalayernorm.bwd.bf16.w_f32.n28672.bias.gelu.cfg_t448_r1_v8_c8_smem",
-                           "layernorm.bwd.f16.w_f32.n262144.bias.cfg_t1024_r1_v8_c8_smem"}) {
+                           "layernorm.bwd.f16.w_f32.n262144.cfg_t1024_r1_v8_c8_smem"}) {
     const Case c = pinned_case(text);
     const std::string name = text;
     CAPTURE(name);
@@ -101,6 +102,24 @@ TEST_CASE("pinned block configurations: clusters of every size and shared-memory
     } else {
       CHECK(run_forward(c).worst <= 1.0);
     }
+  }
+}
+
+TEST_CASE("dbeta sums in shared memory: one CTA, clusters, fp32 x; several rows per CTA") {
+  for (const char* text : {"layernorm.bwd.bf16.w_f32.n24576.bias.cfg_t1024_r1_v8_smem",
+                           "layernorm.bwd.bf16.w_bf16.n20480.bias.cfg_t864_r1_v8_smem",
+                           "layernorm.bwd.bf16.w_f32.n28672.bias.cfg_t896_r1_v8_smem",
+                           "adalayernorm.bwd.bf16.w_f32.n49152.bias.relu_bitmask.cfg_t1024_r1_v8_c2_smem",
+                           "rmsnorm.bwd.f16.w_bf16.n98304.bias.gelu.cfg_t1024_r1_v8_c4_smem",
+                           "layernorm.bwd.f32.w_f32.n12288.bias.cfg_t384_r1_v4_smem"}) {
+    Case c = pinned_case(text);
+    REQUIRE(dbeta_sums_in_shared(c.spec, *c.spec.block));
+    // More rows than the persistent grid has CTAs (clusters), so the sums carry across rows.
+    c.rows = 3 * 101 * (c.spec.block->cluster > 1 ? 2 : 1);
+    c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? c.rows / 3 : 0;
+    const std::string name = text;
+    CAPTURE(name);
+    check_within_tolerance(run_backward(c));
   }
 }
 
