@@ -20,6 +20,10 @@ constexpr int64_t kWarpRowMaxPacks = 4;
 // A CTA-wide row aims for this many 16-byte packs per thread: enough loads in flight per thread
 // without crowding out CTAs per SM.
 constexpr int64_t kCtaRowTargetPacks = 4;
+constexpr int64_t kTwoCtaRowThreads = 512;
+constexpr int64_t kTwoCtaRowPacks = 5;
+constexpr int64_t kTwoCtaSharedRowThreads = 576;
+constexpr int64_t kTwoCtaMaxWant = 640;
 // Past this many elements per thread the row leaves registers: at 1024 threads a thread has 64
 // registers, and 64 bf16 values (8 packs) spilled 180 bytes on sm_90 while 32 values did not.
 constexpr int64_t kRegisterMaxElements = 32;
@@ -176,11 +180,24 @@ Spec resolve(const Spec& spec, int max_vec, int sm) {
     const int64_t want = (packs + kCtaRowTargetPacks - 1) / kCtaRowTargetPacks;
     b.threads_per_row = static_cast<int>(std::min<int64_t>(1024, (want + 31) / 32 * 32));
     b.rows_per_cta = 1;
+    // Register rows of 544-640 threads took 70-74 registers (LayerNorm) or 56 (RMSNorm past 576):
+    // one CTA per SM (N = 18432 LayerNorm 80 % of copy, RMSNorm at 55 registers 100 %; 20480: 85 /
+    // 96 %). Two CTAs per SM instead (bf16, H100): 512 threads of 5 whole packs in registers (the
+    // generator caps 512-thread rows at 64 registers; a ragged 5th pack spilled there; 20480: 99.9
+    // %), LayerNorm rows of 544-576 threads in shared memory (56 registers; 17408 / 18432: 98 %),
+    // and the rest up to 640 in shared memory at 512 threads.
+    const bool one_cta_row = dtype_size(s.x_dtype) <= 2 && want <= kTwoCtaMaxWant &&
+                             want > (s.norm == Norm::kRMSNorm ? kTwoCtaSharedRowThreads : kTwoCtaRowThreads);
+    const bool two_cta_row = one_cta_row && packs == kTwoCtaRowThreads * kTwoCtaRowPacks;
+    const bool two_cta_shared_row = one_cta_row && !two_cta_row && sm >= 90;
+    if (two_cta_row || (two_cta_shared_row && want > kTwoCtaSharedRowThreads)) b.threads_per_row = kTwoCtaRowThreads;
     const int64_t per_thread = (packs + b.threads_per_row - 1) / b.threads_per_row;
     // validate() caps a register row at 16 packs per thread (found by fuzzing: odd N in
     // (16384, 32768] took vec 1 and 32 single-element packs).
-    b.cache = per_thread * b.vec <= kRegisterMaxElements && per_thread <= kMaxRegisterPacks ? RowCache::kRegisters
-                                                                                            : RowCache::kGlobal;
+    const bool fits_registers =
+        two_cta_row || (per_thread * b.vec <= kRegisterMaxElements && per_thread <= kMaxRegisterPacks);
+    b.cache = fits_registers ? RowCache::kRegisters : RowCache::kGlobal;
+    if (two_cta_shared_row) b.cache = RowCache::kShared;
     if (b.cache == RowCache::kGlobal && sm >= 90)
       if (const auto large = forward_large_row(s, b.vec, packs)) b = *large;
   }

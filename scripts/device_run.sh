@@ -134,6 +134,16 @@ if [[ ,$STAGE, == *,dbeta,* ]]; then
   python3 bench/summary.py "$OUT/dbeta.json" "$OUT/dbeta_large.json" | tee "$OUT/table_dbeta.md"
   grep -iE "error|fail|exceed" "$OUT"/dbeta*.txt | head
 fi
+if [[ ,$STAGE, == *,fwd2,* ]]; then
+  # LayerNorm forward at 17408-20480: two CTAs per SM (512-thread register rows, or 544-576-thread
+  # shared-memory rows) against the one-CTA register rows the heuristic took before.
+  X=""; for n in 17408 18432 19456 20480; do t=$(( ((n / 8 + 3) / 4 + 31) / 32 * 32 ))
+    X="$X layernorm.fwd_train.bf16.w_bf16.n$n.bias layernorm.fwd_train.bf16.w_bf16.n$n.bias.cfg_t${t}_r1_v8_reg"; done
+  for n in 19456 20480; do X="$X rmsnorm.fwd_train.bf16.w_bf16.n$n rmsnorm.fwd_train.bf16.w_bf16.n$n.cfg_t$((n / 32))_r1_v8_reg"; done
+  build/normjit-bench --rows 32768 --json "$OUT/fwd2.json" $X > "$OUT/fwd2.txt" 2>&1
+  python3 bench/summary.py "$OUT/fwd2.json" | tee "$OUT/table_fwd2.md"
+  grep -iE "error|fail|exceed" "$OUT"/fwd2.txt | head
+fi
 if [[ ,$STAGE, == *,rows2,* ]]; then
   # LayerNorm forward CTA rows: registers against shared memory; forward 40960/49152 in shared memory.
   X=""; for n in 13312 14336 16384 18432 20480 24576; do t=$(( (n / 8 + 3) / 4 )); t=$(( (t + 31) / 32 * 32 ))

@@ -4,7 +4,7 @@
 using namespace gpu_test;
 
 TEST_CASE("forward kernels match the fp64 reference over ops x dtypes x N x rows") {
-  const int64_t ns[] = {1, 7, 127, 256, 1000, 2880, 4096, 4097, 8192, 18432, 20001, 32768, 65536, 262144};
+  const int64_t ns[] = {1, 7, 127, 256, 1000, 2880, 4096, 4097, 8192, 18432, 20001, 20480, 32768, 65536, 262144};
   std::vector<Case> cases;
   for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
     for (Phase phase : {Phase::kForwardTraining, Phase::kForwardInference})
@@ -53,7 +53,10 @@ TEST_CASE("pinned shared-memory rows (smem), alone and across clusters, match th
                            "layernorm.fwd_train.bf16.w_bf16.n262144.bias.cfg_t1024_r1_v8_c4_smem",
                            "rmsnorm.fwd_train.f32.w_f32.n262144.cfg_t1024_r1_v4_c8_smem",
                            "layernorm.fwd_train.bf16.w_bf16.n131072.bias.relu_bitmask.cfg_t512_r1_v8_c2_smem",
-                           "adalayernorm.fwd_train.f16.w_f32.n98304.bias.cfg_t768_r1_v8_c2_smem"}) {
+                           "adalayernorm.fwd_train.f16.w_f32.n98304.bias.cfg_t768_r1_v8_c2_smem",
+                           // 512-thread rows capped at two CTAs per SM (64 registers).
+                           "layernorm.fwd_train.bf16.w_bf16.n19456.bias.cfg_t512_r1_v8_smem",
+                           "rmsnorm.fwd_infer.f16.w_f32.n19968.relu_bitmask.cfg_t512_r1_v8_smem"}) {
     const Case c = pinned_case(text, 100.0);  // x0-centered sums: the mean far from zero
     const std::string name = text;
     CAPTURE(name);
