@@ -155,7 +155,9 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.fwd_train.bf16.n20480") == BlockConfig{512, 1, 8, RowCache::kRegisters});
   CHECK(block("rmsnorm.fwd_train.bf16.n20480") == BlockConfig{512, 1, 8, RowCache::kRegisters});
   CHECK(block("rmsnorm.fwd_train.bf16.n18432") == BlockConfig{576, 1, 8, RowCache::kRegisters});
-  CHECK(block("layernorm.fwd_train.bf16.n19456") == BlockConfig{512, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.fwd_train.bf16.n19456") == BlockConfig{608, 1, 8, RowCache::kRegisters});
+  CHECK(block("rmsnorm.fwd_train.bf16.n19456") == BlockConfig{608, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n18432", 16, 80) == BlockConfig{576, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n19456", 16, 80) == BlockConfig{608, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.f32.n10240") == BlockConfig{640, 1, 4, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n65536") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
