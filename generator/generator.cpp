@@ -109,8 +109,10 @@ GeneratedSource generate(const Spec& spec) {
     values["TRAINING"] = spec.phase == Phase::kForwardTraining ? "true" : "false";
     // A 512-thread row in registers or one CTA's shared memory asks for two CTAs per SM (64
     // registers): LayerNorm register rows of 5 packs per thread otherwise took 70-78, one CTA per SM.
+    // Not where two CTAs' shared memory cannot fit one SM anyway.
     const bool two_ctas = b.rows_per_cta == 1 && b.threads_per_row == 512 && b.cluster == 1 &&
-                          b.cache != RowCache::kGlobal;
+                          (b.cache == RowCache::kRegisters ||
+                           (b.cache == RowCache::kShared && 2 * shared_row_bytes(spec, b) <= kMaxSharedRowBytes));
     values["MIN_CTAS_PER_SM"] = two_ctas ? ", 2" : "";
   }
   g.source = render(template_text(backward ? "norm_bwd.cu.in" : "norm_fwd.cu.in"), values, name);
