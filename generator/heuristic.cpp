@@ -20,6 +20,7 @@ constexpr int64_t kWarpRowMaxPacks = 4;
 // A CTA-wide row aims for this many 16-byte packs per thread: enough loads in flight per thread
 // without crowding out CTAs per SM.
 constexpr int64_t kCtaRowTargetPacks = 4;
+// Forward rows that would take 544-640 threads run two CTAs per SM instead (see resolve()).
 constexpr int64_t kTwoCtaRowThreads = 512;
 constexpr int64_t kTwoCtaRowPacks = 5;
 constexpr int64_t kTwoCtaSharedRowThreads = 576;

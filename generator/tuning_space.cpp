@@ -28,12 +28,7 @@ std::vector<BlockConfig> candidate_configs(const Spec& spec, int sm, int max_vec
   const BlockConfig heuristic = *resolve(bare, max_vec, sm).block;
   std::vector<BlockConfig> grid;
   auto add = [&](int threads, int rows, int vec, RowCache cache, int cluster) {
-    BlockConfig b;
-    b.threads_per_row = threads;
-    b.rows_per_cta = rows;
-    b.vec = vec;
-    b.cache = cache;
-    b.cluster = cluster;
+    const BlockConfig b{threads, rows, vec, cache, cluster};
     if (valid(bare, b)) grid.push_back(b);
   };
   // Vector widths: the widest that divides N and the caller's alignment, and two narrower.
