@@ -98,9 +98,10 @@ GeneratedSource generate(const Spec& spec) {
       // Compile-time cluster shape: a plain cuLaunchKernel then launches clusters.
       {"CLUSTER_DIMS", b.cluster > 1 ? " __cluster_dims__(" + std::to_string(b.cluster) + ", 1, 1)" : ""},
   };
-  values["ROW_CACHE"] = b.cache == RowCache::kRegisters ? "kRegisters"
-                        : b.cache == RowCache::kShared  ? "kShared"
-                                                        : "kGlobal";
+  values["ROW_CACHE"] = b.cache == RowCache::kRegisters          ? "kRegisters"
+                        : b.cache == RowCache::kShared           ? "kShared"
+                        : b.cache == RowCache::kSharedPipelined ? "kSharedPipelined"
+                                                                 : "kGlobal";
   if (backward) {
     // Rows in registers or shared memory: the fused persistent kernel; streamed: the split route.
     values["FUSED"] = b.cache != RowCache::kGlobal ? "1" : "0";

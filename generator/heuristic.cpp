@@ -49,6 +49,23 @@ constexpr int64_t kBackwardSharedBytesWithDbeta = kMaxSharedRowBytes - 1024;
 // - Clusters of shared-memory rows: 1024-thread CTAs only. Clustered CTAs of 288-896 threads ran
 //   at 29-60 % of copy against 76-85 % at 1024 (cause not found).
 constexpr int kClusterThreads = 1024;
+// Pipelined rows (two buffers, the next row copied in while this one runs; sm_80+, 2-byte x), H100
+// A/B against the rows below at M = 32768 (bench/NOTES.md, session 5):
+// - 1024-thread shared-memory rows, one CTA or a cluster, up to this much shared memory per CTA:
+//   LN 16384 86.6 -> 90.3 %, LN / RMS 32768 (2-CTA clusters) 78.0 / 86.9 -> 88.4 / 88.7 %, LN
+//   65536 (4) 69.8 -> 83.1 %, LN 131072 (8) 59.6 -> 73.6 %. At 196 KB (RMS 98304, 4-CTA) it fell
+//   from 81.9 to 62.9 %, and below 1024 threads it lost (LN 18432 t768, RMS 20480 t864, LN 24576
+//   c2 t768: 2-7 points).
+constexpr int64_t kBackwardPipeBytes = 160 * 1024;
+// - Register rows of 2 packs per thread at these thread counts (pipelined rows hold only the
+//   sums in registers: 64-71 registers instead of 96-122, so 2-4 CTAs per SM). LN with dbeta: 3584
+//   84.8 -> 89.0 %, 4096 87.8 -> 88.6, 7168 81.4 -> 85.1, 8192 85.1 -> 93.8; RMS 8192 85.9 -> 93.9.
+//   Slower at LN 2048 / 2880 / 5120 / 10240 (t128 / t192 / t320 / t640: 78-82 against 90-94 %)
+//   and RMS 4096 (89.3 against 92.6 %).
+bool backward_pipe_register_row(const Spec& s, int64_t threads) {
+  if (s.has_bias) return threads == 224 || threads == 256 || threads == 448 || threads == 512;
+  return threads == 512;
+}
 
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
@@ -82,47 +99,64 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
   if (s.has_bias && t > 1024) t = threads_for(24) <= 1024 ? threads_for(24) : threads_for(32);
   if (!s.has_bias && t > 512 && t < 768) t = threads_for(24);
   b.threads_per_row = static_cast<int>(std::min<int64_t>(t, 1024));
-  if (t <= 1024 && fits(b)) return b;
+  // Measured with 16-byte packs only (odd N takes 2-byte ones, copied synchronously).
+  auto pipe_fits = [&](BlockConfig c) {
+    c.cache = RowCache::kSharedPipelined;
+    return c.threads_per_row == kClusterThreads && vec * dtype_size(s.x_dtype) == 16 &&
+           shared_row_bytes(s, c) <= kBackwardPipeBytes;
+  };
+  if (t <= 1024 && fits(b)) {
+    if (pipe_fits(b)) b.cache = RowCache::kSharedPipelined;
+    return b;
+  }
   // A cluster shares the row: the fewest 1024-thread CTAs that hold it in shared memory at up to
   // 32 values per thread (with dbeta, past 16 its sums go to shared memory).
   const int64_t per_thread = std::max<int64_t>(1, 32 / vec);
   b.threads_per_row = kClusterThreads;
   for (int c = 2; c <= kMaxCluster; c *= 2) {
     b.cluster = c;
-    if (packs % c != 0 || !fits(b)) continue;
-    // Whole iterations only: ragged segments (N = 20480-49152 with dbeta) ran at 40-55 %.
-    if (packs / c > per_thread * kClusterThreads || (packs / c) % kClusterThreads != 0) continue;
+    b.cache = RowCache::kShared;
+    if (packs % c != 0 || packs / c > per_thread * kClusterThreads) continue;
     if (s.epilogue == Epilogue::kReluBitmask && (s.n / c) % 8 != 0) continue;
-    return b;
+    // Pipelined segments may be ragged (RMS 40960, 2 x 1024 threads of 2.5 packs: 81.1 % against
+    // 57.6 % split); one-buffer ones only whole iterations (ragged: 40-55 % at N = 20480-49152).
+    if (pipe_fits(b)) {
+      b.cache = RowCache::kSharedPipelined;
+      return b;
+    }
+    if (fits(b) && (packs / c) % kClusterThreads == 0) return b;
   }
   return std::nullopt;
 }
 
-// Forward rows past registers (sm_90): one CTA's shared memory up to this size. Against
-// streaming the row twice (bf16, H100): faster at N = 98304 (73-80 % of copy against 64-71 %),
-// and for LayerNorm at 40960 and 49152 (73 / 84 % against 62 / 70 %); slower at 65536 (75 against
-// 85 %), and for RMSNorm at 40960 (75 against 87 %).
+// Forward rows past registers (sm_90): one CTA's pipelined rows (two row buffers) up to this much
+// shared memory. Against one buffer or streaming the row twice (bf16, H100, session 5): LN 40960
+// 72.7 -> 86.9 %, 49152 83.9 -> 89.1 %; RMS 40960 86.2 -> 94.9 %, 49152 95.8 -> 95.1 %.
 constexpr int64_t kForwardSharedBytes = 200 * 1024;
-// Streaming measured faster at exactly this N, and for RMSNorm below it; every other size past
-// registers takes shared memory (unmeasured ones included).
+// Streaming measured faster at exactly this N (LN / RMS 85.0 / 94.9 % against 70-81 % for 2- and
+// 4-CTA clusters in shared memory and 76-88 % pipelined); every other size past registers takes
+// shared memory (unmeasured ones included).
 constexpr int64_t kForwardStreamingN = 65536;
 // Past one CTA: a cluster whose CTAs take this much of the row each, 8 packs per thread
-// (N = 262144 bf16, 8 x 512 threads: RMSNorm 81.6 %, LayerNorm 72.3 % against 58-62 %).
+// (bf16, H100, session 5: N = 98304, 4 x 384 threads, LN / RMS 90.2 / 94.3 % against 72.4 / 79.3 %
+// for one CTA; 131072 4 x 512: 88.0 / 98.0 %; 262144 8 x 512: 84.9 / 97.3 %).
 constexpr int64_t kForwardClusterSegmentBytes = 64 * 1024;
 constexpr int64_t kForwardClusterPacks = 8;
 
 std::optional<BlockConfig> forward_large_row(const Spec& s, int vec, int64_t packs) {
-  const bool streaming_measured_faster =
-      s.n == kForwardStreamingN || (s.n < kForwardStreamingN && s.norm == Norm::kRMSNorm);
-  if (streaming_measured_faster) return std::nullopt;
+  const bool sixteen_byte_packs = vec * dtype_size(s.x_dtype) == 16;
+  // RMSNorm rows of narrower packs (odd N) keep streaming below 65536, as measured before pipelining.
+  if (s.n == kForwardStreamingN || (!sixteen_byte_packs && s.norm == Norm::kRMSNorm && s.n < kForwardStreamingN))
+    return std::nullopt;
   BlockConfig b;
   b.vec = vec;
   b.rows_per_cta = 1;
+  b.threads_per_row = 1024;
+  // Pipelined rows were measured with 16-byte packs only (odd N takes 2-byte ones, copied
+  // synchronously): those keep one buffer.
+  b.cache = sixteen_byte_packs ? RowCache::kSharedPipelined : RowCache::kShared;
+  if (shared_row_bytes(s, b) <= kForwardSharedBytes) return b;
   b.cache = RowCache::kShared;
-  if (shared_row_bytes(s, b) <= kForwardSharedBytes) {
-    b.threads_per_row = 1024;
-    return b;
-  }
   for (int c = 2; c <= kMaxCluster; c *= 2) {
     b.cluster = c;
     if (packs % c != 0 || shared_row_bytes(s, b) > kForwardClusterSegmentBytes) continue;
@@ -170,6 +204,9 @@ Spec resolve(const Spec& spec, int max_vec, int sm) {
       b.threads_per_row = want <= kBackwardMaxFusedThreads ? static_cast<int>((want + 31) / 32 * 32) : 1024;
       // Past the fused limit the row-sum pass streams the row with 1024 threads.
       if (want > kBackwardMaxFusedThreads) b.cache = RowCache::kGlobal;
+      else if (sm >= 80 && dtype_size(s.x_dtype) == 2 && per_thread * b.vec == kBackwardElements &&
+               backward_pipe_register_row(s, b.threads_per_row))
+        b.cache = RowCache::kSharedPipelined;
     }
   } else if (packs <= 32 * kWarpRowMaxPacks) {
     b.threads_per_row = 32;

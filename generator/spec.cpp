@@ -37,7 +37,8 @@ constexpr Named<DType> kDTypes[] = {{DType::kF32, "f32"}, {DType::kF16, "f16"}, 
 constexpr Named<Epilogue> kEpilogues[] = {
     {Epilogue::kNone, "none"}, {Epilogue::kReluBitmask, "relu_bitmask"}, {Epilogue::kGelu, "gelu"}};
 constexpr Named<RowCache> kRowCaches[] = {
-    {RowCache::kRegisters, "reg"}, {RowCache::kGlobal, "gmem"}, {RowCache::kShared, "smem"}};
+    {RowCache::kRegisters, "reg"}, {RowCache::kGlobal, "gmem"}, {RowCache::kShared, "smem"},
+    {RowCache::kSharedPipelined, "pipe"}};
 
 template <class E, size_t K>
 const char* name_of(const Named<E> (&table)[K], E v) {
@@ -85,7 +86,7 @@ const char* to_string(RowCache v) { return name_of(kRowCaches, v); }
 int dtype_size(DType d) { return d == DType::kF32 ? 4 : 2; }
 
 bool dbeta_sums_in_shared(const Spec& s, const BlockConfig& b) {
-  if (s.phase != Phase::kBackward || !s.has_bias || b.cache != RowCache::kShared || b.threads_per_row < 1 ||
+  if (s.phase != Phase::kBackward || !s.has_bias || !in_shared_memory(b.cache) || b.threads_per_row < 1 ||
       b.vec < 1 || b.cluster < 1)
     return false;
   const int64_t packs = s.n / b.vec / b.cluster;
@@ -95,8 +96,9 @@ bool dbeta_sums_in_shared(const Spec& s, const BlockConfig& b) {
 
 int64_t shared_row_bytes(const Spec& s, const BlockConfig& b) {
   const int64_t segment = s.n / b.cluster;
-  if (s.phase != Phase::kBackward) return segment * dtype_size(s.x_dtype);
-  return segment * (2 * dtype_size(s.x_dtype) + (dbeta_sums_in_shared(s, b) ? 4 : 0));
+  const int64_t buffers = b.cache == RowCache::kSharedPipelined ? 2 : 1;
+  if (s.phase != Phase::kBackward) return buffers * segment * dtype_size(s.x_dtype);
+  return segment * (buffers * 2 * dtype_size(s.x_dtype) + (dbeta_sums_in_shared(s, b) ? 4 : 0));
 }
 
 Spec Spec::make(Norm norm, Phase phase, DType x, int64_t n, bool has_bias) {
@@ -238,12 +240,13 @@ void validate(const Spec& s) {
     if (why)
       throw Error(Status::kInvalidSpec, where() + "cluster=" + std::to_string(b.cluster) + " " + why);
   }
-  if (b.cache == RowCache::kShared) {
+  if (in_shared_memory(b.cache)) {
     const int64_t bytes = shared_row_bytes(s, b);
+    const std::string cache = to_string(b.cache);
     if (sub_warp)
-      throw Error(Status::kInvalidSpec, where() + "row cache 'smem' needs CTA-wide rows (threads_per_row > 32)");
+      throw Error(Status::kInvalidSpec, where() + "row cache '" + cache + "' needs CTA-wide rows (threads_per_row > 32)");
     if (bytes > kMaxSharedRowBytes)
-      throw Error(Status::kInvalidSpec, where() + "row cache 'smem' would take " + std::to_string(bytes) +
+      throw Error(Status::kInvalidSpec, where() + "row cache '" + cache + "' would take " + std::to_string(bytes) +
                                             " bytes of shared memory per CTA (max " +
                                             std::to_string(kMaxSharedRowBytes) + "; a cluster splits the row)");
   }

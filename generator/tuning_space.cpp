@@ -35,7 +35,7 @@ std::vector<BlockConfig> candidate_configs(const Spec& spec, int sm, int max_vec
   std::vector<int> vecs;
   for (int v = std::min(16 / dtype_size(spec.x_dtype), std::max(1, max_vec)); v >= 1 && vecs.size() < 3; v /= 2)
     if (spec.n % v == 0) vecs.push_back(v);
-  const RowCache caches[] = {RowCache::kRegisters, RowCache::kShared, RowCache::kGlobal};
+  const RowCache caches[] = {RowCache::kRegisters, RowCache::kShared, RowCache::kSharedPipelined, RowCache::kGlobal};
   for (int vec : vecs) {
     const int64_t packs = spec.n / vec;
     // Sub-warp and warp rows: lanes per row a power of two, 64-256 threads per CTA.
@@ -56,7 +56,8 @@ std::vector<BlockConfig> candidate_configs(const Spec& spec, int sm, int max_vec
     if (sm >= 90)
       for (int c = 2; c <= kMaxCluster; c *= 2)
         for (int t = 128; t <= 1024; t *= 2)
-          for (RowCache cache : {RowCache::kRegisters, RowCache::kShared}) add(t, 1, vec, cache, c);
+          for (RowCache cache : {RowCache::kRegisters, RowCache::kShared, RowCache::kSharedPipelined})
+            add(t, 1, vec, cache, c);
   }
   // Nearest the heuristic's threads per row first, then by the canonical cfg string.
   auto cfg = [&](const BlockConfig& b) {

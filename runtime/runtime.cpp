@@ -211,7 +211,10 @@ NormParams Kernel::params_for(const LaunchArgs& a) const {
 }
 
 unsigned Kernel::forward_grid(int64_t rows) const {
-  return static_cast<unsigned>(ceil_div(rows, rows_per_cta_) * spec_.block->cluster);
+  int64_t row_blocks = ceil_div(rows, rows_per_cta_);
+  // Pipelined rows: a persistent grid, each CTA (cluster) walking its rows.
+  if (spec_.block->cache == RowCache::kSharedPipelined) row_blocks = std::min<int64_t>(row_blocks, resident_ctas_);
+  return static_cast<unsigned>(row_blocks * spec_.block->cluster);
 }
 
 Kernel::RawLaunch Kernel::raw_forward_launch(const LaunchArgs& a) const {
@@ -403,7 +406,7 @@ const Kernel& Runtime::get(const Spec& spec) {
   kernel->threads_per_cta_ = binary.threads_per_cta;
   kernel->rows_per_cta_ = binary.rows_per_cta;
   kernel->sm_count_ = device_.sm_count;
-  if (resolved.block->cache == RowCache::kShared) {
+  if (in_shared_memory(resolved.block->cache)) {
     const int64_t bytes = shared_row_bytes(resolved, *resolved.block);
     int optin = 0;
     NORMJIT_CU(cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, cu_device_));

@@ -97,7 +97,7 @@ class Kernel {
   CUcontext context_ = nullptr;    // the device's primary context, where the module lives
   int threads_per_cta_ = 0;
   int rows_per_cta_ = 0;
-  unsigned dynamic_smem_bytes_ = 0;  // forward smem rows: N * sizeof(x)
+  unsigned dynamic_smem_bytes_ = 0;  // smem and pipe rows: shared_row_bytes()
   int resident_ctas_ = 0;          // function_'s CTAs (clusters, when clustered) resident on the GPU at once
   int sm_count_ = 0;
 };

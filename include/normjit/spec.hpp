@@ -21,7 +21,11 @@ enum class Epilogue { kNone, kReluBitmask, kGelu };
 // kMaxSharedRowBytes per CTA), or nowhere, streaming it twice (gmem). Backward: reg = one fused
 // persistent kernel with the row in registers; smem = the same with x and dy in shared memory
 // (2 * N / cluster * sizeof(x) bytes per CTA); gmem = row sums, then a column-tiled dx/dgamma kernel.
-enum class RowCache { kRegisters, kGlobal, kShared };
+// Both: pipe = smem with two row buffers in a persistent grid; each thread copies its packs of the
+// next row in asynchronously (cp.async) while the CTA works on the current one.
+enum class RowCache { kRegisters, kGlobal, kShared, kSharedPipelined };
+// smem and pipe: the row (segment) waits in dynamic shared memory.
+constexpr bool in_shared_memory(RowCache c) { return c == RowCache::kShared || c == RowCache::kSharedPipelined; }
 // The most dynamic shared memory a smem row may take (sm_90's per-CTA opt-in limit, 227 KB).
 constexpr int64_t kMaxSharedRowBytes = 227 * 1024;
 
@@ -41,7 +45,7 @@ struct BlockConfig {
 };
 
 // Names one kernel. Canonical string (print/parse round-trip):
-//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.<epilogue>][.cfg_t<T>_r<R>_v<V>[_c<C>]_<reg|gmem|smem>]
+//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.<epilogue>][.cfg_t<T>_r<R>_v<V>[_c<C>]_<reg|gmem|smem|pipe>]
 // (_c<C> only for clusters of C > 1 CTAs per row)
 // e.g. "layernorm.fwd_train.bf16.w_f32.n4096.bias" or "rmsnorm.fwd_infer.f16.w_f16.n7.cfg_t1_r256_v1_reg".
 struct Spec {
@@ -74,9 +78,9 @@ int dtype_size(DType d);
 // for (16 per thread above 768 threads, 24 at most 768) keep the dbeta sums in shared memory too;
 // the dgamma sums stay in registers.
 bool dbeta_sums_in_shared(const Spec& s, const BlockConfig& b);
-// Dynamic shared memory per CTA of a shared-memory row (RowCache::kShared) split over b.cluster
-// CTAs: the row's segment of x; in the backward, of dy too, and fp32 dbeta sums where
-// dbeta_sums_in_shared().
+// Dynamic shared memory per CTA of a shared-memory row (smem or pipe) split over b.cluster
+// CTAs: the row's segment of x; in the backward, of dy too (both twice for pipe), and fp32 dbeta
+// sums where dbeta_sums_in_shared().
 int64_t shared_row_bytes(const Spec& s, const BlockConfig& b);
 
 constexpr int64_t kMaxHiddenSize = 262144;

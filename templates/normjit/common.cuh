@@ -10,7 +10,7 @@ struct bf16 { unsigned short bits; };
 struct f16 { unsigned short bits; };
 
 enum class NormKind { kLayerNorm, kRMSNorm };
-enum class RowCache { kRegisters, kGlobal, kShared };
+enum class RowCache { kRegisters, kGlobal, kShared, kSharedPipelined };
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(bf16 v) {
@@ -55,6 +55,66 @@ __device__ __forceinline__ Pack<T, kVec> load_pack(const T* p) {
 template <class T, int kVec>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, kVec>& v) {
   *reinterpret_cast<Pack<T, kVec>*>(p) = v;
+}
+
+__device__ __forceinline__ unsigned element_bits(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ unsigned element_bits(bf16 v) { return v.bits; }
+__device__ __forceinline__ unsigned element_bits(f16 v) { return v.bits; }
+
+// A pack of an output (y, dx, dgamma/dbeta partials) to global memory. With kVectorAsm, one
+// st.global.v4 per 16 bytes through inline PTX: in clustered and the forward's pipelined rows NVRTC
+// 13 split plain 16-byte stores into 2- and 4-byte ones (sm_90; forward pipelined rows ran at 25 %
+// of copy), whatever alignment the code asserted. Elsewhere the plain store: the asm is volatile,
+// so the compiler keeps later loads behind it (LayerNorm backward at 1024 threads spilled and ran
+// 3-14 points slower with it). The kernel never reads these outputs back: no memory clobber.
+template <class T, int kVec, bool kVectorAsm>
+__device__ __forceinline__ void store_output_pack(T* p, const Pack<T, kVec>& v) {
+  constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));
+  constexpr int kWords = kVec / kPerWord;  // 0: a lone 2-byte element
+  if constexpr (!kVectorAsm || kWords == 0) {
+    store_pack<T, kVec>(p, v);
+  } else {
+    unsigned w[kWords];
+#pragma unroll
+    for (int i = 0; i < kWords; ++i)
+      w[i] = kPerWord == 1 ? element_bits(v.v[i]) : element_bits(v.v[2 * i]) | element_bits(v.v[2 * i + 1]) << 16;
+    if constexpr (kWords >= 4) {
+#pragma unroll
+      for (int i = 0; i < kWords; i += 4)
+        asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0; st.global.v4.b32 [g], {%1, %2, %3, %4}; }"
+                     ::"l"(p + i * kPerWord), "r"(w[i]), "r"(w[i + 1]), "r"(w[i + 2]), "r"(w[i + 3]));
+    } else if constexpr (kWords == 2) {
+      asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0; st.global.v2.b32 [g], {%1, %2}; }"
+                   ::"l"(p), "r"(w[0]), "r"(w[1]));
+    } else {
+      asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0; st.global.b32 [g], %1; }" ::"l"(p), "r"(w[0]));
+    }
+  }
+}
+
+// Asynchronous copy of one pack from global to shared memory (cp.async, sm_80+). The issuing
+// thread sees the data after wait_async; other threads need a barrier too. cp.async moves 4, 8
+// or 16 bytes; smaller packs (2-byte elements, vec 1) are copied synchronously.
+template <class T, int kVec>
+__device__ __forceinline__ void copy_async(T* shared_dst, const T* global_src) {
+  constexpr int kBytes = sizeof(Pack<T, kVec>);
+  if constexpr (kBytes < 4) {
+    store_pack<T, kVec>(shared_dst, load_pack<T, kVec>(global_src));
+  } else {
+    unsigned dst;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(dst) : "l"(shared_dst));
+    if constexpr (kBytes == 16)  // .cg: the row is read once, so skip L1
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global_src) : "memory");
+    else
+      asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(global_src), "n"(kBytes) : "memory");
+  }
+}
+// Closes the group of copies issued since the last commit.
+__device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most kPending committed groups of this thread are still in flight.
+template <int kPending>
+__device__ __forceinline__ void wait_async() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
 // How a row of Cfg::kN elements maps onto Cfg::kThreadsPerRow threads in packs of Cfg::kVec:

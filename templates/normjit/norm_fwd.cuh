@@ -89,13 +89,16 @@ __device__ __forceinline__ void write_packs(const NormParams& p, const Pack<XT, 
       Pack<XT, kVec> o;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(out[j]);
-      store_pack<XT, kVec>(y + col, o);
+      // Clustered and pipelined rows: plain stores came out split (see store_output_pack).
+      constexpr bool kAsmStore = S::kCluster > 1 || Cfg::kCache == RowCache::kSharedPipelined;
+      store_output_pack<XT, kVec, kAsmStore>(y + col, o);
     }
   }
 }
 
+// One row (one cluster's row) per CTA, held in registers, shared memory or nowhere.
 template <class Cfg>
-__device__ __forceinline__ void norm_fwd(const NormParams& p) {
+__device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
   using XT = typename Cfg::XT;
   using WT = typename Cfg::WT;
   using S = FwdShape<Cfg>;
@@ -255,6 +258,112 @@ __device__ __forceinline__ void norm_fwd(const NormParams& p) {
     }
     if constexpr (S::kCluster > 1) cluster_wait();
   }
+}
+
+// Pipelined shared-memory rows (kSharedPipelined): a persistent grid; each CTA (cluster) walks
+// rows gridDim.x / kCluster apart with two row buffers. Each thread copies its packs of the next
+// row in asynchronously, then reads back only its own packs of the current one: the loads stay
+// in flight across the row's reduction barrier and the stores, and no barrier orders the buffers.
+template <class Cfg>
+__device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
+  using XT = typename Cfg::XT;
+  using WT = typename Cfg::WT;
+  using S = FwdShape<Cfg>;
+  constexpr int kVec = Cfg::kVec;
+  constexpr bool kLayerNorm = Cfg::kNorm == NormKind::kLayerNorm;
+  constexpr int kScratch = S::kThreads / 32;
+  static_assert(Cfg::kRowsPerCta == 1 && S::kThreads > 32, "a pipelined row fills its CTA");
+  __shared__ float sum_scratch[kScratch];
+  __shared__ float2 pair_scratch[kScratch];
+  __shared__ float2 cluster_slots[2];  // alternate per row (see cluster_sum)
+  extern __shared__ __align__(16) unsigned char dynamic_shared[];
+  XT* const shared_rows = reinterpret_cast<XT*>(dynamic_shared);  // two buffers of kSegment
+
+  const int lane = threadIdx.x;
+  const int rank = blockIdx.x % S::kCluster;
+  const int segment_col = rank * S::kSegment;
+  const long long first = blockIdx.x / S::kCluster;
+  const long long stride = gridDim.x / S::kCluster;
+  auto prefetch = [&](long long row, int buffer) {
+    const XT* x = static_cast<const XT*>(p.x) + row * p.row_stride + segment_col;
+    XT* const to = shared_rows + buffer * S::kSegment;
+#pragma unroll
+    for (int i = 0; i < S::kIters; ++i)
+      if (const int pack = i * S::kThreads + lane; pack < S::kVecs)
+        copy_async<XT, kVec>(to + pack * kVec, x + pack * kVec);
+    commit_async();
+  };
+  if (first < p.rows) prefetch(first, 0);
+  int parity = 0;
+  for (long long row = first; row < p.rows; row += stride, parity ^= 1) {
+    // An empty group past the last row keeps one group per row (see norm_bwd_fused).
+    if (row + stride < p.rows)
+      prefetch(row + stride, parity ^ 1);
+    else
+      commit_async();
+    const long long offset = row * p.row_stride + segment_col;
+    const long long weight_offset =
+        (Cfg::kPerGroupWeights ? group_of_row(row, p.rows_per_group) * Cfg::kN : 0) + segment_col;
+    const WT* gamma = static_cast<const WT*>(p.gamma) + weight_offset;
+    const WT* beta = Cfg::kHasBias ? static_cast<const WT*>(p.beta) + weight_offset : nullptr;
+    XT* y = static_cast<XT*>(p.y) + offset;
+    // Centered on the row's x[0], read from global memory: another thread copied it in.
+    const float center = kLayerNorm ? to_float(static_cast<const XT*>(p.x)[row * p.row_stride]) : 0.f;
+    wait_async<1>();
+    const XT* const row_x = shared_rows + parity * S::kSegment;
+    float dev = 0.f, sq = 0.f;
+    for (int base = 0; base < S::kIters; base += S::kChunk) {
+      Pack<XT, kVec> chunk[S::kChunk];
+#pragma unroll
+      for (int i = 0; i < S::kChunk; ++i)
+        if (const int pack = (base + i) * S::kThreads + lane; pack < S::kVecs)
+          chunk[i] = load_pack<XT, kVec>(row_x + pack * kVec);
+      if constexpr (kLayerNorm) dev += pack_sum<Cfg, S::kChunk>(chunk, base, lane, center);
+      sq += pack_sq_dev<Cfg, S::kChunk>(chunk, base, lane, center, 0.f);
+    }
+    float shift = 0.f, rstd;
+    if constexpr (kLayerNorm) {
+      row_sum_pair<S::kThreads>(dev, sq, pair_scratch);
+      const float2 dev_sq = cluster_sum<S::kCluster>(make_float2(dev, sq), &cluster_slots[parity]);
+      shift = dev_sq.x * S::kInvN;
+      rstd = rsqrtf(fmaxf(dev_sq.y * S::kInvN - shift * shift, 0.f) + p.eps);
+    } else {
+      const float total = cluster_sum<S::kCluster>(make_float2(row_sum<S::kThreads>(sq, sum_scratch), 0.f),
+                                                   &cluster_slots[parity]).x;
+      rstd = rsqrtf(total * S::kInvN + p.eps);
+    }
+    if constexpr (Cfg::kTraining) {
+      if (lane == 0 && rank == 0) {
+        if constexpr (kLayerNorm) p.mean[row] = center + shift;
+        p.rstd[row] = rstd;
+      }
+    }
+    for (int base = 0; base < S::kIters; base += S::kChunk) {
+      Pack<XT, kVec> chunk[S::kChunk];
+#pragma unroll
+      for (int i = 0; i < S::kChunk; ++i)
+        if (const int pack = (base + i) * S::kThreads + lane; pack < S::kVecs)
+          chunk[i] = load_pack<XT, kVec>(row_x + pack * kVec);
+      write_packs<Cfg, S::kChunk, XT, WT>(p, chunk, base, lane, row, true, y, gamma, beta, center, shift, rstd,
+                                          segment_col);
+    }
+    // The next row's reduction reuses the scratch (a cluster's barrier already orders it).
+    if constexpr (S::kCluster == 1) __syncthreads();
+  }
+  wait_async<0>();  // the trailing empty group
+  // A CTA's cluster slots must outlive the other CTAs' reads of them.
+  if constexpr (S::kCluster > 1) {
+    cluster_arrive();
+    cluster_wait();
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void norm_fwd(const NormParams& p) {
+  if constexpr (Cfg::kCache == RowCache::kSharedPipelined)
+    norm_fwd_pipelined<Cfg>(p);
+  else
+    norm_fwd_row<Cfg>(p);
 }
 
 }  // namespace normjit

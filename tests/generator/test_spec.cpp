@@ -161,15 +161,26 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.fwd_train.bf16.n19456", 16, 80) == BlockConfig{608, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.f32.n10240") == BlockConfig{640, 1, 4, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n65536") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
-  CHECK(block("layernorm.fwd_train.bf16.n40960") == BlockConfig{1024, 1, 8, RowCache::kShared});
-  CHECK(block("rmsnorm.fwd_train.bf16.n40960") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
-  CHECK(block("rmsnorm.fwd_train.bf16.n98304") == BlockConfig{1024, 1, 8, RowCache::kShared});
+  // Pipelined rows in one CTA up to 200 KB (16-byte packs), then 4-8-CTA clusters of 64 KB
+  // segments; odd N keeps one buffer (LayerNorm) or streams (RMSNorm).
+  CHECK(block("layernorm.fwd_train.bf16.n40960") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined});
+  CHECK(block("rmsnorm.fwd_train.bf16.n49152") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined});
+  CHECK(block("rmsnorm.fwd_train.bf16.n98304") == BlockConfig{384, 1, 8, RowCache::kShared, 4});
+  CHECK(block("layernorm.fwd_train.bf16.n40961") == BlockConfig{1024, 1, 1, RowCache::kShared});
+  CHECK(block("rmsnorm.fwd_train.bf16.n40961") == BlockConfig{1024, 1, 1, RowCache::kGlobal});
+  CHECK(block("layernorm.fwd_train.bf16.n40960", 16, 80).cache == RowCache::kGlobal);
   CHECK(block("layernorm.fwd_train.bf16.n131072") == BlockConfig{512, 1, 8, RowCache::kShared, 4});
   CHECK(block("layernorm.fwd_train.bf16.n262144") == BlockConfig{512, 1, 8, RowCache::kShared, 8});
   CHECK(block("layernorm.fwd_train.bf16.n262144", 16, 80).cache == RowCache::kGlobal);
   CHECK(block("layernorm.fwd_train.f32.n65536").cache == RowCache::kGlobal);
   // Backward: fewer elements per thread; past 512 threads the split route (sm_80).
-  CHECK(block("layernorm.bwd.bf16.w_f32.n4096.bias") == BlockConfig{256, 1, 8, RowCache::kRegisters});
+  // Two packs per thread at the thread counts where pipelined rows measured faster (sm_80+).
+  CHECK(block("layernorm.bwd.bf16.w_f32.n4096.bias") == BlockConfig{256, 1, 8, RowCache::kSharedPipelined});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n7168.bias") == BlockConfig{448, 1, 8, RowCache::kSharedPipelined});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n5120.bias") == BlockConfig{320, 1, 8, RowCache::kRegisters});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n8192") == BlockConfig{512, 1, 8, RowCache::kSharedPipelined});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n4096") == BlockConfig{256, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.bwd.f32.w_f32.n4096.bias") == BlockConfig{256, 1, 4, RowCache::kRegisters});
   CHECK(block("layernorm.bwd.bf16.w_f32.n512.bias") == BlockConfig{32, 8, 8, RowCache::kRegisters});
   CHECK(block("rmsnorm.bwd.f32.n8192") == BlockConfig{512, 1, 4, RowCache::kRegisters});
   CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias", 16, 80) == BlockConfig{1024, 1, 8, RowCache::kGlobal});
@@ -178,14 +189,17 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.bwd.bf16.w_f32.n10240.bias") == BlockConfig{640, 1, 8, RowCache::kRegisters});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n12288") == BlockConfig{768, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.bwd.bf16.w_f32.n12288.bias") == BlockConfig{768, 1, 8, RowCache::kShared});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias") == BlockConfig{1024, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n16384") == BlockConfig{512, 1, 8, RowCache::kShared});
   CHECK(block("layernorm.bwd.bf16.w_f32.n18432.bias") == BlockConfig{768, 1, 8, RowCache::kShared});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n18432") == BlockConfig{768, 1, 8, RowCache::kShared});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n32768") == BlockConfig{1024, 1, 8, RowCache::kShared});
   CHECK(block("rmsnorm.bwd.f32.n16384") == BlockConfig{1024, 1, 4, RowCache::kGlobal});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n32768.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n65536.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
+  // 1024-thread rows pipelined where two buffers take at most 160 KB per CTA.
+  CHECK(block("layernorm.bwd.bf16.w_f32.n32768.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 2});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n65536.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n40960") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 2});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n98304") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n65536") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n262144") == BlockConfig{1024, 1, 8, RowCache::kShared, 8});
   // With dbeta, past 24 values per thread (16 above 768 threads) the dbeta sums join x and dy in
@@ -195,7 +209,8 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.bwd.bf16.w_f32.n28672.bias") == BlockConfig{896, 1, 8, RowCache::kShared});
   CHECK(block("layernorm.bwd.bf16.w_f32.n49152.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
   CHECK(block("layernorm.bwd.bf16.w_f32.n98304.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n40960.bias") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n40960.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n131072.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 8});
   CHECK(block("layernorm.bwd.bf16.w_f32.n262144.bias") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
   // Warp rows, 8 per CTA, up to 4 packs per lane.
   CHECK(block("layernorm.bwd.bf16.w_f32.n1024.bias") == BlockConfig{32, 8, 8, RowCache::kRegisters});
@@ -212,6 +227,18 @@ TEST_CASE("shared memory per CTA of a shared-memory row: x, dy in the backward, 
   CHECK(bytes("layernorm.fwd_train.bf16.w_bf16.n40960.cfg_t1024_r1_v8_smem") == std::make_pair(int64_t(81920), false));
   CHECK(bytes("layernorm.fwd_train.bf16.w_bf16.n131072.cfg_t512_r1_v8_c4_smem") ==
         std::make_pair(int64_t(65536), false));
+  // Pipelined rows (pipe) keep two buffers: twice the row's x (forward), x and dy (backward).
+  CHECK(bytes("layernorm.fwd_train.bf16.w_bf16.n40960.cfg_t1024_r1_v8_pipe") == std::make_pair(int64_t(163840), false));
+  CHECK(bytes("layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t1024_r1_v8_pipe") == std::make_pair(int64_t(131072), false));
+  CHECK(bytes("layernorm.bwd.bf16.w_f32.n40960.bias.cfg_t1024_r1_v8_c4_pipe") == std::make_pair(int64_t(81920), false));
+  // Dbeta sums past 16 values per thread: one copy, after both buffers.
+  CHECK(bytes("layernorm.bwd.bf16.w_f32.n12288.bias.cfg_t256_r1_v8_pipe") == std::make_pair(int64_t(12288 * 12), true));
+  CHECK(Spec::parse("rmsnorm.bwd.bf16.w_f32.n8192.cfg_t512_r1_v8_pipe").str() ==
+        "rmsnorm.bwd.bf16.w_f32.n8192.cfg_t512_r1_v8_pipe");
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.fwd_train.bf16.n1024.cfg_t32_r4_v8_pipe"),
+                       doctest::Contains("row cache 'pipe' needs CTA-wide rows"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("layernorm.fwd_train.bf16.n65536.cfg_t1024_r1_v8_pipe"),
+                       doctest::Contains("row cache 'pipe' would take 262144 bytes"), Error);
   // 16 values per thread at 1024 threads, 24 at 768: both sums fit registers.
   CHECK(bytes("layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t1024_r1_v8_smem") == std::make_pair(int64_t(65536), false));
   CHECK(bytes("layernorm.bwd.bf16.w_f32.n18432.bias.cfg_t768_r1_v8_smem") == std::make_pair(int64_t(73728), false));

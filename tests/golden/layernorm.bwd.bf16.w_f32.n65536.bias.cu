@@ -1,4 +1,4 @@
-// normjit kernel layernorm.bwd.bf16.w_f32.n65536.bias.cfg_t1024_r1_v8_c4_smem
+// normjit kernel layernorm.bwd.bf16.w_f32.n65536.bias.cfg_t1024_r1_v8_c4_pipe
 // Generated from templates/norm_bwd.cu.in: parameter binding only; the logic is in norm_bwd.cuh.
 #include "normjit/norm_bwd.cuh"
 #include "normjit/epilogue_none.cuh"
@@ -16,27 +16,27 @@ struct Cfg {
   static constexpr int kThreadsPerRow = 1024;
   static constexpr int kRowsPerCta = 1;
   static constexpr int kCluster = 4;
-  static constexpr normjit::RowCache kCache = normjit::RowCache::kShared;
+  static constexpr normjit::RowCache kCache = normjit::RowCache::kSharedPipelined;
   static constexpr bool kDbetaShared = false;
 };
 }  // namespace
 
 #if 1
 extern "C" __global__ void __launch_bounds__(1024) __cluster_dims__(4, 1, 1)
-normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_smem_fused(const normjit::NormParams params) {
+normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_pipe_fused(const normjit::NormParams params) {
   normjit::norm_bwd_fused<Cfg>(params);
 }
 #else
 extern "C" __global__ void __launch_bounds__(1024)
-normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_smem_rowsums(const normjit::NormParams params) {
+normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_pipe_rowsums(const normjit::NormParams params) {
   normjit::norm_bwd_rowsums<Cfg>(params);
 }
 extern "C" __global__ void __launch_bounds__(256)
-normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_smem_tiles(const normjit::NormParams params) {
+normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_pipe_tiles(const normjit::NormParams params) {
   normjit::norm_bwd_tiles<Cfg>(params);
 }
 #endif
 extern "C" __global__ void __launch_bounds__(1024)
-normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_smem_reduce(const normjit::NormParams params) {
+normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_pipe_reduce(const normjit::NormParams params) {
   normjit::norm_bwd_reduce<Cfg>(params);
 }

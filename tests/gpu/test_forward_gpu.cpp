@@ -64,6 +64,29 @@ TEST_CASE("pinned shared-memory rows (smem), alone and across clusters, match th
   }
 }
 
+TEST_CASE("pipelined rows (pipe): a persistent grid with two row buffers matches the reference") {
+  for (const char* text : {"layernorm.fwd_train.bf16.w_bf16.n40960.bias.cfg_t1024_r1_v8_pipe",
+                           "rmsnorm.fwd_train.bf16.w_f32.n49152.cfg_t1024_r1_v8_pipe",
+                           "layernorm.fwd_infer.f16.w_f16.n8192.relu_bitmask.cfg_t256_r1_v8_pipe",
+                           "adalayernorm.fwd_train.bf16.w_f32.n12288.bias.gelu.cfg_t384_r1_v8_pipe",
+                           "layernorm.fwd_train.f32.w_f32.n4097.bias.cfg_t128_r1_v1_pipe",
+                           "rmsnorm.fwd_train.bf16.w_bf16.n1000.cfg_t64_r1_v2_pipe",
+                           "layernorm.fwd_train.bf16.w_bf16.n131072.bias.cfg_t1024_r1_v8_c4_pipe",
+                           "rmsnorm.fwd_train.bf16.w_bf16.n262144.bias.relu_bitmask.cfg_t1024_r1_v8_c8_pipe"}) {
+    Case c = pinned_case(text, 100.0);
+    // Several rows per CTA (cluster) of the persistent grid.
+    c.rows = c.spec.n >= 131072 ? 3 * 67 : 3 * 331;
+    c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? c.rows / 3 : 0;
+    const std::string name = text;
+    CAPTURE(name);
+    CAPTURE(c.rows);
+    CHECK(run_forward(c).worst <= 1.0);
+    c.rows = 3;
+    c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? 3 : 0;
+    CHECK(run_forward(c).worst <= 1.0);
+  }
+}
+
 TEST_CASE("epilogues forward: relu_bitmask (mask exact) and gelu, with every op") {
   int checked = 0;
   for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
