@@ -69,6 +69,10 @@ bool backward_pipe_register_row(const Spec& s, int64_t threads) {
 
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
+// Pipelined rows were measured with 16-byte packs only; odd N takes narrower ones (2-byte packs are
+// copied synchronously).
+bool sixteen_byte_packs(const Spec& s, int vec) { return vec * dtype_size(s.x_dtype) == 16; }
+
 // Backward rows too long for the fused register route (sm_90): the block config, or nullopt
 // for the split route. `packs` are 16-byte vectors of x.
 std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t packs) {
@@ -99,10 +103,9 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
   if (s.has_bias && t > 1024) t = threads_for(24) <= 1024 ? threads_for(24) : threads_for(32);
   if (!s.has_bias && t > 512 && t < 768) t = threads_for(24);
   b.threads_per_row = static_cast<int>(std::min<int64_t>(t, 1024));
-  // Measured with 16-byte packs only (odd N takes 2-byte ones, copied synchronously).
   auto pipe_fits = [&](BlockConfig c) {
     c.cache = RowCache::kSharedPipelined;
-    return c.threads_per_row == kClusterThreads && vec * dtype_size(s.x_dtype) == 16 &&
+    return c.threads_per_row == kClusterThreads && sixteen_byte_packs(s, vec) &&
            shared_row_bytes(s, c) <= kBackwardPipeBytes;
   };
   if (t <= 1024 && fits(b)) {
@@ -144,17 +147,15 @@ constexpr int64_t kForwardClusterSegmentBytes = 64 * 1024;
 constexpr int64_t kForwardClusterPacks = 8;
 
 std::optional<BlockConfig> forward_large_row(const Spec& s, int vec, int64_t packs) {
-  const bool sixteen_byte_packs = vec * dtype_size(s.x_dtype) == 16;
+  const bool pipelined = sixteen_byte_packs(s, vec);
   // RMSNorm rows of narrower packs (odd N) keep streaming below 65536, as measured before pipelining.
-  if (s.n == kForwardStreamingN || (!sixteen_byte_packs && s.norm == Norm::kRMSNorm && s.n < kForwardStreamingN))
+  if (s.n == kForwardStreamingN || (!pipelined && s.norm == Norm::kRMSNorm && s.n < kForwardStreamingN))
     return std::nullopt;
   BlockConfig b;
   b.vec = vec;
   b.rows_per_cta = 1;
   b.threads_per_row = 1024;
-  // Pipelined rows were measured with 16-byte packs only (odd N takes 2-byte ones, copied
-  // synchronously): those keep one buffer.
-  b.cache = sixteen_byte_packs ? RowCache::kSharedPipelined : RowCache::kShared;
+  b.cache = pipelined ? RowCache::kSharedPipelined : RowCache::kShared;
   if (shared_row_bytes(s, b) <= kForwardSharedBytes) return b;
   b.cache = RowCache::kShared;
   for (int c = 2; c <= kMaxCluster; c *= 2) {

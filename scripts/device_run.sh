@@ -15,6 +15,17 @@ nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.mem --fo
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$DEPS" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build build -j 16 >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" -A3 "$OUT/build.log" | head -60; exit 1; }
 echo "== build ok"
+LB=layernorm.bwd.bf16.w_f32; RB=rmsnorm.bwd.bf16.w_f32; LF=layernorm.fwd_train.bf16.w_bf16; RF=rmsnorm.fwd_train.bf16.w_bf16
+# A/B lists: `lb SPEC CFG...` adds SPEC (the heuristic's pick) and SPEC.cfg_CFG for each CFG to the
+# M = 32768 list X; `lbl` to the M = 4096 list Y. `run_ab NAME` benches both and tabulates them.
+lb() { local v=$1; shift; X="$X $v"; for c in "$@"; do X="$X $v.cfg_$c"; done; }
+lbl() { local v=$1; shift; Y="$Y $v"; for c in "$@"; do Y="$Y $v.cfg_$c"; done; }
+run_ab() {
+  build/normjit-bench --rows 32768 --json "$OUT/$1.json" $X > "$OUT/$1.txt" 2>&1
+  build/normjit-bench --rows 4096 --json "$OUT/$1_large.json" $Y > "$OUT/$1_large.txt" 2>&1
+  python3 bench/summary.py "$OUT/$1.json" "$OUT/$1_large.json" | tee "$OUT/table_$1.md"
+  grep -iE "error|fail|exceed" "$OUT"/$1*.txt | head
+}
 if [[ $STAGE == all || ,$STAGE, == *,tests,* ]]; then
   if [[ -n ${GPU_TC:-} ]]; then  # a subset of the GPU cases (doctest -tc filters)
     build/tests/normjit_gpu_tests -tc="$GPU_TC" 2>&1 | tail -40 | tee "$OUT/gpu_tests.log" | tail -15
@@ -140,9 +151,6 @@ if [[ ,$STAGE, == *,pipe,* ]]; then
   # Pipelined shared-memory rows (two buffers, cp.async of the next row) against the heuristic's
   # pick (no cfg) for the same spec, in one process. bf16 x; backward with fp32 weights.
   X=""; Y=""
-  lb() { local v=$1; shift; for c in "" "$@"; do v2=$v; [[ -n $c ]] && v2="$v.cfg_$c"; X="$X $v2"; done; }
-  lbl() { local v=$1; shift; for c in "" "$@"; do v2=$v; [[ -n $c ]] && v2="$v.cfg_$c"; Y="$Y $v2"; done; }
-  LB=layernorm.bwd.bf16.w_f32; RB=rmsnorm.bwd.bf16.w_f32; LF=layernorm.fwd_train.bf16.w_bf16; RF=rmsnorm.fwd_train.bf16.w_bf16
   lb $LB.n3584.bias t224_r1_v8_pipe t448_r1_v8_pipe
   lb $LB.n7168.bias t448_r1_v8_pipe t896_r1_v8_pipe
   lb $LB.n12288.bias t768_r1_v8_pipe t512_r1_v8_pipe
@@ -179,18 +187,12 @@ if [[ ,$STAGE, == *,pipe,* ]]; then
   lbl $RF.n131072 t1024_r1_v8_c4_pipe
   lbl $LF.n262144.bias t1024_r1_v8_c8_pipe
   lbl $RF.n262144 t1024_r1_v8_c8_pipe
-  build/normjit-bench --rows 32768 --json "$OUT/pipe.json" $X > "$OUT/pipe.txt" 2>&1
-  build/normjit-bench --rows 4096 --json "$OUT/pipe_large.json" $Y > "$OUT/pipe_large.txt" 2>&1
-  python3 bench/summary.py "$OUT/pipe.json" "$OUT/pipe_large.json" | tee "$OUT/table_pipe.md"
-  grep -iE "error|fail|exceed" "$OUT"/pipe*.txt | head
+  run_ab pipe
 fi
 if [[ ,$STAGE, == *,pipe2,* ]]; then
   # After the cluster/pipelined store fix: pipelined rows against the heuristic's pick at the
   # sizes still below goal, and forward clusters in shared memory at 65536/98304.
   X=""; Y=""
-  lb() { local v=$1; shift; for c in "" "$@"; do v2=$v; [[ -n $c ]] && v2="$v.cfg_$c"; X="$X $v2"; done; }
-  lbl() { local v=$1; shift; for c in "" "$@"; do v2=$v; [[ -n $c ]] && v2="$v.cfg_$c"; Y="$Y $v2"; done; }
-  LB=layernorm.bwd.bf16.w_f32; RB=rmsnorm.bwd.bf16.w_f32; LF=layernorm.fwd_train.bf16.w_bf16; RF=rmsnorm.fwd_train.bf16.w_bf16
   lb $LB.n2048.bias t128_r1_v8_pipe
   lb $LB.n2880.bias t192_r1_v8_pipe
   lb $LB.n3584.bias t224_r1_v8_pipe
@@ -229,10 +231,7 @@ if [[ ,$STAGE, == *,pipe2,* ]]; then
   lbl $RB.n262144
   lbl $LF.n262144.bias
   lbl $RF.n262144
-  build/normjit-bench --rows 32768 --json "$OUT/pipe2.json" $X > "$OUT/pipe2.txt" 2>&1
-  build/normjit-bench --rows 4096 --json "$OUT/pipe2_large.json" $Y > "$OUT/pipe2_large.txt" 2>&1
-  python3 bench/summary.py "$OUT/pipe2.json" "$OUT/pipe2_large.json" | tee "$OUT/table_pipe2.md"
-  grep -iE "error|fail|exceed" "$OUT"/pipe2*.txt | head
+  run_ab pipe2
 fi
 if [[ ,$STAGE, == *,fwd2,* ]]; then
   # LayerNorm forward at 17408-20480: two CTAs per SM (512-thread register rows, or 544-576-thread

@@ -92,6 +92,13 @@ __device__ __forceinline__ void store_output_pack(T* p, const Pack<T, kVec>& v) 
   }
 }
 
+// The 32-bit shared-state-space address of a generic pointer into this CTA's shared memory.
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  unsigned addr;
+  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(p));
+  return addr;
+}
+
 // Asynchronous copy of one pack from global to shared memory (cp.async, sm_80+). The issuing
 // thread sees the data after wait_async; other threads need a barrier too. cp.async moves 4, 8
 // or 16 bytes; smaller packs (2-byte elements, vec 1) are copied synchronously.
@@ -101,8 +108,7 @@ __device__ __forceinline__ void copy_async(T* shared_dst, const T* global_src) {
   if constexpr (kBytes < 4) {
     store_pack<T, kVec>(shared_dst, load_pack<T, kVec>(global_src));
   } else {
-    unsigned dst;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(dst) : "l"(shared_dst));
+    const unsigned dst = shared_address(shared_dst);
     if constexpr (kBytes == 16)  // .cg: the row is read once, so skip L1
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global_src) : "memory");
     else
@@ -149,9 +155,8 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 
 // Address of `local` (this CTA's shared memory) in the CTA `rank` of the cluster.
 __device__ __forceinline__ unsigned cluster_address(const void* local, unsigned rank) {
-  unsigned addr, remote;
-  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(local));
-  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  unsigned remote;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(shared_address(local)), "r"(rank));
   return remote;
 }
 

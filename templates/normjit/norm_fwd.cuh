@@ -96,6 +96,43 @@ __device__ __forceinline__ void write_packs(const NormParams& p, const Pack<XT, 
   }
 }
 
+// The row's shift (mean - center; LayerNorm) and rstd from this thread's sums of deviations from
+// the center and of their squares (RMSNorm: squares only), summed over the row and, for clusters,
+// over the cluster through `slot` (see cluster_sum).
+template <class Cfg>
+__device__ __forceinline__ void centered_stats(float dev, float sq, float eps, float2* pair_scratch,
+                                               float* sum_scratch, float2* slot, float& shift, float& rstd) {
+  using S = FwdShape<Cfg>;
+  if constexpr (Cfg::kNorm == NormKind::kLayerNorm) {
+    row_sum_pair<S::kThreads>(dev, sq, pair_scratch);
+    const float2 dev_sq = cluster_sum<S::kCluster>(make_float2(dev, sq), slot);
+    shift = dev_sq.x * S::kInvN;
+    rstd = rsqrtf(fmaxf(dev_sq.y * S::kInvN - shift * shift, 0.f) + eps);
+  } else {
+    const float total = cluster_sum<S::kCluster>(make_float2(row_sum<S::kThreads>(sq, sum_scratch), 0.f), slot).x;
+    rstd = rsqrtf(total * S::kInvN + eps);
+  }
+}
+
+// The output pass over a row waiting in `source` (shared memory, or x again), kChunk packs at a time.
+template <class Cfg, class XT, class WT>
+__device__ __forceinline__ void write_row(const NormParams& p, const XT* source, int lane, long long row, bool active,
+                                          XT* y, const WT* gamma, const WT* beta, float center, float shift,
+                                          float rstd, int segment_col) {
+  using S = FwdShape<Cfg>;
+  constexpr int kVec = Cfg::kVec;
+  for (int base = 0; base < S::kIters; base += S::kChunk) {
+    Pack<XT, kVec> chunk[S::kChunk];
+#pragma unroll
+    for (int i = 0; i < S::kChunk; ++i) {
+      const int pack = (base + i) * S::kThreads + lane;
+      if (active && pack < S::kVecs) chunk[i] = load_pack<XT, kVec>(source + pack * kVec);
+    }
+    write_packs<Cfg, S::kChunk, XT, WT>(p, chunk, base, lane, row, active, y, gamma, beta, center, shift, rstd,
+                                        segment_col);
+  }
+}
+
 // One row (one cluster's row) per CTA, held in registers, shared memory or nowhere.
 template <class Cfg>
 __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
@@ -153,20 +190,10 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
         const float sum = active ? pack_sum<Cfg, S::kIters>(cache, 0, lane, 0.f) : 0.f;
         center = row_sum<S::kThreads>(sum, sum_scratch) * kInvN;
       }
-      float dev = active ? pack_sum<Cfg, S::kIters>(cache, 0, lane, center) : 0.f;
-      float sq = active ? pack_sq_dev<Cfg, S::kIters>(cache, 0, lane, center, 0.f) : 0.f;
-      row_sum_pair<S::kThreads>(dev, sq, pair_scratch);
-      const float2 dev_sq = cluster_sum<S::kCluster>(make_float2(dev, sq), &cluster_slots[1]);
-      dev = dev_sq.x;
-      sq = dev_sq.y;
-      shift = dev * kInvN;
-      rstd = rsqrtf(fmaxf(sq * kInvN - shift * shift, 0.f) + p.eps);
-    } else {
-      const float sq = active ? pack_sq_dev<Cfg, S::kIters>(cache, 0, lane, 0.f, 0.f) : 0.f;
-      const float total = cluster_sum<S::kCluster>(make_float2(row_sum<S::kThreads>(sq, sum_scratch), 0.f),
-                                                   &cluster_slots[0]).x;
-      rstd = rsqrtf(total * kInvN + p.eps);
     }
+    const float dev = kLayerNorm && active ? pack_sum<Cfg, S::kIters>(cache, 0, lane, center) : 0.f;
+    const float sq = active ? pack_sq_dev<Cfg, S::kIters>(cache, 0, lane, center, 0.f) : 0.f;
+    centered_stats<Cfg>(dev, sq, p.eps, pair_scratch, sum_scratch, &cluster_slots[kLayerNorm ? 1 : 0], shift, rstd);
     // Done reading the other CTAs' slots; they may exit once everyone has arrived.
     if constexpr (S::kCluster > 1) cluster_arrive();
   } else if constexpr (Cfg::kCache == RowCache::kShared) {
@@ -190,16 +217,7 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
       if constexpr (kLayerNorm) dev += pack_sum<Cfg, S::kChunk>(chunk, base, lane, center);
       sq += pack_sq_dev<Cfg, S::kChunk>(chunk, base, lane, center, 0.f);
     }
-    if constexpr (kLayerNorm) {
-      row_sum_pair<S::kThreads>(dev, sq, pair_scratch);
-      const float2 dev_sq = cluster_sum<S::kCluster>(make_float2(dev, sq), &cluster_slots[1]);
-      shift = dev_sq.x * kInvN;
-      rstd = rsqrtf(fmaxf(dev_sq.y * kInvN - shift * shift, 0.f) + p.eps);
-    } else {
-      const float total = cluster_sum<S::kCluster>(make_float2(row_sum<S::kThreads>(sq, sum_scratch), 0.f),
-                                                   &cluster_slots[0]).x;
-      rstd = rsqrtf(total * kInvN + p.eps);
-    }
+    centered_stats<Cfg>(dev, sq, p.eps, pair_scratch, sum_scratch, &cluster_slots[kLayerNorm ? 1 : 0], shift, rstd);
     if constexpr (S::kCluster > 1) cluster_arrive();
   } else {
     // The row streams from global memory twice. LayerNorm merges per-chunk moments (Chan) of
@@ -245,17 +263,8 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
     if constexpr (S::kCluster > 1) cluster_wait();
   } else {
     // Second pass: from shared memory (kShared) or global memory again (kGlobal).
-    const XT* source = Cfg::kCache == RowCache::kShared ? shared_row : x;
-    for (int base = 0; base < S::kIters; base += S::kChunk) {
-      Pack<XT, kVec> chunk[S::kChunk];
-#pragma unroll
-      for (int i = 0; i < S::kChunk; ++i) {
-        const int pack = (base + i) * S::kThreads + lane;
-        if (active && pack < S::kVecs) chunk[i] = load_pack<XT, kVec>(source + pack * kVec);
-      }
-      write_packs<Cfg, S::kChunk, XT, WT>(p, chunk, base, lane, row, active, y, gamma, beta, center, shift, rstd,
-                                          segment_col);
-    }
+    write_row<Cfg>(p, Cfg::kCache == RowCache::kShared ? shared_row : x, lane, row, active, y, gamma, beta, center,
+                   shift, rstd, segment_col);
     if constexpr (S::kCluster > 1) cluster_wait();
   }
 }
@@ -322,31 +331,14 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
       sq += pack_sq_dev<Cfg, S::kChunk>(chunk, base, lane, center, 0.f);
     }
     float shift = 0.f, rstd;
-    if constexpr (kLayerNorm) {
-      row_sum_pair<S::kThreads>(dev, sq, pair_scratch);
-      const float2 dev_sq = cluster_sum<S::kCluster>(make_float2(dev, sq), &cluster_slots[parity]);
-      shift = dev_sq.x * S::kInvN;
-      rstd = rsqrtf(fmaxf(dev_sq.y * S::kInvN - shift * shift, 0.f) + p.eps);
-    } else {
-      const float total = cluster_sum<S::kCluster>(make_float2(row_sum<S::kThreads>(sq, sum_scratch), 0.f),
-                                                   &cluster_slots[parity]).x;
-      rstd = rsqrtf(total * S::kInvN + p.eps);
-    }
+    centered_stats<Cfg>(dev, sq, p.eps, pair_scratch, sum_scratch, &cluster_slots[parity], shift, rstd);
     if constexpr (Cfg::kTraining) {
       if (lane == 0 && rank == 0) {
         if constexpr (kLayerNorm) p.mean[row] = center + shift;
         p.rstd[row] = rstd;
       }
     }
-    for (int base = 0; base < S::kIters; base += S::kChunk) {
-      Pack<XT, kVec> chunk[S::kChunk];
-#pragma unroll
-      for (int i = 0; i < S::kChunk; ++i)
-        if (const int pack = (base + i) * S::kThreads + lane; pack < S::kVecs)
-          chunk[i] = load_pack<XT, kVec>(row_x + pack * kVec);
-      write_packs<Cfg, S::kChunk, XT, WT>(p, chunk, base, lane, row, true, y, gamma, beta, center, shift, rstd,
-                                          segment_col);
-    }
+    write_row<Cfg>(p, row_x, lane, row, true, y, gamma, beta, center, shift, rstd, segment_col);
     // The next row's reduction reuses the scratch (a cluster's barrier already orders it).
     if constexpr (S::kCluster == 1) __syncthreads();
   }
