@@ -79,17 +79,20 @@ if [[ ,$STAGE, == *,peers,* ]]; then
   # normjit and every peer (torch eager/compile, Liger, cuDNN, QuACK) in this one process tree.
   bash scripts/peers_setup.sh >"$OUT/peers_setup.log" 2>&1; export PYTHONPATH=$PWD/.peers/site
   PN=${PEER_NS:-"256 1024 4096 16384 65536"}
-  SPECS=""; BSPECS=""
-  for n in $PN; do SPECS="$SPECS layernorm.fwd_train.bf16.n$n.bias rmsnorm.fwd_train.bf16.n$n"; done
-  for n in $PN; do BSPECS="$BSPECS layernorm.bwd.bf16.w_f32.n$n.bias rmsnorm.bwd.bf16.w_f32.n$n"; done
-  build/normjit-bench --rows 32768 --json "$OUT/normjit_fwd.json" $SPECS >"$OUT/normjit_fwd.txt" 2>&1
-  build/normjit-bench --rows 32768 --json "$OUT/normjit_bwd.json" $BSPECS >"$OUT/normjit_bwd.txt" 2>&1
   NSC=$(echo $PN | tr ' ' ,)
   PROV=${PEER_PROVIDERS:-torch.eager,torch.compile,liger,cudnn,quack}
-  PYTHONUNBUFFERED=1 timeout ${PEER_FWD_S:-200} python3 bench/peers.py --providers $PROV --ns $NSC --json "$OUT/peers_fwd.json" >"$OUT/peers_fwd.txt" 2>&1
-  PYTHONUNBUFFERED=1 timeout ${PEER_BWD_S:-260} python3 bench/peers.py --providers $PROV --phase bwd --ns $NSC --json "$OUT/peers_bwd.json" >"$OUT/peers_bwd.txt" 2>&1
-  grep -hE "skip|fell" "$OUT"/peers_*.txt | cut -c1-160 | head -20
-  for ph in fwd bwd; do
+  for ph in ${PEER_PHASES:-fwd bwd}; do  # one phase per call where the sizes are many (10 min limit)
+    SPECS=""
+    for n in $PN; do
+      if [[ $ph == fwd ]]; then SPECS="$SPECS layernorm.fwd_train.bf16.n$n.bias rmsnorm.fwd_train.bf16.n$n"
+      else SPECS="$SPECS layernorm.bwd.bf16.w_f32.n$n.bias rmsnorm.bwd.bf16.w_f32.n$n"; fi
+    done
+    build/normjit-bench --rows 32768 --json "$OUT/normjit_$ph.json" $SPECS >"$OUT/normjit_$ph.txt" 2>&1
+    LIMIT=$([[ $ph == fwd ]] && echo ${PEER_FWD_S:-200} || echo ${PEER_BWD_S:-260})
+    PHASE_ARG=$([[ $ph == bwd ]] && echo "--phase bwd")
+    PYTHONUNBUFFERED=1 timeout $LIMIT python3 bench/peers.py --providers $PROV $PHASE_ARG --ns $NSC \
+      --json "$OUT/peers_$ph.json" >"$OUT/peers_$ph.txt" 2>&1
+    grep -hE "skip|fell" "$OUT/peers_$ph.txt" | cut -c1-160 | head -20
     python3 bench/report.py "$OUT/normjit_$ph.json" "$OUT/peers_$ph.json" $ph | tee "$OUT/table_$ph.md"
     python3 bench/plot.py --out "$OUT/$ph.png" --phase $ph --date "$(date +%F)" "$OUT/normjit_$ph.json" "$OUT/peers_$ph.json" 2>&1 | tail -2
   done
