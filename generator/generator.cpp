@@ -95,6 +95,7 @@ GeneratedSource generate(const Spec& spec) {
       {"ROWS_PER_CTA", std::to_string(b.rows_per_cta)},
       {"THREADS_PER_CTA", std::to_string(g.threads_per_cta)},
       {"CLUSTER", std::to_string(b.cluster)},
+      {"STAGES", std::to_string(b.stages)},
       // Compile-time cluster shape: a plain cuLaunchKernel then launches clusters.
       {"CLUSTER_DIMS", b.cluster > 1 ? " __cluster_dims__(" + std::to_string(b.cluster) + ", 1, 1)" : ""},
   };

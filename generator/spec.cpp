@@ -96,7 +96,7 @@ bool dbeta_sums_in_shared(const Spec& s, const BlockConfig& b) {
 
 int64_t shared_row_bytes(const Spec& s, const BlockConfig& b) {
   const int64_t segment = s.n / b.cluster;
-  const int64_t buffers = b.cache == RowCache::kSharedPipelined ? 2 : 1;
+  const int64_t buffers = b.cache == RowCache::kSharedPipelined ? b.stages : 1;
   if (s.phase != Phase::kBackward) return buffers * segment * dtype_size(s.x_dtype);
   return segment * (buffers * 2 * dtype_size(s.x_dtype) + (dbeta_sums_in_shared(s, b) ? 4 : 0));
 }
@@ -126,6 +126,7 @@ std::string Spec::str() const {
     s += ".cfg_t" + std::to_string(block->threads_per_row) + "_r" + std::to_string(block->rows_per_cta) + "_v" +
          std::to_string(block->vec) + (block->cluster > 1 ? "_c" + std::to_string(block->cluster) : "") + "_" +
          to_string(block->cache);
+    if (block->cache == RowCache::kSharedPipelined && block->stages != 2) s += std::to_string(block->stages);
   }
   return s;
 }
@@ -192,8 +193,15 @@ Spec Spec::parse(std::string_view text) {
     b.rows_per_cta = static_cast<int>(field('r'));
     b.vec = static_cast<int>(field('v'));
     if (c.size() > 2 && c[1] == 'c' && c[2] >= '0' && c[2] <= '9') b.cluster = static_cast<int>(field('c'));
-    auto cache = c.size() > 1 ? lookup(kRowCaches, c.substr(1)) : std::nullopt;
-    if (!cache) bad_spec(text, "block config row cache must be one of " + choices(kRowCaches));
+    std::string_view cache_name = c.size() > 1 ? c.substr(1) : std::string_view{};
+    // pipe3 / pipe4: a pipelined row with that many buffers (plain pipe: 2).
+    if (cache_name.size() == 5 && cache_name.substr(0, 4) == "pipe" && cache_name[4] >= '0' && cache_name[4] <= '9') {
+      b.stages = cache_name[4] - '0';
+      cache_name = cache_name.substr(0, 4);
+      if (b.stages == 2) bad_spec(text, "a 2-buffer pipelined row is spelled 'pipe', not 'pipe2'");
+    }
+    auto cache = cache_name.empty() ? std::nullopt : lookup(kRowCaches, cache_name);
+    if (!cache) bad_spec(text, "block config row cache must be one of " + choices(kRowCaches) + " (pipe3, pipe4: more buffers)");
     b.cache = *cache;
     s.block = b;
     ++i;
@@ -240,6 +248,11 @@ void validate(const Spec& s) {
     if (why)
       throw Error(Status::kInvalidSpec, where() + "cluster=" + std::to_string(b.cluster) + " " + why);
   }
+  if (b.cache == RowCache::kSharedPipelined ? b.stages < 2 || b.stages > kMaxPipeStages : b.stages != 2)
+    throw Error(Status::kInvalidSpec, where() + "stages=" + std::to_string(b.stages) +
+                                          (b.cache == RowCache::kSharedPipelined
+                                               ? " must be 2-" + std::to_string(kMaxPipeStages) + " row buffers"
+                                               : std::string(" applies to pipelined rows (pipe) only; keep 2")));
   if (in_shared_memory(b.cache)) {
     const int64_t bytes = shared_row_bytes(s, b);
     const std::string cache = to_string(b.cache);

@@ -25,7 +25,7 @@ int access_bytes(int vec, DType d) { return std::min(16, vec * dtype_size(d)); }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Every field of a spec in one word (n < 2^19, block fields < 2^11 each). A spec without a block
+// Every field of a spec in one word (n < 2^19, block fields < 2^11 each; stages 2-4). A spec without a block
 // config packs threads_per_row = 0, which no resolved spec has.
 uint64_t packed_key(const Spec& s) {
   const BlockConfig b = s.block.value_or(BlockConfig{});
@@ -41,7 +41,8 @@ uint64_t packed_key(const Spec& s) {
   k = k << 5 | static_cast<uint64_t>(b.vec);
   k = k << 2 | static_cast<uint64_t>(b.cache);
   k = k << 2 | static_cast<uint64_t>(b.cluster == 8 ? 3 : b.cluster / 2);  // 1, 2, 4, 8
-  return k;  // 19 + 2+2+2+2+1+3 + 11+11+5+2+2 = 62 bits
+  k = k << 2 | static_cast<uint64_t>(b.stages - 2);                          // 2, 3, 4
+  return k;  // 19 + 2+2+2+2+1+3 + 11+11+5+2+2+2 = 64 bits
 }
 
 bool needs_pre_activation(Epilogue e) { return e == Epilogue::kGelu; }

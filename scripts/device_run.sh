@@ -97,6 +97,28 @@ if [[ ,$STAGE, == *,peers,* ]]; then
     python3 bench/plot.py --out "$OUT/$ph.png" --phase $ph --date "$(date +%F)" "$OUT/normjit_$ph.json" "$OUT/peers_$ph.json" 2>&1 | tail -2
   done
 fi
+if [[ ,$STAGE, == *,profile,* ]]; then
+  # ncu launch figures (grid, block, registers, duration, DRAM %) of normjit's kernels and cuDNN's
+  # at the shapes where cuDNN leads: how many kernels, what grid, what share of DRAM.
+  bash scripts/peers_setup.sh >"$OUT/peers_setup.log" 2>&1; export PYTHONPATH=$PWD/.peers/site
+  M="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size"
+  M="$M,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__shared_mem_per_block_dynamic"
+  M="$M,launch__cluster_dim_x,dram__bytes_read.sum,dram__bytes_write.sum"
+  for job in "bwd rmsnorm 1024" "bwd rmsnorm 4096" "bwd rmsnorm 16384" "bwd layernorm 16384" "fwd layernorm 65536"; do
+    set -- $job; ph=$1 norm=$2 n=$3
+    PA=$([[ $ph == bwd ]] && echo "--phase bwd")
+    timeout 150 ncu --csv --metrics $M -c ${PROFILE_KERNELS:-60} python3 bench/peers.py --providers cudnn $PA --norms $norm \
+      --ns $n --json /tmp/p.json > "$OUT/ncu_cudnn_${ph}_${norm}_$n.csv" 2>&1
+    b=$([[ $norm == layernorm ]] && echo .bias); w=$([[ $ph == bwd ]] && echo w_f32 || echo w_bf16)
+    spec=$norm.$([[ $ph == bwd ]] && echo bwd || echo fwd_train).bf16.$w.n$n$b
+    timeout 100 ncu --csv --metrics $M -k regex:normjit_ build/normjit-bench --rows 32768 --no-verify --warmup 1 --reps 1 \
+      --batch 1 $spec > "$OUT/ncu_normjit_${ph}_${norm}_$n.csv" 2>&1
+  done
+  timeout 120 ncu --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis -k regex:normjit_.*fused \
+    -c 1 build/normjit-bench --rows 32768 --no-verify --warmup 0 --reps 1 --batch 1 rmsnorm.bwd.bf16.w_f32.n4096 \
+    > "$OUT/ncu_normjit_rms_bwd_4096_stalls.txt" 2>&1
+  python3 bench/ncu_table.py "$OUT"/ncu_*.csv | tee "$OUT/table_profile.md"
+fi
 if [[ ,$STAGE, == *,tune,* ]]; then
   # normjit-tune over a few specs per route; the summary prints heuristic against tuned times.
   T=""; for n in 768 4096 12288 16384 65536; do T="$T layernorm.fwd_train.bf16.n$n.bias layernorm.bwd.bf16.w_f32.n$n.bias"; done
@@ -235,6 +257,43 @@ if [[ ,$STAGE, == *,pipe2,* ]]; then
   lbl $LF.n262144.bias
   lbl $RF.n262144
   run_ab pipe2
+fi
+if [[ ,$STAGE, == *,stages,* ]]; then
+  # Deeper pipelined rows (pipe3 / pipe4: 3-4 row buffers) and smaller CTAs per cluster against
+  # the heuristic's pick, pinned by cfg in one process; forward N = 256 row shapes (QuACK leads).
+  X=""; Y=""
+  lb $LF.n256.bias t16_r16_v8_reg t8_r32_v8_reg t32_r16_v8_reg t16_r8_v8_reg
+  lb $RF.n256 t16_r16_v8_reg t8_r32_v8_reg t32_r16_v8_reg
+  lb $LF.n24576.bias t768_r1_v8_pipe3
+  lb $LF.n28672.bias t896_r1_v8_pipe3
+  lb $LF.n32768.bias t512_r1_v8_c2_pipe3 t1024_r1_v8_pipe3
+  lb $LF.n40960.bias t512_r1_v8_c2_pipe3 t256_r1_v8_c4_pipe4 t640_r1_v8_c2_pipe3
+  lb $LF.n49152.bias t768_r1_v8_c2_pipe3 t384_r1_v8_c4_pipe4
+  lb $LF.n57344.bias t448_r1_v8_c4_pipe4 t896_r1_v8_c2_pipe3
+  lb $LF.n65536.bias t256_r1_v8_c4_pipe4 t256_r1_v8_c4_pipe3 t512_r1_v8_c4_pipe3 t512_r1_v8_c2_pipe3 t256_r1_v8_c8_pipe4 t1024_r1_v8_c4_pipe4
+  lb $RF.n65536 t256_r1_v8_c4_pipe4 t512_r1_v8_c4_pipe3 t512_r1_v8_c2_pipe3
+  lb $LB.n12288.bias t384_r1_v8_c2_pipe3 t768_r1_v8_pipe3
+  lb $LB.n16384.bias t512_r1_v8_c2_pipe3 t512_r1_v8_c2_pipe4
+  lb $RB.n16384 t512_r1_v8_c2_pipe3 t256_r1_v8_c2_pipe4
+  lb $LB.n20480.bias t640_r1_v8_c2_pipe3 t320_r1_v8_c4_pipe4
+  lb $RB.n20480 t640_r1_v8_c2_pipe3
+  lb $LB.n24576.bias t768_r1_v8_c2_pipe3
+  lb $LB.n28672.bias t896_r1_v8_c2_pipe3
+  lb $LB.n32768.bias t1024_r1_v8_c2_pipe3 t512_r1_v8_c4_pipe3
+  lb $LB.n40960.bias t640_r1_v8_c4_pipe3
+  lb $LB.n49152.bias t768_r1_v8_c4_pipe3
+  lb $RB.n49152 t768_r1_v8_c4_pipe3
+  lb $LB.n65536.bias t1024_r1_v8_c4_pipe3
+  lb $RB.n65536 t1024_r1_v8_c4_pipe3
+  lbl $LF.n98304.bias t384_r1_v8_c8_pipe4 t768_r1_v8_c4_pipe3
+  lbl $LF.n131072.bias t512_r1_v8_c8_pipe4 t256_r1_v8_c8_pipe4 t1024_r1_v8_c4_pipe3
+  lbl $RF.n131072 t512_r1_v8_c8_pipe4
+  lbl $LF.n262144.bias t512_r1_v8_c8_pipe3 t1024_r1_v8_c8_pipe3
+  lbl $LB.n81920.bias t640_r1_v8_c8_pipe3
+  lbl $LB.n98304.bias t768_r1_v8_c8_pipe3
+  lbl $LB.n131072.bias t1024_r1_v8_c8_pipe3
+  lbl $RB.n131072 t1024_r1_v8_c8_pipe3
+  run_ab stages
 fi
 if [[ ,$STAGE, == *,fwd2,* ]]; then
   # LayerNorm forward at 17408-20480: two CTAs per SM (512-thread register rows, or 544-576-thread

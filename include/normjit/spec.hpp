@@ -22,7 +22,8 @@ enum class Epilogue { kNone, kReluBitmask, kGelu };
 // persistent kernel with the row in registers; smem = the same with x and dy in shared memory
 // (2 * N / cluster * sizeof(x) bytes per CTA); gmem = row sums, then a column-tiled dx/dgamma kernel.
 // Both: pipe = smem with two row buffers in a persistent grid; each thread copies its packs of the
-// next row in asynchronously (cp.async) while the CTA works on the current one.
+// next row in asynchronously (cp.async) while the CTA works on the current one. pipe3 / pipe4
+// keep three or four buffers: two or three rows in flight behind the current one.
 enum class RowCache { kRegisters, kGlobal, kShared, kSharedPipelined };
 // smem and pipe: the row (segment) waits in dynamic shared memory.
 constexpr bool in_shared_memory(RowCache c) { return c == RowCache::kShared || c == RowCache::kSharedPipelined; }
@@ -37,16 +38,18 @@ struct BlockConfig {
   // CTAs per row (sm_90 thread-block cluster): each holds N / cluster columns in registers and
   // the row statistics are summed across the cluster through distributed shared memory.
   int cluster = 1;
+  // Row buffers of a pipelined row (pipe): 2-4. Every other row cache keeps the default, 2.
+  int stages = 2;
   bool operator==(const BlockConfig& o) const {
     return threads_per_row == o.threads_per_row && rows_per_cta == o.rows_per_cta && vec == o.vec &&
-           cache == o.cache && cluster == o.cluster;
+           cache == o.cache && cluster == o.cluster && stages == o.stages;
   }
   bool operator!=(const BlockConfig& o) const { return !(*this == o); }
 };
 
 // Names one kernel. Canonical string (print/parse round-trip):
-//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.<epilogue>][.cfg_t<T>_r<R>_v<V>[_c<C>]_<reg|gmem|smem|pipe>]
-// (_c<C> only for clusters of C > 1 CTAs per row)
+//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.<epilogue>][.cfg_t<T>_r<R>_v<V>[_c<C>]_<reg|gmem|smem|pipe[3|4]>]
+// (_c<C> only for clusters of C > 1 CTAs per row; pipe3 / pipe4: a pipelined row of 3 / 4 buffers)
 // e.g. "layernorm.fwd_train.bf16.w_f32.n4096.bias" or "rmsnorm.fwd_infer.f16.w_f16.n7.cfg_t1_r256_v1_reg".
 struct Spec {
   Norm norm = Norm::kLayerNorm;
@@ -79,7 +82,7 @@ int dtype_size(DType d);
 // the dgamma sums stay in registers.
 bool dbeta_sums_in_shared(const Spec& s, const BlockConfig& b);
 // Dynamic shared memory per CTA of a shared-memory row (smem or pipe) split over b.cluster
-// CTAs: the row's segment of x; in the backward, of dy too (both twice for pipe), and fp32 dbeta
+// CTAs: the row's segment of x; in the backward, of dy too (both once per buffer for pipe), and fp32 dbeta
 // sums where dbeta_sums_in_shared().
 int64_t shared_row_bytes(const Spec& s, const BlockConfig& b);
 
@@ -93,6 +96,8 @@ void validate(const Spec& spec);
 
 // Largest cluster (CTAs per row) the heuristic uses: 8 is the portable cluster size limit.
 constexpr int kMaxCluster = 8;
+// Most row buffers a pipelined row keeps.
+constexpr int kMaxPipeStages = 4;
 
 // Fills spec.block with the heuristic's choice when absent. max_vec caps the vector width,
 // e.g. when a caller's pointers are less aligned than 16 bytes. sm is the target's compute

@@ -83,10 +83,11 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   // Shared-memory rows (kShared): x and dy wait in dynamic shared memory between the passes and
   // gamma*d is recomputed, so only the dgamma/dbeta sums stay in registers: about twice the row a
   // CTA can take. Each thread reads back only its own packs: no barrier orders the passes.
-  // Pipelined rows (kSharedPipelined) keep two rows' x and dy: each thread copies its packs of
-  // the CTA's next row in asynchronously while the CTA works on this one, so the loads never
-  // wait behind the row's barrier and the dx stores.
+  // Pipelined rows (kSharedPipelined) keep kStages rows' x and dy: each thread copies its packs
+  // of the CTA's next kStages - 1 rows in asynchronously while the CTA works on this one, so the
+  // loads never wait behind the row's barrier and the dx stores.
   constexpr bool kPipe = Cfg::kCache == RowCache::kSharedPipelined;
+  constexpr int kBuffers = kPipe ? Cfg::kStages : 1;
   constexpr bool kSmem = Cfg::kCache == RowCache::kShared || kPipe;
   constexpr int kHeld = kSmem ? 1 : S::kIters;  // packs per thread held in registers between passes
   static_assert(!kSmem || kRows == 1, "a shared-memory row fills its CTA (a cluster's CTA: its segment)");
@@ -97,7 +98,7 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   extern __shared__ __align__(16) unsigned char dynamic_shared[];
   // Buffer s: x at 2 * s * kSegment, dy after it; the dbeta sums after the last buffer.
   XT* const shared_rows = reinterpret_cast<XT*>(dynamic_shared);
-  float* const shared_b = reinterpret_cast<float*>(shared_rows + 2 * (kPipe ? 2 : 1) * S::kSegment);
+  float* const shared_b = reinterpret_cast<float*>(shared_rows + 2 * kBuffers * S::kSegment);
 
   const int lane = threadIdx.x % S::kThreads;
   const int row_in_cta = threadIdx.x / S::kThreads;
@@ -130,23 +131,30 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   }
 
   const long long row_blocks = (p.rows_per_group + kRows - 1) / kRows;
-  // Pipelined rows: starts the copy of row block `block` (kRows == 1) into buffer `buffer`.
+  // Pipelined rows: starts the copy of row block `block` (kRows == 1) into buffer `buffer`. Past
+  // the last row, an empty group, so that every row's copies are exactly kStages - 1 groups
+  // behind the newest (wait_async below).
   auto prefetch = [&](long long block, int buffer) {
-    const long long offset = (group * p.rows_per_group + block) * p.row_stride + segment_col;
-    XT* const to_x = shared_rows + 2 * buffer * S::kSegment;
+    if (block < row_blocks) {
+      const long long offset = (group * p.rows_per_group + block) * p.row_stride + segment_col;
+      XT* const to_x = shared_rows + 2 * buffer * S::kSegment;
 #pragma unroll
-    for (int i = 0; i < S::kIters; ++i) {
-      const int pack = i * S::kThreads + lane;
-      if (pack < S::kVecs) {
-        copy_async<XT, kVec>(to_x + pack * kVec, static_cast<const XT*>(p.x) + offset + pack * kVec);
-        copy_async<XT, kVec>(to_x + S::kSegment + pack * kVec, static_cast<const XT*>(p.dy) + offset + pack * kVec);
+      for (int i = 0; i < S::kIters; ++i) {
+        const int pack = i * S::kThreads + lane;
+        if (pack < S::kVecs) {
+          copy_async<XT, kVec>(to_x + pack * kVec, static_cast<const XT*>(p.x) + offset + pack * kVec);
+          copy_async<XT, kVec>(to_x + S::kSegment + pack * kVec, static_cast<const XT*>(p.dy) + offset + pack * kVec);
+        }
       }
     }
     commit_async();
   };
-  if constexpr (kPipe)
-    if (slot < row_blocks) prefetch(slot, 0);
-  int parity = 0;  // alternates per row: the cluster slot and, for pipelined rows, the buffer
+  if constexpr (kPipe) {
+#pragma unroll
+    for (int s = 0; s < kBuffers - 1; ++s) prefetch(slot + s * slots, s);
+  }
+  int parity = 0;  // alternates per row: the cluster slot
+  int buffer = 0;  // pipelined rows: this row's buffer
   for (long long block = slot; block < row_blocks; block += slots, parity ^= 1) {
     const long long local = block * kRows + row_in_cta;
     const bool active = local < p.rows_per_group;
@@ -154,18 +162,13 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
     const long long offset = row * p.row_stride + segment_col;
     const XT* x = static_cast<const XT*>(p.x) + offset;
     const XT* dy = static_cast<const XT*>(p.dy) + offset;
-    XT* const shared_x = shared_rows + (kPipe ? 2 * parity * S::kSegment : 0);
+    XT* const shared_x = shared_rows + 2 * buffer * S::kSegment;
     XT* const shared_dy = shared_x + S::kSegment;
     Pack<XT, kVec> xs[kHeld], dys[kHeld];
     if constexpr (kPipe) {
-      // The other buffer held the previous row, which this thread alone read: refill it. An empty
-      // group past the last row keeps one group in flight per row, so waiting for all but one
-      // always leaves this row's copies done.
-      if (block + slots < row_blocks)
-        prefetch(block + slots, parity ^ 1);
-      else
-        commit_async();
-      wait_async<1>();
+      // The buffer behind this one held the previous row, which this thread alone read: refill it.
+      prefetch(block + (kBuffers - 1) * slots, buffer == 0 ? kBuffers - 1 : buffer - 1);
+      wait_async<kBuffers - 1>();
     } else {
 #pragma unroll
       for (int i = 0; i < S::kIters; ++i) {
@@ -259,10 +262,11 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
         store_output_pack<XT, kVec, (S::kCluster > 1)>(dx + pack * kVec, o);
       }
     }
+    if constexpr (kPipe) buffer = buffer == kBuffers - 1 ? 0 : buffer + 1;
     // The next row's reduction reuses pair_scratch (the cluster barrier already orders it).
     if constexpr (S::kThreads > 32 && S::kCluster == 1) __syncthreads();
   }
-  if constexpr (kPipe) wait_async<0>();  // the trailing empty group
+  if constexpr (kPipe) wait_async<0>();  // the trailing empty groups
   // Done reading the other CTAs' slots; the wait before exit keeps ours alive for theirs.
   if constexpr (S::kCluster > 1) cluster_arrive();
 

@@ -270,46 +270,51 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
 }
 
 // Pipelined shared-memory rows (kSharedPipelined): a persistent grid; each CTA (cluster) walks
-// rows gridDim.x / kCluster apart with two row buffers. Each thread copies its packs of the next
-// row in asynchronously, then reads back only its own packs of the current one: the loads stay
-// in flight across the row's reduction barrier and the stores, and no barrier orders the buffers.
+// rows gridDim.x / kCluster apart through kStages row buffers, keeping kStages - 1 rows in flight.
+// Each thread copies its packs of a later row in asynchronously, then reads back only its own
+// packs of the current one: the loads stay in flight across the row's reduction barrier and the
+// stores, and no barrier orders the buffers.
 template <class Cfg>
 __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
   using XT = typename Cfg::XT;
   using WT = typename Cfg::WT;
   using S = FwdShape<Cfg>;
   constexpr int kVec = Cfg::kVec;
+  constexpr int kStages = Cfg::kStages;
   constexpr bool kLayerNorm = Cfg::kNorm == NormKind::kLayerNorm;
   constexpr int kScratch = S::kThreads / 32;
   static_assert(Cfg::kRowsPerCta == 1 && S::kThreads > 32, "a pipelined row fills its CTA");
+  static_assert(kStages >= 2, "a pipelined row needs a buffer to fill while it works on another");
   __shared__ float sum_scratch[kScratch];
   __shared__ float2 pair_scratch[kScratch];
   __shared__ float2 cluster_slots[2];  // alternate per row (see cluster_sum)
   extern __shared__ __align__(16) unsigned char dynamic_shared[];
-  XT* const shared_rows = reinterpret_cast<XT*>(dynamic_shared);  // two buffers of kSegment
+  XT* const shared_rows = reinterpret_cast<XT*>(dynamic_shared);  // kStages buffers of kSegment
 
   const int lane = threadIdx.x;
   const int rank = blockIdx.x % S::kCluster;
   const int segment_col = rank * S::kSegment;
   const long long first = blockIdx.x / S::kCluster;
   const long long stride = gridDim.x / S::kCluster;
+  // Starts the copy of `row` into `buffer`; past the last row, an empty group, so that every
+  // row's copies are exactly kStages - 1 groups behind the newest (wait_async below).
   auto prefetch = [&](long long row, int buffer) {
-    const XT* x = static_cast<const XT*>(p.x) + row * p.row_stride + segment_col;
-    XT* const to = shared_rows + buffer * S::kSegment;
+    if (row < p.rows) {
+      const XT* x = static_cast<const XT*>(p.x) + row * p.row_stride + segment_col;
+      XT* const to = shared_rows + buffer * S::kSegment;
 #pragma unroll
-    for (int i = 0; i < S::kIters; ++i)
-      if (const int pack = i * S::kThreads + lane; pack < S::kVecs)
-        copy_async<XT, kVec>(to + pack * kVec, x + pack * kVec);
+      for (int i = 0; i < S::kIters; ++i)
+        if (const int pack = i * S::kThreads + lane; pack < S::kVecs)
+          copy_async<XT, kVec>(to + pack * kVec, x + pack * kVec);
+    }
     commit_async();
   };
-  if (first < p.rows) prefetch(first, 0);
-  int parity = 0;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) prefetch(first + s * stride, s);
+  int buffer = 0, parity = 0;
   for (long long row = first; row < p.rows; row += stride, parity ^= 1) {
-    // An empty group past the last row keeps one group per row (see norm_bwd_fused).
-    if (row + stride < p.rows)
-      prefetch(row + stride, parity ^ 1);
-    else
-      commit_async();
+    // The buffer behind this one held the previous row, which this thread alone read: refill it.
+    prefetch(row + (kStages - 1) * stride, buffer == 0 ? kStages - 1 : buffer - 1);
     const long long offset = row * p.row_stride + segment_col;
     const long long weight_offset =
         (Cfg::kPerGroupWeights ? group_of_row(row, p.rows_per_group) * Cfg::kN : 0) + segment_col;
@@ -318,8 +323,8 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
     XT* y = static_cast<XT*>(p.y) + offset;
     // Centered on the row's x[0], read from global memory: another thread copied it in.
     const float center = kLayerNorm ? to_float(static_cast<const XT*>(p.x)[row * p.row_stride]) : 0.f;
-    wait_async<1>();
-    const XT* const row_x = shared_rows + parity * S::kSegment;
+    wait_async<kStages - 1>();
+    const XT* const row_x = shared_rows + buffer * S::kSegment;
     float dev = 0.f, sq = 0.f;
     for (int base = 0; base < S::kIters; base += S::kChunk) {
       Pack<XT, kVec> chunk[S::kChunk];
@@ -339,10 +344,11 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
       }
     }
     write_row<Cfg>(p, row_x, lane, row, true, y, gamma, beta, center, shift, rstd, segment_col);
+    buffer = buffer == kStages - 1 ? 0 : buffer + 1;
     // The next row's reduction reuses the scratch (a cluster's barrier already orders it).
     if constexpr (S::kCluster == 1) __syncthreads();
   }
-  wait_async<0>();  // the trailing empty group
+  wait_async<0>();  // the trailing empty groups
   // A CTA's cluster slots must outlive the other CTAs' reads of them.
   if constexpr (S::kCluster > 1) {
     cluster_arrive();

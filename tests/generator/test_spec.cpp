@@ -239,6 +239,33 @@ TEST_CASE("shared memory per CTA of a shared-memory row: x, dy in the backward, 
                        doctest::Contains("row cache 'pipe' needs CTA-wide rows"), Error);
   CHECK_THROWS_WITH_AS(Spec::parse("layernorm.fwd_train.bf16.n65536.cfg_t1024_r1_v8_pipe"),
                        doctest::Contains("row cache 'pipe' would take 262144 bytes"), Error);
+  // pipe3 / pipe4: one buffer per stage, the dbeta sums still once.
+  CHECK(bytes("layernorm.fwd_train.bf16.w_bf16.n65536.bias.cfg_t256_r1_v8_c4_pipe4") ==
+        std::make_pair(int64_t(4 * 16384 * 2), false));
+  CHECK(bytes("rmsnorm.bwd.bf16.w_f32.n16384.cfg_t512_r1_v8_c2_pipe3") == std::make_pair(int64_t(3 * 8192 * 4), false));
+  CHECK(bytes("layernorm.bwd.bf16.w_f32.n12288.bias.cfg_t128_r1_v8_c2_pipe3") ==
+        std::make_pair(int64_t(6144 * (3 * 4 + 4)), true));
+  for (const char* text : {"layernorm.fwd_train.bf16.w_bf16.n65536.cfg_t256_r1_v8_c4_pipe4",
+                           "rmsnorm.bwd.bf16.w_f32.n16384.cfg_t512_r1_v8_c2_pipe3"}) {
+    CAPTURE(text);
+    CHECK(Spec::parse(text).str() == text);
+  }
+  CHECK(Spec::parse("rmsnorm.bwd.bf16.w_f32.n16384.cfg_t512_r1_v8_c2_pipe3").block->stages == 3);
+  CHECK(Spec::parse("rmsnorm.bwd.bf16.w_f32.n16384.cfg_t512_r1_v8_c2_pipe3") !=
+        Spec::parse("rmsnorm.bwd.bf16.w_f32.n16384.cfg_t512_r1_v8_c2_pipe"));
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.w_f32.n16384.cfg_t512_r1_v8_c2_pipe2"),
+                       doctest::Contains("spelled 'pipe', not 'pipe2'"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.w_f32.n16384.cfg_t512_r1_v8_c2_pipe5"),
+                       doctest::Contains("stages=5 must be 2-4 row buffers"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.w_f32.n16384.cfg_t512_r1_v8_c2_smem3"),
+                       doctest::Contains("row cache must be one of"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("layernorm.fwd_train.bf16.n65536.cfg_t512_r1_v8_c2_pipe4"),
+                       doctest::Contains("row cache 'pipe' would take 262144 bytes"), Error);
+  {
+    Spec s = Spec::parse("rmsnorm.bwd.bf16.w_f32.n16384.cfg_t512_r1_v8_smem");
+    s.block->stages = 3;  // only pipelined rows have buffers to count
+    CHECK_THROWS_WITH_AS(validate(s), doctest::Contains("stages=3 applies to pipelined rows (pipe) only"), Error);
+  }
   // 16 values per thread at 1024 threads, 24 at 768: both sums fit registers.
   CHECK(bytes("layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t1024_r1_v8_smem") == std::make_pair(int64_t(65536), false));
   CHECK(bytes("layernorm.bwd.bf16.w_f32.n18432.bias.cfg_t768_r1_v8_smem") == std::make_pair(int64_t(73728), false));

@@ -16,6 +16,7 @@ struct Cfg {
   static constexpr int kThreadsPerRow = 256;
   static constexpr int kRowsPerCta = 1;
   static constexpr int kCluster = 1;
+  static constexpr int kStages = 2;  // row buffers of a pipelined row
   static constexpr normjit::RowCache kCache = normjit::RowCache::kSharedPipelined;
   static constexpr bool kDbetaShared = false;
 };

@@ -17,6 +17,7 @@ struct Cfg {
   static constexpr int kThreadsPerRow = 1024;
   static constexpr int kRowsPerCta = 1;
   static constexpr int kCluster = 1;
+  static constexpr int kStages = 2;  // row buffers of a pipelined row
   static constexpr normjit::RowCache kCache = normjit::RowCache::kGlobal;
 };
 }  // namespace

@@ -64,7 +64,7 @@ TEST_CASE("pinned shared-memory rows (smem), alone and across clusters, match th
   }
 }
 
-TEST_CASE("pipelined rows (pipe): a persistent grid with two row buffers matches the reference") {
+TEST_CASE("pipelined rows (pipe, pipe3, pipe4): a persistent grid of 2-4 row buffers matches the reference") {
   for (const char* text : {"layernorm.fwd_train.bf16.w_bf16.n40960.bias.cfg_t1024_r1_v8_pipe",
                            "rmsnorm.fwd_train.bf16.w_f32.n49152.cfg_t1024_r1_v8_pipe",
                            "layernorm.fwd_infer.f16.w_f16.n8192.relu_bitmask.cfg_t256_r1_v8_pipe",
@@ -72,7 +72,12 @@ TEST_CASE("pipelined rows (pipe): a persistent grid with two row buffers matches
                            "layernorm.fwd_train.f32.w_f32.n4097.bias.cfg_t128_r1_v1_pipe",
                            "rmsnorm.fwd_train.bf16.w_bf16.n1000.cfg_t64_r1_v2_pipe",
                            "layernorm.fwd_train.bf16.w_bf16.n131072.bias.cfg_t1024_r1_v8_c4_pipe",
-                           "rmsnorm.fwd_train.bf16.w_bf16.n262144.bias.relu_bitmask.cfg_t1024_r1_v8_c8_pipe"}) {
+                           "rmsnorm.fwd_train.bf16.w_bf16.n262144.bias.relu_bitmask.cfg_t1024_r1_v8_c8_pipe",
+                           "layernorm.fwd_train.bf16.w_bf16.n65536.bias.cfg_t256_r1_v8_c4_pipe4",
+                           "rmsnorm.fwd_train.bf16.w_bf16.n40960.cfg_t512_r1_v8_c2_pipe3",
+                           "layernorm.fwd_train.f32.w_f32.n4097.bias.cfg_t128_r1_v1_pipe3",
+                           "adalayernorm.fwd_train.bf16.w_f32.n12288.bias.gelu.cfg_t384_r1_v8_pipe4",
+                           "rmsnorm.fwd_train.bf16.w_bf16.n262144.cfg_t512_r1_v8_c8_pipe3"}) {
     Case c = pinned_case(text, 100.0);
     // Several rows per CTA (cluster) of the persistent grid.
     c.rows = c.spec.n >= 131072 ? 3 * 67 : 3 * 331;
