@@ -295,6 +295,26 @@ if [[ ,$STAGE, == *,stages,* ]]; then
   lbl $RB.n131072 t1024_r1_v8_c8_pipe3
   run_ab stages
 fi
+if [[ ,$STAGE, == *,held,* ]]; then
+  # Pipelined forward rows of at most 512 threads now hold gamma / beta in registers (loaded once
+  # per CTA) instead of reading them per row: clusters of such CTAs against the heuristic's pick.
+  X=""; Y=""
+  lb $LF.n19456.bias t160_r1_v8_c4_pipe
+  lb $LF.n24576.bias t384_r1_v8_c2_pipe
+  lb $LF.n28672.bias t448_r1_v8_c2_pipe
+  lb $LF.n32768.bias t512_r1_v8_c2_pipe
+  lb $LF.n40960.bias t320_r1_v8_c4_pipe
+  lb $RF.n40960 t320_r1_v8_c4_pipe
+  lb $LF.n49152.bias t384_r1_v8_c4_pipe
+  lb $RF.n49152 t384_r1_v8_c4_pipe
+  lb $LF.n57344.bias t448_r1_v8_c4_pipe
+  lb $LF.n65536.bias t512_r1_v8_c4_pipe t256_r1_v8_c8_pipe t512_r1_v8_c4_pipe3
+  lb $RF.n65536 t512_r1_v8_c4_pipe t256_r1_v8_c8_pipe
+  lbl $LF.n98304.bias t384_r1_v8_c8_pipe
+  lbl $LF.n131072.bias t512_r1_v8_c8_pipe
+  lbl $RF.n131072 t512_r1_v8_c8_pipe
+  run_ab held
+fi
 if [[ ,$STAGE, == *,fwd2,* ]]; then
   # LayerNorm forward at 17408-20480: two CTAs per SM (512-thread register rows, or 544-576-thread
   # shared-memory rows) against the one-CTA register rows the heuristic took before.

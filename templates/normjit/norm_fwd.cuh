@@ -53,14 +53,24 @@ __device__ __forceinline__ float pack_count(int first_pack, int lane) {
   return count;
 }
 
+// gamma / beta packs a persistent CTA loads once into registers (kPacks > 0): its columns are the
+// same for every row. Shared-memory rows otherwise lose them from L1 (which gives way to shared
+// memory) and read them from L2 again on every row.
+template <class WT, int kVec, int kPacks>
+struct HeldWeights {
+  Pack<WT, kVec> g[kPacks > 0 ? kPacks : 1], b[kPacks > 0 ? kPacks : 1];
+};
+
 // Normalizes, applies the epilogue and stores kCount packs. Every lane of the row group runs the
 // loop (the epilogue may shuffle); only valid packs of active rows are read and written.
 // Pointers and columns are relative to the CTA's segment; the epilogue sees the row's column.
-template <class Cfg, int kCount, class XT, class WT, int kVec>
+// With kHeld packs of weights (first_pack a compile-time index then), gamma / beta come from `held`.
+template <class Cfg, int kCount, class XT, class WT, int kVec, int kHeld = 0>
 __device__ __forceinline__ void write_packs(const NormParams& p, const Pack<XT, kVec> (&packs)[kCount],
                                             int first_pack, int lane, long long row, bool active, XT* y,
                                             const WT* gamma, const WT* beta, float center, float shift,
-                                            float rstd, int segment_col) {
+                                            float rstd, int segment_col,
+                                            const HeldWeights<WT, kVec, kHeld>* held = nullptr) {
   using S = FwdShape<Cfg>;
 #pragma unroll
   for (int i = 0; i < kCount; ++i) {
@@ -69,9 +79,14 @@ __device__ __forceinline__ void write_packs(const NormParams& p, const Pack<XT, 
     const int col = pack * kVec;
     float out[kVec];
     if (valid) {
-      const Pack<WT, kVec> g = load_pack<WT, kVec>(gamma + col);
-      Pack<WT, kVec> b;
-      if constexpr (Cfg::kHasBias) b = load_pack<WT, kVec>(beta + col);
+      Pack<WT, kVec> g, b;
+      if constexpr (kHeld > 0) {
+        g = held->g[first_pack + i];
+        if constexpr (Cfg::kHasBias) b = held->b[first_pack + i];
+      } else {
+        g = load_pack<WT, kVec>(gamma + col);
+        if constexpr (Cfg::kHasBias) b = load_pack<WT, kVec>(beta + col);
+      }
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         // The mean is center + shift, kept as two floats: one rounded fp32 mean would cost
@@ -115,12 +130,15 @@ __device__ __forceinline__ void centered_stats(float dev, float sq, float eps, f
 }
 
 // The output pass over a row waiting in `source` (shared memory, or x again), kChunk packs at a time.
-template <class Cfg, class XT, class WT>
+template <class Cfg, class XT, class WT, int kHeld = 0>
 __device__ __forceinline__ void write_row(const NormParams& p, const XT* source, int lane, long long row, bool active,
                                           XT* y, const WT* gamma, const WT* beta, float center, float shift,
-                                          float rstd, int segment_col) {
+                                          float rstd, int segment_col,
+                                          const HeldWeights<WT, Cfg::kVec, kHeld>* held = nullptr) {
   using S = FwdShape<Cfg>;
   constexpr int kVec = Cfg::kVec;
+  // Held weights are indexed by pack: the chunks must unroll for them to stay in registers.
+#pragma unroll(kHeld > 0 ? S::kIters : 1)
   for (int base = 0; base < S::kIters; base += S::kChunk) {
     Pack<XT, kVec> chunk[S::kChunk];
 #pragma unroll
@@ -128,8 +146,8 @@ __device__ __forceinline__ void write_row(const NormParams& p, const XT* source,
       const int pack = (base + i) * S::kThreads + lane;
       if (active && pack < S::kVecs) chunk[i] = load_pack<XT, kVec>(source + pack * kVec);
     }
-    write_packs<Cfg, S::kChunk, XT, WT>(p, chunk, base, lane, row, active, y, gamma, beta, center, shift, rstd,
-                                        segment_col);
+    write_packs<Cfg, S::kChunk, XT, WT, kVec, kHeld>(p, chunk, base, lane, row, active, y, gamma, beta, center,
+                                                     shift, rstd, segment_col, held);
   }
 }
 
@@ -296,6 +314,23 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
   const int segment_col = rank * S::kSegment;
   const long long first = blockIdx.x / S::kCluster;
   const long long stride = gridDim.x / S::kCluster;
+  // Weights in registers where they take at most 32 of them over at most 4 packs (5 packs, or 8
+  // of gamma alone, spilled at 512 threads) and the CTA can give 128 per thread (at most 512
+  // threads); AdaLayerNorm's weights change with the row's group.
+  constexpr int kWeightRegs = S::kIters * (Cfg::kHasBias ? 2 : 1) * int(sizeof(Pack<WT, kVec>)) / 4;
+  constexpr int kHeld =
+      !Cfg::kPerGroupWeights && S::kThreads <= 512 && S::kIters <= 4 && kWeightRegs <= 32 ? S::kIters : 0;
+  HeldWeights<WT, kVec, kHeld> held;
+  if constexpr (kHeld > 0) {
+    const WT* gamma = static_cast<const WT*>(p.gamma) + segment_col;
+    const WT* beta = Cfg::kHasBias ? static_cast<const WT*>(p.beta) + segment_col : nullptr;
+#pragma unroll
+    for (int i = 0; i < kHeld; ++i)
+      if (const int pack = i * S::kThreads + lane; pack < S::kVecs) {
+        held.g[i] = load_pack<WT, kVec>(gamma + pack * kVec);
+        if constexpr (Cfg::kHasBias) held.b[i] = load_pack<WT, kVec>(beta + pack * kVec);
+      }
+  }
   // Starts the copy of `row` into `buffer`; past the last row, an empty group, so that every
   // row's copies are exactly kStages - 1 groups behind the newest (wait_async below).
   auto prefetch = [&](long long row, int buffer) {
@@ -343,7 +378,7 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
         p.rstd[row] = rstd;
       }
     }
-    write_row<Cfg>(p, row_x, lane, row, true, y, gamma, beta, center, shift, rstd, segment_col);
+    write_row<Cfg, XT, WT, kHeld>(p, row_x, lane, row, true, y, gamma, beta, center, shift, rstd, segment_col, &held);
     buffer = buffer == kStages - 1 ? 0 : buffer + 1;
     // The next row's reduction reuses the scratch (a cluster's barrier already orders it).
     if constexpr (S::kCluster == 1) __syncthreads();
