@@ -254,8 +254,29 @@ void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
   auto run = [&](CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned threads, const char* what) {
     if (gx == 0 || gy == 0 || gz == 0) return;
     const unsigned smem = f == function_ ? dynamic_smem_bytes_ : 0;
-    NORMJIT_CU_CTX(cuLaunchKernel(f, gx, gy, gz, threads, 1, 1, smem, stream, params, nullptr),
-                   std::string("launching ") + what + " of " + spec_string_);
+    if (f == function_ || !dependent_launch_) {
+      NORMJIT_CU_CTX(cuLaunchKernel(f, gx, gy, gz, threads, 1, 1, smem, stream, params, nullptr),
+                     std::string("launching ") + what + " of " + spec_string_);
+      return;
+    }
+    // The backward's second and third kernels: they may start once every CTA of the kernel
+    // before has begun (griddepcontrol.launch_dependents) and wait for its results themselves
+    // (griddepcontrol.wait), so the launch latency hides behind that kernel's tail.
+    CUlaunchAttribute dependent{};
+    dependent.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    dependent.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig config{};
+    config.gridDimX = gx;
+    config.gridDimY = gy;
+    config.gridDimZ = gz;
+    config.blockDimX = static_cast<unsigned>(threads);
+    config.blockDimY = config.blockDimZ = 1;
+    config.sharedMemBytes = smem;
+    config.hStream = stream;
+    config.attrs = &dependent;
+    config.numAttrs = 1;
+    NORMJIT_CU_CTX(cuLaunchKernelEx(&config, f, params, nullptr),
+                   std::string("launching ") + what + " of " + spec_string_ + " (programmatic dependent launch)");
   };
   if (!backward) {
     run(function_, forward_grid(a.rows), 1, 1, threads_per_cta_, "the kernel");
@@ -407,6 +428,12 @@ const Kernel& Runtime::get(const Spec& spec) {
   kernel->threads_per_cta_ = binary.threads_per_cta;
   kernel->rows_per_cta_ = binary.rows_per_cta;
   kernel->sm_count_ = device_.sm_count;
+  // NORMJIT_DEPENDENT_LAUNCH=0 launches the backward's kernels plainly (for A/B timing).
+  static const bool dependent_launch_allowed = [] {
+    const char* v = std::getenv("NORMJIT_DEPENDENT_LAUNCH");
+    return !(v && std::string_view(v) == "0");
+  }();
+  kernel->dependent_launch_ = target_.arch >= 90 && dependent_launch_allowed;
   if (in_shared_memory(resolved.block->cache)) {
     const int64_t bytes = shared_row_bytes(resolved, *resolved.block);
     int optin = 0;

@@ -315,6 +315,30 @@ if [[ ,$STAGE, == *,held,* ]]; then
   lbl $RF.n131072 t512_r1_v8_c8_pipe
   run_ab held
 fi
+if [[ ,$STAGE, == *,pdl,* ]]; then
+  # The backward's reduction launched as a programmatic dependent of the fused kernel (default)
+  # against a plain launch (NORMJIT_DEPENDENT_LAUNCH=0), alternating processes: M = 32768, and
+  # the launch-bound shapes under CUDA-graph replay.
+  B=""; for n in 256 1024 2048 4096 7168 16384; do B="$B $LB.n$n.bias $RB.n$n"; done
+  G="layernorm.bwd.f16.n768.bias layernorm.bwd.bf16.n768.bias rmsnorm.bwd.f16.n128 rmsnorm.bwd.bf16.n128"
+  for round in 1 2; do for mode in 1 0; do
+    NORMJIT_DEPENDENT_LAUNCH=$mode build/normjit-bench --rows 32768 --json "$OUT/pdl${mode}_r$round.json" $B > "$OUT/pdl${mode}_r$round.txt" 2>&1
+    NORMJIT_DEPENDENT_LAUNCH=$mode build/normjit-bench --graph --rows 4096 --json "$OUT/pdl${mode}_graph_r$round.json" $G 2>&1 \
+      | tee "$OUT/pdl${mode}_graph_r$round.txt" | grep -E "bwd" | sed "s/^/mode=$mode round=$round /"
+  done; done
+  python3 - "$OUT" <<'PY' | tee "$OUT/table_pdl.md"
+import json, sys
+out = sys.argv[1]
+runs = {(m, r): {x["spec"]: x for x in json.load(open(f"{out}/pdl{m}_r{r}.json"))["results"]} for m in (1, 0) for r in (1, 2)}
+print("| spec | dependent launch µs (r1 / r2) | plain µs (r1 / r2) | % copy dependent / plain (r1) |")
+print("|---|---|---|---|")
+for spec in runs[(1, 1)]:
+    a, b = [runs[(1, r)].get(spec) for r in (1, 2)], [runs[(0, r)].get(spec) for r in (1, 2)]
+    if None in a + b: continue
+    print(f"| {spec} | {a[0]['us']:.2f} / {a[1]['us']:.2f} | {b[0]['us']:.2f} / {b[1]['us']:.2f} | {a[0]['pct_copy']:.1f} / {b[0]['pct_copy']:.1f} |")
+PY
+  grep -iE "error|fail|exceed" "$OUT"/pdl*.txt | head
+fi
 if [[ ,$STAGE, == *,fwd2,* ]]; then
   # LayerNorm forward at 17408-20480: two CTAs per SM (512-thread register rows, or 544-576-thread
   # shared-memory rows) against the one-CTA register rows the heuristic took before.

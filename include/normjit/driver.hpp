@@ -28,6 +28,7 @@ namespace normjit {
   X(cuFuncSetAttribute)             \
   X(cuFuncGetAttribute)             \
   X(cuLaunchKernel)                 \
+  X(cuLaunchKernelEx)               \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor) \
   X(cuOccupancyMaxActiveClusters)   \
   X(cuGetErrorName)                 \

@@ -100,6 +100,9 @@ class Kernel {
   unsigned dynamic_smem_bytes_ = 0;  // smem and pipe rows: shared_row_bytes()
   int resident_ctas_ = 0;          // function_'s CTAs (clusters, when clustered) resident on the GPU at once
   int sm_count_ = 0;
+  // sm_90+: the backward's later kernels are launched as programmatic dependents of the one
+  // before, so their launch overlaps its tail; they wait for its results on the device.
+  bool dependent_launch_ = false;
 };
 
 struct RuntimeCounters {

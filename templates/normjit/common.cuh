@@ -115,6 +115,21 @@ __device__ __forceinline__ void copy_async(T* shared_dst, const T* global_src) {
       asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(global_src), "n"(kBytes) : "memory");
   }
 }
+// Programmatic dependent launch (sm_90+; no-ops elsewhere, and when the host launched the next
+// kernel plainly). allow_dependent_launch: the next kernel in the stream may begin launching now.
+// wait_for_prerequisites: blocks until the kernels this one depends on have finished and their
+// writes are visible; everything that reads their results comes after it.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prerequisites() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Closes the group of copies issued since the last commit.
 __device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most kPending committed groups of this thread are still in flight.

@@ -100,6 +100,7 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   XT* const shared_rows = reinterpret_cast<XT*>(dynamic_shared);
   float* const shared_b = reinterpret_cast<float*>(shared_rows + 2 * kBuffers * S::kSegment);
 
+  allow_dependent_launch();  // the reduction waits for this kernel's partials itself
   const int lane = threadIdx.x % S::kThreads;
   const int row_in_cta = threadIdx.x / S::kThreads;
   const long long group = blockIdx.y;
@@ -337,6 +338,7 @@ __device__ __forceinline__ void norm_bwd_rowsums(const NormParams& p) {
   constexpr bool kLayerNorm = Cfg::kNorm == NormKind::kLayerNorm;
   static_assert(Cfg::kRowsPerCta == 1, "the split route streams one row per CTA");
   __shared__ float2 pair_scratch[S::kThreads > 32 ? S::kThreads / 32 : 1];
+  allow_dependent_launch();  // the column tiles wait for the row sums themselves
   const int lane = threadIdx.x;
   const long long row = blockIdx.x;
   const long long weight_offset = Cfg::kPerGroupWeights ? group_of_row(row, p.rows_per_group) * Cfg::kN : 0;
@@ -390,6 +392,8 @@ __device__ __forceinline__ void norm_bwd_tiles(const NormParams& p) {
   using S = BwdShape<Cfg>;
   constexpr int kVec = Cfg::kVec;
   constexpr bool kLayerNorm = Cfg::kNorm == NormKind::kLayerNorm;
+  allow_dependent_launch();
+  wait_for_prerequisites();  // the row sums
   const int pack = blockIdx.x * S::kTileThreads + threadIdx.x;
   if (pack >= S::kVecs) return;  // no barriers or shuffles below
   const int col = pack * kVec;
@@ -443,6 +447,7 @@ __device__ __forceinline__ void norm_bwd_reduce(const NormParams& p) {
   using WT = typename Cfg::WT;
   constexpr int kSlotLanes = BwdShape<Cfg>::kReduceThreads / 32;
   __shared__ float fold[2][kSlotLanes][33];
+  wait_for_prerequisites();  // the partials
   const int c = threadIdx.x % 32;
   const int slot_lane = threadIdx.x / 32;
   const int col = blockIdx.x * 32 + c;
