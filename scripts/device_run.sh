@@ -339,6 +339,40 @@ for spec in runs[(1, 1)]:
 PY
   grep -iE "error|fail|exceed" "$OUT"/pdl*.txt | head
 fi
+if [[ ,$STAGE, == *,csum,* ]]; then
+  # Clustered rows: the row-sum exchange released by its one writer (default) against a release
+  # arrive by every thread (-DNORMJIT_CLUSTER_RELEASE_ALL), alternating processes, two rounds.
+  X=""; Y=""
+  for n in 32768 40960 57344 65536; do X="$X $LB.n$n.bias"; done
+  for n in 40960 49152 57344 65536; do X="$X $RB.n$n"; done
+  X="$X $LF.n57344.bias $RF.n57344"
+  X="$X $LF.n65536.bias.cfg_t512_r1_v8_c4_pipe $LF.n65536.bias.cfg_t512_r1_v8_c4_smem $LF.n65536.bias.cfg_t256_r1_v8_c4_pipe4"
+  X="$X $RF.n65536.cfg_t512_r1_v8_c4_pipe $LF.n40960.bias.cfg_t320_r1_v8_c4_pipe $LF.n49152.bias.cfg_t512_r1_v8_c2_smem"
+  X="$X $LB.n16384.bias.cfg_t512_r1_v8_c2_pipe3 $LB.n16384.bias.cfg_t512_r1_v8_c2_pipe $LB.n20480.bias.cfg_t640_r1_v8_c2_pipe3"
+  X="$X $LB.n28672.bias.cfg_t896_r1_v8_c2_pipe $RB.n16384.cfg_t512_r1_v8_c2_pipe3"
+  for n in 81920 98304 131072 262144; do Y="$Y $LF.n$n.bias $RF.n$n $LB.n$n.bias $RB.n$n"; done
+  for round in 1 2; do for mode in new old; do
+    opt=$([[ $mode == old ]] && echo "-DNORMJIT_CLUSTER_RELEASE_ALL")
+    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 32768 --json "$OUT/csum_${mode}_r$round.json" $X > "$OUT/csum_${mode}_r$round.txt" 2>&1
+    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 4096 --json "$OUT/csum_${mode}_large_r$round.json" $Y > "$OUT/csum_${mode}_large_r$round.txt" 2>&1
+  done; done
+  python3 - "$OUT" <<'PY' | tee "$OUT/table_csum.md"
+import json, sys
+out = sys.argv[1]
+def load(mode, r):
+    d = {}
+    for f in (f"csum_{mode}_r{r}.json", f"csum_{mode}_large_r{r}.json"):
+        d.update({x["spec"]: x for x in json.load(open(f"{out}/{f}"))["results"]})
+    return d
+new1, new2, old1, old2 = load("new", 1), load("new", 2), load("old", 1), load("old", 2)
+print("| spec | writer-released % copy (r1 / r2) | all-released % copy (r1 / r2) |")
+print("|---|---|---|")
+for spec in new1:
+    if spec in old1 and spec in new2 and spec in old2:
+        print(f"| {spec} | {new1[spec]['pct_copy']:.1f} / {new2[spec]['pct_copy']:.1f} | {old1[spec]['pct_copy']:.1f} / {old2[spec]['pct_copy']:.1f} |")
+PY
+  grep -iE "error|fail|exceed" "$OUT"/csum*.txt | head
+fi
 if [[ ,$STAGE, == *,fwd2,* ]]; then
   # LayerNorm forward at 17408-20480: two CTAs per SM (512-thread register rows, or 544-576-thread
   # shared-memory rows) against the one-CTA register rows the heuristic took before.

@@ -178,13 +178,24 @@ __device__ __forceinline__ unsigned cluster_address(const void* local, unsigned 
 // Sums a pair of per-CTA values over the kCluster CTAs of a cluster, in rank order, so every CTA
 // gets the same bits. Each CTA passes its own shared `slot`; nothing may rewrite it until all
 // CTAs have passed their next cluster barrier (callers alternate two slots, or wait at exit).
+// Only the slot's writer releases it (a cluster-scope fence, then a relaxed arrive): a release
+// arrive by every thread would also wait for each thread's earlier global stores (the previous
+// row's output) to be performed. NORMJIT_CLUSTER_RELEASE_ALL restores that, for A/B timing.
 template <int kCluster>
 __device__ __forceinline__ float2 cluster_sum(float2 v, float2* slot) {
   if constexpr (kCluster == 1) {
     return v;
   } else {
+#ifdef NORMJIT_CLUSTER_RELEASE_ALL
     if (threadIdx.x == 0) *slot = v;
     cluster_arrive();
+#else
+    if (threadIdx.x == 0) {
+      *slot = v;
+      asm volatile("fence.acq_rel.cluster;" ::: "memory");
+    }
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
     cluster_wait();
     float2 total = make_float2(0.f, 0.f);
 #pragma unroll
