@@ -373,6 +373,28 @@ for spec in new1:
 PY
   grep -iE "error|fail|exceed" "$OUT"/csum*.txt | head
 fi
+if [[ ,$STAGE, == *,clusters2,* ]]; then
+  # After the writer-released cluster sums: 2-8-CTA pipelined rows of two packs per thread
+  # against the heuristic's pick, pinned by cfg in one process.
+  X=""; Y=""
+  lb $LB.n12288.bias t384_r1_v8_c2_pipe
+  lb $LB.n18432.bias t576_r1_v8_c2_pipe
+  lb $LB.n20480.bias t640_r1_v8_c2_pipe
+  lb $RB.n20480 t640_r1_v8_c2_pipe
+  lb $LB.n24576.bias t768_r1_v8_c2_pipe
+  lb $LB.n28672.bias t896_r1_v8_c2_pipe
+  lb $RB.n28672 t896_r1_v8_c2_pipe
+  lb $LB.n40960.bias t640_r1_v8_c4_pipe
+  lb $LB.n49152.bias t768_r1_v8_c4_pipe
+  lb $RB.n49152 t768_r1_v8_c4_pipe
+  lb $LF.n40960.bias t640_r1_v8_c2_smem
+  lb $LF.n65536.bias t1024_r1_v8_c2_smem t1024_r1_v8_c2_pipe t512_r1_v8_c4_smem
+  lbl $RB.n81920 t640_r1_v8_c8_pipe
+  lbl $LB.n98304.bias t768_r1_v8_c8_pipe
+  lbl $RB.n98304 t768_r1_v8_c8_pipe
+  lbl $RB.n131072 t1024_r1_v8_c8_pipe
+  run_ab clusters2
+fi
 if [[ ,$STAGE, == *,fwd2,* ]]; then
   # LayerNorm forward at 17408-20480: two CTAs per SM (512-thread register rows, or 544-576-thread
   # shared-memory rows) against the one-CTA register rows the heuristic took before.
