@@ -57,6 +57,9 @@ constexpr int kClusterThreads = 1024;
 //   from 81.9 to 62.9 %, and below 1024 threads it lost (LN 18432 t768, RMS 20480 t864, LN 24576
 //   c2 t768: 2-7 points).
 constexpr int64_t kBackwardPipeBytes = 160 * 1024;
+// Fewest threads per CTA of the 2-CTA pipelined rows that replace one CTA keeping dbeta sums in
+// shared memory (see backward_large_row).
+constexpr int kDbetaClusterMinThreads = 896;
 // - Register rows of 2 packs per thread at these thread counts (pipelined rows hold only the
 //   sums in registers: 64-71 registers instead of 96-122, so 2-4 CTAs per SM). LN with dbeta: 3584
 //   84.8 -> 89.0 %, 4096 87.8 -> 88.6, 7168 81.4 -> 85.1, 8192 85.1 -> 93.8; RMS 8192 85.9 -> 93.9.
@@ -108,6 +111,20 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
     return c.threads_per_row == kClusterThreads && sixteen_byte_packs(s, vec) &&
            shared_row_bytes(s, c) <= kBackwardPipeBytes;
   };
+  // With dbeta, where one CTA of 896-1024 threads would keep the dbeta sums in shared memory, a
+  // 2-CTA pipelined cluster of 2 packs per thread (both sums in registers) measured faster once the
+  // cluster sums stopped waiting on every thread's stores (bf16, H100, session 6: 28672 c2 t896
+  // 73.9 -> 84.5 %); at 768 threads it tied (24576: 79.9 -> 80.4 %) and at 640 lost (20480: 83.4
+  // -> 75.9 %), so from kDbetaClusterMinThreads on.
+  if (s.has_bias && t <= 1024 && fits(b) && dbeta_sums_in_shared(s, b) && packs % 2 == 0) {
+    BlockConfig pair = b;
+    pair.cluster = 2;
+    pair.cache = RowCache::kSharedPipelined;
+    pair.threads_per_row = static_cast<int>(round_up((packs / 2 + 1) / 2, 32));
+    if (pair.threads_per_row >= kDbetaClusterMinThreads && pair.threads_per_row <= kClusterThreads &&
+        sixteen_byte_packs(s, vec) && !dbeta_sums_in_shared(s, pair) && shared_row_bytes(s, pair) <= kBackwardPipeBytes)
+      return pair;
+  }
   if (t <= 1024 && fits(b)) {
     if (pipe_fits(b)) b.cache = RowCache::kSharedPipelined;
     return b;

@@ -203,10 +203,13 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n65536") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n262144") == BlockConfig{1024, 1, 8, RowCache::kShared, 8});
   // With dbeta, past 24 values per thread (16 above 768 threads) the dbeta sums join x and dy in
-  // shared memory: one CTA up to N = 28672, then clusters whose segments split evenly.
+  // shared memory: one CTA up to N = 26624 (832 threads), then a 2-CTA pipelined cluster of 2 packs
+  // per thread once that takes 896 threads or more, then clusters whose segments split evenly.
   CHECK(block("layernorm.bwd.bf16.w_f32.n20480.bias") == BlockConfig{864, 1, 8, RowCache::kShared});
   CHECK(block("layernorm.bwd.bf16.w_f32.n24576.bias") == BlockConfig{1024, 1, 8, RowCache::kShared});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n28672.bias") == BlockConfig{896, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n26624.bias") == BlockConfig{832, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n28672.bias") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 2});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n28672") == BlockConfig{896, 1, 8, RowCache::kShared});  // no dbeta sums
   CHECK(block("layernorm.bwd.bf16.w_f32.n49152.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
   CHECK(block("layernorm.bwd.bf16.w_f32.n98304.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
   CHECK(block("layernorm.bwd.bf16.w_f32.n40960.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4});
