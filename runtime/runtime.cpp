@@ -422,6 +422,12 @@ const Kernel& Runtime::get(const Spec& spec) {
   } else {
     kernel->function_ = function("");
   }
+  for (CUfunction f : {kernel->function_, kernel->tiles_, kernel->reduce_}) {
+    if (!f) continue;
+    int local = 0;
+    NORMJIT_CU_CTX(cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f), "reading the local memory of " + name);
+    kernel->local_memory_bytes_ = std::max(kernel->local_memory_bytes_, local);
+  }
   kernel->context_ = context_;
   kernel->spec_ = resolved;
   kernel->spec_string_ = name;

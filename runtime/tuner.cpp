@@ -105,6 +105,12 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
     s.block = candidates[c];
     try {
       const Kernel& k = get(s);
+      // Pruned: a candidate that spills (the heuristic's own config is always timed).
+      if (c > 0 && k.local_memory_bytes() > 0) {
+        detail::log().info("tuning {}: pruned {}: {} bytes of local memory per thread", spec.str(), s.str(),
+                           k.local_memory_bytes());
+        continue;
+      }
       // Median of 7 batches of 5 launches after 5 warm-up launches.
       const double us = detail::time_median_us(5, 7, 5, [&](int) { k.launch(a); });
       if (c == 0) heuristic_us = us;

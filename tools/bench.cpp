@@ -414,13 +414,22 @@ int main(int argc, char** argv) {
         const auto t_spec = Clock::now();
         double heuristic_us = 0, best_us = 0;
         nj::BlockConfig best{};
-        int timed = 0, skipped = 0;
+        int timed = 0, skipped = 0, pruned = 0;
         for (const nj::BlockConfig& b : nj::candidate_configs(base, rt.target().arch, 16, max_candidates)) {
           if (timed > 0 && std::chrono::duration<double>(Clock::now() - t_spec).count() > budget_s) break;
           nj::Spec candidate = base;
           candidate.block = b;
           nlohmann::json row;
           try {
+            // Pruned without timing: a candidate that spills (the heuristic's own config is timed).
+            if (timed > 0) {
+              if (const int local = rt.get(candidate).local_memory_bytes(); local > 0) {
+                std::fprintf(stderr, "normjit-tune: pruned %s: %d bytes of local memory per thread\n",
+                             candidate.str().c_str(), local);
+                ++pruned;
+                continue;
+              }
+            }
             row = measure(candidate.str(), si++);
           } catch (const nj::Error& e) {  // e.g. more shared memory than this device has
             std::fprintf(stderr, "normjit-tune: skipping %s: %s\n", candidate.str().c_str(), e.what());
@@ -451,8 +460,8 @@ int main(int argc, char** argv) {
         nj::Spec won = base;
         won.block = best;
         char line[512];
-        std::snprintf(line, sizeof(line), "%-58s %10.2f %10.2f %7.3fx  %3d timed %2d skipped  %s", base.str().c_str(),
-                      heuristic_us, best_us, heuristic_us / best_us, timed, skipped,
+        std::snprintf(line, sizeof(line), "%-58s %10.2f %10.2f %7.3fx  %3d timed %2d skipped %2d pruned  %s",
+                      base.str().c_str(), heuristic_us, best_us, heuristic_us / best_us, timed, skipped, pruned,
                       won.str().substr(won.str().find(".cfg_") + 5).c_str());
         summary.push_back(line);
       }

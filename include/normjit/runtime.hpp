@@ -68,6 +68,9 @@ class Kernel {
   // Backward scratch for these sizes (0 for forward).
   size_t workspace_bytes(int64_t rows, int64_t rows_per_batch = 0) const;
   int threads_per_cta() const { return threads_per_cta_; }
+  // Local memory per thread (stack frame and register spills) of the spec's kernels, the largest of
+  // them: 0 for every configuration the heuristic picks (CI gates it); tuners skip candidates above 0.
+  int local_memory_bytes() const { return local_memory_bytes_; }
   // What launch() hands cuLaunchKernel for a forward spec (the function, grid, block, dynamic
   // shared memory and packed parameters), so a caller can time a raw cuLaunchKernel of it.
   struct RawLaunch {
@@ -103,6 +106,7 @@ class Kernel {
   // sm_90+: the backward's later kernels are launched as programmatic dependents of the one
   // before, so their launch overlaps its tail; they wait for its results on the device.
   bool dependent_launch_ = false;
+  int local_memory_bytes_ = 0;
 };
 
 struct RuntimeCounters {

@@ -191,6 +191,14 @@ TEST_CASE("explicit launch arguments are validated before any launch") {
   CHECK_THROWS_WITH_AS(k.launch(a), doctest::Contains("x is null"), Error);
 }
 
+TEST_CASE("local memory per kernel: what the tuners prune by") {
+  // ptxas (CPU suite, tests/runtime/test_compile.cpp) reports an 8-byte stack frame and 4 bytes of
+  // spill stores for this config (one of the default manifest's known spills), none for the others.
+  CHECK(runtime().get(Spec::parse("rmsnorm.bwd.f32.w_f32.n4096.cfg_t256_r1_v4_reg")).local_memory_bytes() > 0);
+  CHECK(runtime().get(Spec::parse("rmsnorm.bwd.bf16.w_f32.n4096")).local_memory_bytes() == 0);
+  CHECK(runtime().get(Spec::parse("layernorm.fwd_train.bf16.w_bf16.n4096.bias")).local_memory_bytes() == 0);
+}
+
 TEST_CASE("tune on a miss: the winner is recorded, never slower than the heuristic, and read back in db mode") {
   (void)runtime();  // the shared runtime exists before the environment says "tune"
   const std::filesystem::path db =
