@@ -77,7 +77,10 @@ TEST_CASE("pipelined rows (pipe, pipe3, pipe4): a persistent grid of 2-4 row buf
                            "rmsnorm.fwd_train.bf16.w_bf16.n40960.cfg_t512_r1_v8_c2_pipe3",
                            "layernorm.fwd_train.f32.w_f32.n4097.bias.cfg_t128_r1_v1_pipe3",
                            "adalayernorm.fwd_train.bf16.w_f32.n12288.bias.gelu.cfg_t384_r1_v8_pipe4",
-                           "rmsnorm.fwd_train.bf16.w_bf16.n262144.cfg_t512_r1_v8_c8_pipe3"}) {
+                           "rmsnorm.fwd_train.bf16.w_bf16.n262144.cfg_t512_r1_v8_c8_pipe3",
+                           // gamma and beta held in registers (<= 512 threads, <= 4 packs)
+                           "layernorm.fwd_train.bf16.w_bf16.n65536.bias.cfg_t512_r1_v8_c4_pipe",
+                           "layernorm.fwd_train.f16.w_f16.n12288.bias.cfg_t384_r1_v8_pipe3"}) {
     Case c = pinned_case(text, 100.0);
     // Several rows per CTA (cluster) of the persistent grid.
     c.rows = c.spec.n >= 131072 ? 3 * 67 : 3 * 331;
