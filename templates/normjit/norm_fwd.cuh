@@ -11,6 +11,18 @@ namespace normjit {
 template <class Cfg>
 using FwdShape = RowShape<Cfg>;
 
+// This lane's packs of iterations first_pack..first_pack + kCount - 1 of a row (segment) at
+// `source`; packs past the segment, and all of an inactive row's, are left unread.
+template <class Cfg, int kCount, class XT, int kVec>
+__device__ __forceinline__ void load_chunk(Pack<XT, kVec> (&packs)[kCount], const XT* source, int first_pack, int lane,
+                                           bool active) {
+  using S = FwdShape<Cfg>;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i)
+    if (const int pack = (first_pack + i) * S::kThreads + lane; active && pack < S::kVecs)
+      packs[i] = load_pack<XT, kVec>(source + pack * kVec);
+}
+
 // Σ (x - center) and Σ ((x - center) - shift)^2 over the valid elements of kCount packs.
 // Subtracting `center` first keeps large offsets (x = 1e4 + noise) out of the sums.
 template <class Cfg, int kCount, class XT, int kVec>
@@ -141,11 +153,7 @@ __device__ __forceinline__ void write_row(const NormParams& p, const XT* source,
 #pragma unroll(kHeld > 0 ? S::kIters : 1)
   for (int base = 0; base < S::kIters; base += S::kChunk) {
     Pack<XT, kVec> chunk[S::kChunk];
-#pragma unroll
-    for (int i = 0; i < S::kChunk; ++i) {
-      const int pack = (base + i) * S::kThreads + lane;
-      if (active && pack < S::kVecs) chunk[i] = load_pack<XT, kVec>(source + pack * kVec);
-    }
+    load_chunk<Cfg>(chunk, source, base, lane, active);
     write_packs<Cfg, S::kChunk, XT, WT, kVec, kHeld>(p, chunk, base, lane, row, active, y, gamma, beta, center,
                                                      shift, rstd, segment_col, held);
   }
@@ -244,11 +252,7 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
     Moments local{0.f, 0.f, 0.f};
     for (int base = 0; base < S::kIters; base += S::kChunk) {
       Pack<XT, kVec> chunk[S::kChunk];
-#pragma unroll
-      for (int i = 0; i < S::kChunk; ++i) {
-        const int pack = (base + i) * S::kThreads + lane;
-        if (active && pack < S::kVecs) chunk[i] = load_pack<XT, kVec>(x + pack * kVec);
-      }
+      load_chunk<Cfg>(chunk, x, base, lane, active);
       if (!active) continue;
       if constexpr (kLayerNorm) {
         const float count = pack_count<Cfg, S::kChunk>(base, lane);
@@ -363,10 +367,7 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
     float dev = 0.f, sq = 0.f;
     for (int base = 0; base < S::kIters; base += S::kChunk) {
       Pack<XT, kVec> chunk[S::kChunk];
-#pragma unroll
-      for (int i = 0; i < S::kChunk; ++i)
-        if (const int pack = (base + i) * S::kThreads + lane; pack < S::kVecs)
-          chunk[i] = load_pack<XT, kVec>(row_x + pack * kVec);
+      load_chunk<Cfg>(chunk, row_x, base, lane, true);
       if constexpr (kLayerNorm) dev += pack_sum<Cfg, S::kChunk>(chunk, base, lane, center);
       sq += pack_sq_dev<Cfg, S::kChunk>(chunk, base, lane, center, 0.f);
     }
