@@ -326,17 +326,7 @@ if [[ ,$STAGE, == *,pdl,* ]]; then
     NORMJIT_DEPENDENT_LAUNCH=$mode build/normjit-bench --graph --rows 4096 --json "$OUT/pdl${mode}_graph_r$round.json" $G 2>&1 \
       | tee "$OUT/pdl${mode}_graph_r$round.txt" | grep -E "bwd" | sed "s/^/mode=$mode round=$round /"
   done; done
-  python3 - "$OUT" <<'PY' | tee "$OUT/table_pdl.md"
-import json, sys
-out = sys.argv[1]
-runs = {(m, r): {x["spec"]: x for x in json.load(open(f"{out}/pdl{m}_r{r}.json"))["results"]} for m in (1, 0) for r in (1, 2)}
-print("| spec | dependent launch µs (r1 / r2) | plain µs (r1 / r2) | % copy dependent / plain (r1) |")
-print("|---|---|---|---|")
-for spec in runs[(1, 1)]:
-    a, b = [runs[(1, r)].get(spec) for r in (1, 2)], [runs[(0, r)].get(spec) for r in (1, 2)]
-    if None in a + b: continue
-    print(f"| {spec} | {a[0]['us']:.2f} / {a[1]['us']:.2f} | {b[0]['us']:.2f} / {b[1]['us']:.2f} | {a[0]['pct_copy']:.1f} / {b[0]['pct_copy']:.1f} |")
-PY
+  python3 bench/ab_rounds.py "dependent launch" plain "$OUT"/pdl1_r{1,2}.json "$OUT"/pdl0_r{1,2}.json | tee "$OUT/table_pdl.md"
   grep -iE "error|fail|exceed" "$OUT"/pdl*.txt | head
 fi
 if [[ ,$STAGE, == *,csum,* ]]; then
@@ -356,21 +346,9 @@ if [[ ,$STAGE, == *,csum,* ]]; then
     NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 32768 --json "$OUT/csum_${mode}_r$round.json" $X > "$OUT/csum_${mode}_r$round.txt" 2>&1
     NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 4096 --json "$OUT/csum_${mode}_large_r$round.json" $Y > "$OUT/csum_${mode}_large_r$round.txt" 2>&1
   done; done
-  python3 - "$OUT" <<'PY' | tee "$OUT/table_csum.md"
-import json, sys
-out = sys.argv[1]
-def load(mode, r):
-    d = {}
-    for f in (f"csum_{mode}_r{r}.json", f"csum_{mode}_large_r{r}.json"):
-        d.update({x["spec"]: x for x in json.load(open(f"{out}/{f}"))["results"]})
-    return d
-new1, new2, old1, old2 = load("new", 1), load("new", 2), load("old", 1), load("old", 2)
-print("| spec | writer-released % copy (r1 / r2) | all-released % copy (r1 / r2) |")
-print("|---|---|---|")
-for spec in new1:
-    if spec in old1 and spec in new2 and spec in old2:
-        print(f"| {spec} | {new1[spec]['pct_copy']:.1f} / {new2[spec]['pct_copy']:.1f} | {old1[spec]['pct_copy']:.1f} / {old2[spec]['pct_copy']:.1f} |")
-PY
+  python3 bench/ab_rounds.py writer-released all-released "$OUT"/csum_new_r1.json,"$OUT"/csum_new_large_r1.json \
+    "$OUT"/csum_new_r2.json,"$OUT"/csum_new_large_r2.json "$OUT"/csum_old_r1.json,"$OUT"/csum_old_large_r1.json \
+    "$OUT"/csum_old_r2.json,"$OUT"/csum_old_large_r2.json | tee "$OUT/table_csum.md"
   grep -iE "error|fail|exceed" "$OUT"/csum*.txt | head
 fi
 if [[ ,$STAGE, == *,clusters2,* ]]; then
