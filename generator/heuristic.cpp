@@ -106,10 +106,10 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
   if (s.has_bias && t > 1024) t = threads_for(24) <= 1024 ? threads_for(24) : threads_for(32);
   if (!s.has_bias && t > 512 && t < 768) t = threads_for(24);
   b.threads_per_row = static_cast<int>(std::min<int64_t>(t, 1024));
+  // Pipelined rows as measured: 16-byte packs, two buffers within kBackwardPipeBytes.
   auto pipe_fits = [&](BlockConfig c) {
     c.cache = RowCache::kSharedPipelined;
-    return c.threads_per_row == kClusterThreads && sixteen_byte_packs(s, vec) &&
-           shared_row_bytes(s, c) <= kBackwardPipeBytes;
+    return sixteen_byte_packs(s, vec) && shared_row_bytes(s, c) <= kBackwardPipeBytes;
   };
   // With dbeta, where one CTA of 896-1024 threads would keep the dbeta sums in shared memory, a
   // 2-CTA pipelined cluster of 2 packs per thread (both sums in registers) measured faster once the
@@ -122,11 +122,11 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
     pair.cache = RowCache::kSharedPipelined;
     pair.threads_per_row = static_cast<int>(round_up((packs / 2 + 1) / 2, 32));
     if (pair.threads_per_row >= kDbetaClusterMinThreads && pair.threads_per_row <= kClusterThreads &&
-        sixteen_byte_packs(s, vec) && !dbeta_sums_in_shared(s, pair) && shared_row_bytes(s, pair) <= kBackwardPipeBytes)
+        !dbeta_sums_in_shared(s, pair) && pipe_fits(pair))
       return pair;
   }
   if (t <= 1024 && fits(b)) {
-    if (pipe_fits(b)) b.cache = RowCache::kSharedPipelined;
+    if (b.threads_per_row == kClusterThreads && pipe_fits(b)) b.cache = RowCache::kSharedPipelined;
     return b;
   }
   // A cluster shares the row: the fewest 1024-thread CTAs that hold it in shared memory at up to
