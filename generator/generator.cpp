@@ -115,6 +115,7 @@ GeneratedSource generate(const Spec& spec) {
     const bool two_ctas = b.rows_per_cta == 1 && b.threads_per_row == 512 && b.cluster == 1 &&
                           (b.cache == RowCache::kRegisters ||
                            (b.cache == RowCache::kShared && 2 * shared_row_bytes(spec, b) <= kMaxSharedRowBytes));
+    values["LAUNCH_BOUNDS"] = two_ctas ? "__launch_bounds__" : "NORMJIT_LAUNCH_BOUNDS";
     values["MIN_CTAS_PER_SM"] = two_ctas ? ", 2" : "";
   }
   g.source = render(template_text(backward ? "norm_bwd.cu.in" : "norm_fwd.cu.in"), values, name);

@@ -209,7 +209,7 @@ std::string DiskCache::key(const GeneratedSource& src, const Target& target) {
     XXH3_128bits_update(st, &n, sizeof(n));
     XXH3_128bits_update(st, s.data(), s.size());
   };
-  add("normjit-cache-key-v1");
+  add("normjit-cache-key-v2");  // v2: a spilling kernel is compiled again (compile)
   add(version());
   add(std::to_string(nvrtc_version()));
   add(target.str());

@@ -74,7 +74,9 @@ std::vector<std::string> compile_options(const Target& target, bool* emits_ptx) 
   if (emits_ptx) *emits_ptx = ptx;
   // --minimal skips the implicit CUDA runtime headers NVRTC would otherwise parse (most of a
   // small kernel's compile time); the templates need only built-ins.
+  // -v: the ptxas resource report in the log, read to catch local-memory spills (see compile).
   std::vector<std::string> options{arch_flag, "-std=c++17", "--minimal", "-DNORMJIT_JIT=1"};
+  if (!ptx) options.push_back("--ptxas-options=-v");
   // For experiments (e.g. -Ofc=mid); these enter the cache key like every other option.
   if (const char* extra = std::getenv("NORMJIT_NVRTC_EXTRA_OPTIONS"); extra && *extra) {
     std::istringstream words(extra);
@@ -83,18 +85,21 @@ std::vector<std::string> compile_options(const Target& target, bool* emits_ptx) 
   return options;
 }
 
-CompileResult compile(const GeneratedSource& src, const Target& target, const std::vector<std::string>& extra_options) {
-  const auto start = std::chrono::steady_clock::now();
-  bool ptx = false;
-  std::vector<std::string> options = compile_options(target, &ptx);
-  options.insert(options.end(), extra_options.begin(), extra_options.end());
+namespace {
+
+struct NvrtcOutput {
+  std::vector<char> image;
+  std::string log;
+};
+
+NvrtcOutput run_nvrtc(const GeneratedSource& src, const std::vector<std::string>& options, bool ptx,
+                      const std::string& ctx) {
   const auto& headers = device_headers();
   std::vector<const char*> header_text, header_names;
   for (const auto& [name, text] : headers) {
     header_names.push_back(name.c_str());
     header_text.push_back(text.c_str());
   }
-  const std::string ctx = "compiling " + src.spec + " for " + target.str();
   nvrtcProgram prog = nullptr;
   NORMJIT_NVRTC(nvrtcCreateProgram(&prog, src.source.c_str(), (src.kernel_name + ".cu").c_str(),
                                    static_cast<int>(headers.size()), header_text.data(), header_names.data()),
@@ -107,42 +112,84 @@ CompileResult compile(const GeneratedSource& src, const Target& target, const st
   std::vector<const char*> opts;
   for (const auto& o : options) opts.push_back(o.c_str());
   const nvrtcResult res = nvrtcCompileProgram(prog, static_cast<int>(opts.size()), opts.data());
+  NvrtcOutput out;
   size_t log_size = 0;
-  std::string log;
   if (nvrtcGetProgramLogSize(prog, &log_size) == NVRTC_SUCCESS && log_size > 1) {
-    log.resize(log_size);
-    nvrtcGetProgramLog(prog, log.data());
-    log.resize(log_size - 1);
+    out.log.resize(log_size);
+    nvrtcGetProgramLog(prog, out.log.data());
+    out.log.resize(log_size - 1);
   }
   if (res != NVRTC_SUCCESS) {
     std::string joined;
     for (const auto& o : options) joined += " " + o;
     throw Error(Status::kCompileFailed, ctx + ": " + nvrtcGetErrorString(res) + "\n  options:" + joined +
-                                            "\n  log:\n" + log);
+                                            "\n  log:\n" + out.log);
   }
+  size_t size = 0;
+  if (ptx) {
+    NORMJIT_NVRTC(nvrtcGetPTXSize(prog, &size), ctx);
+    out.image.resize(size);
+    NORMJIT_NVRTC(nvrtcGetPTX(prog, out.image.data()), ctx);
+  } else {
+    NORMJIT_NVRTC(nvrtcGetCUBINSize(prog, &size), ctx);
+    out.image.resize(size);
+    NORMJIT_NVRTC(nvrtcGetCUBIN(prog, out.image.data()), ctx);
+  }
+  return out;
+}
+
+// Bytes of stack frame (where spills go) over a cubin's functions: from the cubin's own records,
+// else from the ptxas report.
+long local_memory_bytes(const NvrtcOutput& out) {
+  long bytes = 0;
+  if (const auto frames = cubin_frame_bytes(out.image)) {
+    for (const auto& [function, frame] : *frames) bytes += frame;
+  } else {
+    for (const KernelResources& k : parse_ptxas_report(out.log)) bytes += k.stack_frame_bytes + k.spill_store_bytes;
+  }
+  return bytes;
+}
+
+}  // namespace
+
+CompileResult compile(const GeneratedSource& src, const Target& target, const std::vector<std::string>& extra_options) {
+  const auto start = std::chrono::steady_clock::now();
+  bool ptx = false;
+  std::vector<std::string> options = compile_options(target, &ptx);
+  for (const auto& o : extra_options)
+    if (std::find(options.begin(), options.end(), o) == options.end()) options.push_back(o);
+  const std::string ctx = "compiling " + src.spec + " for " + target.str();
+  NvrtcOutput nvrtc = run_nvrtc(src, options, ptx, ctx);
+
+  // ptxas aims a kernel without a minimum CTA count at an occupancy step of its own choosing,
+  // and spills a few bytes to reach it where the kernel needs a few registers more. Such a
+  // kernel is compiled again asking for one CTA per SM (NORMJIT_LAUNCH_BOUNDS), and the copy
+  // with less local memory is kept. Deterministic for the key; -DNORMJIT_KEEP_SPILLS turns it off.
+  const long local_bytes = ptx ? 0 : local_memory_bytes(nvrtc);
+  if (local_bytes > 0 &&
+      std::find(options.begin(), options.end(), "-DNORMJIT_KEEP_SPILLS") == options.end()) {
+    std::vector<std::string> relaxed = options;
+    relaxed.push_back("-DNORMJIT_NO_OCCUPANCY_SPILL");
+    NvrtcOutput retry = run_nvrtc(src, relaxed, ptx, ctx);
+    const long retry_bytes = local_memory_bytes(retry);
+    detail::log().debug("{}: {} B of local memory; with one CTA per SM asked: {} B{}", src.spec, local_bytes,
+                        retry_bytes, retry_bytes < local_bytes ? " (kept)" : "");
+    if (retry_bytes < local_bytes) nvrtc = std::move(retry);
+  }
+
   CompileResult out;
-  out.log = log;
+  out.log = std::move(nvrtc.log);
   Binary& b = out.binary;
   b.spec = src.spec;
   b.kernel_name = src.kernel_name;
   b.is_ptx = ptx;
   b.threads_per_cta = src.threads_per_cta;
   b.rows_per_cta = src.rows_per_cta;
-  size_t size = 0;
-  if (ptx) {
-    NORMJIT_NVRTC(nvrtcGetPTXSize(prog, &size), ctx);
-    b.image.resize(size);
-    NORMJIT_NVRTC(nvrtcGetPTX(prog, b.image.data()), ctx);
-    b.arch = options[0].substr(6);
-  } else {
-    NORMJIT_NVRTC(nvrtcGetCUBINSize(prog, &size), ctx);
-    b.image.resize(size);
-    NORMJIT_NVRTC(nvrtcGetCUBIN(prog, b.image.data()), ctx);
-    b.arch = target.str();
-  }
+  b.image = std::move(nvrtc.image);
+  b.arch = ptx ? options[0].substr(6) : target.str();
   out.milliseconds = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   detail::log().debug("compiled {} for {} in {:.1f} ms{}", src.spec, b.arch, out.milliseconds,
-                      log.empty() ? "" : "; log: " + log);
+                      out.log.empty() ? "" : "; log: " + out.log);
   return out;
 }
 

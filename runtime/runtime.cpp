@@ -1,6 +1,7 @@
 #include "normjit/runtime.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cinttypes>
 #include <cmath>
@@ -398,7 +399,9 @@ const Kernel& Runtime::get(const Spec& spec) {
   }
   const std::string name = resolved.str();
   const CacheCounters before = disk_cache_.counters();
+  const auto t0 = std::chrono::steady_clock::now();
   const Binary binary = disk_cache_.get_or_compile(resolved, target_);
+  const auto t1 = std::chrono::steady_clock::now();
   const CacheCounters after = disk_cache_.counters();
   if (after.compiles > before.compiles)
     ++counters_.compiles;
@@ -422,11 +425,21 @@ const Kernel& Runtime::get(const Spec& spec) {
   } else {
     kernel->function_ = function("");
   }
-  for (CUfunction f : {kernel->function_, kernel->tiles_, kernel->reduce_}) {
-    if (!f) continue;
-    int local = 0;
-    NORMJIT_CU_CTX(cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f), "reading the local memory of " + name);
-    kernel->local_memory_bytes_ = std::max(kernel->local_memory_bytes_, local);
+  counters_.image_seconds += std::chrono::duration<double>(t1 - t0).count();
+  counters_.module_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  // From the cubin: asking the driver would load a lazily loaded module's functions now.
+  const auto frames = binary.is_ptx ? std::nullopt : cubin_frame_bytes(binary.image);
+  if (frames) {
+    for (const auto& [function_name, bytes] : *frames)
+      kernel->local_memory_bytes_ = std::max(kernel->local_memory_bytes_, bytes);
+  } else {
+    for (CUfunction f : {kernel->function_, kernel->tiles_, kernel->reduce_}) {
+      if (!f) continue;
+      int local = 0;
+      NORMJIT_CU_CTX(cuFuncGetAttribute(&local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f),
+                     "reading the local memory of " + name);
+      kernel->local_memory_bytes_ = std::max(kernel->local_memory_bytes_, local);
+    }
   }
   kernel->context_ = context_;
   kernel->spec_ = resolved;

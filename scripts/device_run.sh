@@ -119,6 +119,38 @@ if [[ ,$STAGE, == *,profile,* ]]; then
     > "$OUT/ncu_normjit_rms_bwd_4096_stalls.txt" 2>&1
   python3 bench/ncu_table.py "$OUT"/ncu_*.csv | tee "$OUT/table_profile.md"
 fi
+if [[ ,$STAGE, == *,spills,* ]]; then
+  # The default manifest's six configs that spilled 4-8 B to reach ptxas's occupancy target, as
+  # compiled again with one CTA per SM asked (default) against the spilling build
+  # (-DNORMJIT_KEEP_SPILLS), alternating processes, two rounds.
+  X="layernorm.fwd_train.bf16.w_f32.n1024.bias rmsnorm.fwd_train.bf16.w_f32.n768 rmsnorm.fwd_infer.bf16.w_f32.n2048"
+  X="$X rmsnorm.bwd.f16.w_f16.n2880 rmsnorm.bwd.f16.w_f16.n3072 rmsnorm.bwd.f32.w_f32.n4096"
+  for round in 1 2; do for mode in new old; do
+    opt=$([[ $mode == old ]] && echo "-DNORMJIT_KEEP_SPILLS")
+    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 32768 --json "$OUT/spills_${mode}_r$round.json" $X \
+      > "$OUT/spills_${mode}_r$round.txt" 2>&1
+  done; done
+  python3 bench/ab_rounds.py recompiled spilling "$OUT"/spills_new_r1.json "$OUT"/spills_new_r2.json \
+    "$OUT"/spills_old_r1.json "$OUT"/spills_old_r2.json | tee "$OUT/table_spills.md"
+  grep -iE "error|fail|exceed" "$OUT"/spills*.txt | head
+fi
+if [[ ,$STAGE, == *,tunelarge,* ]]; then
+  # normjit-tune over the shapes that miss the goals, where the space holds clustered and
+  # pipelined rows; then the runtime re-times the winners from the database.
+  T="$LB.n20480.bias $LB.n24576.bias $LB.n40960.bias $LF.n49152.bias $LF.n65536.bias $RB.n16384"
+  TL="$LB.n81920.bias $RB.n81920 $LB.n131072.bias"
+  build/normjit-tune --rows 32768 --budget-s ${TUNE_BUDGET_S:-25} --max-candidates ${TUNE_CANDIDATES:-24} \
+    --tuning-db "$OUT/tuning.json" --json "$OUT/tunelarge.json" $T 2>"$OUT/tunelarge.err" | tee "$OUT/tunelarge.txt" | tail -8
+  build/normjit-tune --rows 4096 --budget-s ${TUNE_BUDGET_S:-25} --max-candidates ${TUNE_CANDIDATES:-24} \
+    --tuning-db "$OUT/tuning.json" --json "$OUT/tunelarge_l.json" $TL 2>"$OUT/tunelarge_l.err" | tee "$OUT/tunelarge_l.txt" | tail -5
+  grep -c pruned "$OUT"/tunelarge*.err
+  NORMJIT_TUNING_DB="$OUT/tuning.json" build/normjit-bench --rows 32768 --json "$OUT/tunelarge_db.json" $T 2>&1 | tail -7
+  NORMJIT_TUNING_DB="$OUT/tuning.json" build/normjit-bench --rows 4096 --json "$OUT/tunelarge_db_l.json" $TL 2>&1 | tail -4
+fi
+if [[ ,$STAGE, == *,loadstats,* ]]; then
+  # First get of every kernel that came from the disk cache, over all of this call's bench runs.
+  python3 bench/load_stats.py $(ls "$OUT"/*.json | grep -v tuning.json) | tee "$OUT/table_loadstats.md"
+fi
 if [[ ,$STAGE, == *,tune,* ]]; then
   # normjit-tune over a few specs per route; the summary prints heuristic against tuned times.
   T=""; for n in 768 4096 12288 16384 65536; do T="$T layernorm.fwd_train.bf16.n$n.bias layernorm.bwd.bf16.w_f32.n$n.bias"; done

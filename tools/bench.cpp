@@ -156,6 +156,8 @@ int main(int argc, char** argv) {
       const double first_get_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       const nj::RuntimeCounters after = rt.counters();
       const char* first_get_kind = after.compiles > before.compiles ? "compiled" : "disk hit";
+      const double image_ms = 1e3 * (after.image_seconds - before.image_seconds);
+      const double module_ms = 1e3 * (after.module_seconds - before.module_seconds);
       const nj::Spec& spec = kernel.spec();
       // In-process hit: the cost of get() on an already loaded kernel.
       constexpr int kHitLoops = 200000;
@@ -331,6 +333,7 @@ int main(int argc, char** argv) {
                          {"us", us}, {"bytes", bytes}, {"gbps", gbps}, {"copy_us", copy_us}, {"copy_gbps", copy_gbps},
                          {"pct_copy", 100.0 * gbps / copy_gbps}, {"verified", !no_verify},
                          {"max_err_over_tol", worst}, {"first_get", first_get_kind}, {"first_get_ms", first_get_ms},
+                         {"first_get_image_ms", image_ms}, {"first_get_module_ms", module_ms},
                          {"in_process_hit_ns", hit_ns}, {"buffer_sets", sets}};
       if (graph) {
         // `batch` replays of K launches per event pair; per-launch time = per-replay time / K.

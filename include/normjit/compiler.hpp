@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,7 +55,9 @@ struct Target {
 std::vector<std::string> compile_options(const Target& target, bool* emits_ptx = nullptr);
 
 // Compiles generated source with NVRTC. Throws Error(kCompileFailed) with spec, options and log.
-// extra_options are appended (e.g. "--ptxas-options=-v" for a resource report in the log).
+// The log carries ptxas's resource report (parse_ptxas_report). A cubin that used local memory is
+// compiled once more with one CTA per SM asked, and the copy with less local memory is kept.
+// extra_options are appended where not already among the options.
 CompileResult compile(const GeneratedSource& src, const Target& target,
                       const std::vector<std::string>& extra_options = {});
 
@@ -67,6 +70,11 @@ struct KernelResources {
   int spill_load_bytes = 0;
 };
 std::vector<KernelResources> parse_ptxas_report(const std::string& log);
+
+// Stack-frame bytes per function (local memory: spills land there) from a cubin's .nv.info
+// records, for every function including device subroutines; nullopt if the image is not an
+// ELF cubin this reader understands.
+std::optional<std::map<std::string, int>> cubin_frame_bytes(const std::vector<char>& cubin);
 
 // Disk cache of compiled kernels. Entries: <dir>/<spec>.<arch>.<key>.kernel, the .cu beside, and a
 // .lock file per key that serializes compiles of that key across threads and processes.

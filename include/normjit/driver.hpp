@@ -74,5 +74,9 @@ void check_cu(CUresult result, const char* call, const std::string& context = {}
 
 // One check macro for the Driver API: NORMJIT_CU(cuFoo(args...)) through the loaded table.
 #define NORMJIT_CU(call_expr) ::normjit::check_cu(::normjit::driver().call_expr, #call_expr)
-#define NORMJIT_CU_CTX(call_expr, context) \
-  ::normjit::check_cu(::normjit::driver().call_expr, #call_expr, context)
+// The context string is built only on failure: this runs on every launch.
+#define NORMJIT_CU_CTX(call_expr, context)                                                \
+  do {                                                                                   \
+    const CUresult nj_cu_result_ = ::normjit::driver().call_expr;                        \
+    if (nj_cu_result_ != CUDA_SUCCESS) ::normjit::check_cu(nj_cu_result_, #call_expr, context); \
+  } while (0)

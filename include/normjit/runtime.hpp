@@ -70,6 +70,7 @@ class Kernel {
   int threads_per_cta() const { return threads_per_cta_; }
   // Local memory per thread (stack frame and register spills) of the spec's kernels, the largest of
   // them: 0 for every configuration the heuristic picks (CI gates it); tuners skip candidates above 0.
+  // Read from the cubin's records (the driver's attribute for a PTX image, which it JIT-compiled).
   int local_memory_bytes() const { return local_memory_bytes_; }
   // What launch() hands cuLaunchKernel for a forward spec (the function, grid, block, dynamic
   // shared memory and packed parameters), so a caller can time a raw cuLaunchKernel of it.
@@ -113,6 +114,10 @@ struct RuntimeCounters {
   uint64_t memory_hits = 0;  // found in the in-process cache
   uint64_t disk_hits = 0;    // loaded from the disk cache
   uint64_t compiles = 0;     // compiled with NVRTC
+  // Time spent on misses of the in-process cache: getting the image (disk read and checksum, or a
+  // compile), and the driver's module load (cuModuleLoadData and cuModuleGetFunction).
+  double image_seconds = 0;
+  double module_seconds = 0;
 };
 
 class Runtime {

@@ -3,6 +3,15 @@
 #pragma once
 #include "normjit/params.h"
 
+// Launch bounds of a row kernel with no minimum CTA count of its own. The compiler defines
+// NORMJIT_NO_OCCUPANCY_SPILL when recompiling a kernel that spilled (runtime/nvrtc_compiler.cpp):
+// asking for one CTA per SM lets ptxas use the few registers it had spilled to keep occupancy.
+#ifdef NORMJIT_NO_OCCUPANCY_SPILL
+#define NORMJIT_LAUNCH_BOUNDS(threads) __launch_bounds__(threads, 1)
+#else
+#define NORMJIT_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
+#endif
+
 namespace normjit {
 
 using f32 = float;

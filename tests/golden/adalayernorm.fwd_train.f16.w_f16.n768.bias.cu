@@ -22,7 +22,7 @@ struct Cfg {
 };
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void NORMJIT_LAUNCH_BOUNDS(128)
 normjit_adalayernorm_fwd_train_f16_w_f16_n768_bias_cfg_t32_r4_v8_reg(const normjit::NormParams params) {
   normjit::norm_fwd<Cfg>(params);
 }

@@ -23,12 +23,12 @@ struct Cfg {
 }  // namespace
 
 #if 1
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void NORMJIT_LAUNCH_BOUNDS(256)
 normjit_layernorm_bwd_bf16_w_f32_n4096_bias_cfg_t256_r1_v8_pipe_fused(const normjit::NormParams params) {
   normjit::norm_bwd_fused<Cfg>(params);
 }
 #else
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void NORMJIT_LAUNCH_BOUNDS(256)
 normjit_layernorm_bwd_bf16_w_f32_n4096_bias_cfg_t256_r1_v8_pipe_rowsums(const normjit::NormParams params) {
   normjit::norm_bwd_rowsums<Cfg>(params);
 }

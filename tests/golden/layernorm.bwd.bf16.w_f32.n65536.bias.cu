@@ -23,12 +23,12 @@ struct Cfg {
 }  // namespace
 
 #if 1
-extern "C" __global__ void __launch_bounds__(1024) __cluster_dims__(4, 1, 1)
+extern "C" __global__ void NORMJIT_LAUNCH_BOUNDS(1024) __cluster_dims__(4, 1, 1)
 normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_pipe_fused(const normjit::NormParams params) {
   normjit::norm_bwd_fused<Cfg>(params);
 }
 #else
-extern "C" __global__ void __launch_bounds__(1024)
+extern "C" __global__ void NORMJIT_LAUNCH_BOUNDS(1024)
 normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_pipe_rowsums(const normjit::NormParams params) {
   normjit::norm_bwd_rowsums<Cfg>(params);
 }

@@ -22,7 +22,7 @@ struct Cfg {
 };
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(1024)
+extern "C" __global__ void NORMJIT_LAUNCH_BOUNDS(1024)
 normjit_layernorm_fwd_infer_f32_w_bf16_n262144_cfg_t1024_r1_v4_gmem(const normjit::NormParams params) {
   normjit::norm_fwd<Cfg>(params);
 }

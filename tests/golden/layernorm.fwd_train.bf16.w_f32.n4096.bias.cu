@@ -22,7 +22,7 @@ struct Cfg {
 };
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void NORMJIT_LAUNCH_BOUNDS(128)
 normjit_layernorm_fwd_train_bf16_w_f32_n4096_bias_cfg_t128_r1_v8_reg(const normjit::NormParams params) {
   normjit::norm_fwd<Cfg>(params);
 }

@@ -22,7 +22,7 @@ struct Cfg {
 };
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(64)
+extern "C" __global__ void NORMJIT_LAUNCH_BOUNDS(64)
 normjit_layernorm_fwd_train_f32_w_f32_n768_bias_relu_bitmask_cfg_t64_r1_v4_reg(const normjit::NormParams params) {
   normjit::norm_fwd<Cfg>(params);
 }

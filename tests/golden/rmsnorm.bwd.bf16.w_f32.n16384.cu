@@ -23,12 +23,12 @@ struct Cfg {
 }  // namespace
 
 #if 1
-extern "C" __global__ void __launch_bounds__(512)
+extern "C" __global__ void NORMJIT_LAUNCH_BOUNDS(512)
 normjit_rmsnorm_bwd_bf16_w_f32_n16384_cfg_t512_r1_v8_smem_fused(const normjit::NormParams params) {
   normjit::norm_bwd_fused<Cfg>(params);
 }
 #else
-extern "C" __global__ void __launch_bounds__(512)
+extern "C" __global__ void NORMJIT_LAUNCH_BOUNDS(512)
 normjit_rmsnorm_bwd_bf16_w_f32_n16384_cfg_t512_r1_v8_smem_rowsums(const normjit::NormParams params) {
   normjit::norm_bwd_rowsums<Cfg>(params);
 }

@@ -23,12 +23,12 @@ struct Cfg {
 }  // namespace
 
 #if 1
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void NORMJIT_LAUNCH_BOUNDS(256)
 normjit_rmsnorm_bwd_f16_w_f16_n128_bias_gelu_cfg_t16_r16_v8_reg_fused(const normjit::NormParams params) {
   normjit::norm_bwd_fused<Cfg>(params);
 }
 #else
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void NORMJIT_LAUNCH_BOUNDS(256)
 normjit_rmsnorm_bwd_f16_w_f16_n128_bias_gelu_cfg_t16_r16_v8_reg_rowsums(const normjit::NormParams params) {
   normjit::norm_bwd_rowsums<Cfg>(params);
 }

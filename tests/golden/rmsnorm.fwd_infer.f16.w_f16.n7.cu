@@ -22,7 +22,7 @@ struct Cfg {
 };
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void NORMJIT_LAUNCH_BOUNDS(256)
 normjit_rmsnorm_fwd_infer_f16_w_f16_n7_cfg_t8_r32_v1_reg(const normjit::NormParams params) {
   normjit::norm_fwd<Cfg>(params);
 }

@@ -22,7 +22,7 @@ struct Cfg {
 };
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void NORMJIT_LAUNCH_BOUNDS(256)
 normjit_rmsnorm_fwd_train_bf16_w_bf16_n128_bias_cfg_t16_r16_v8_reg(const normjit::NormParams params) {
   normjit::norm_fwd<Cfg>(params);
 }
