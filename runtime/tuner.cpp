@@ -6,7 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "normjit/compiler.hpp"
@@ -30,7 +34,60 @@ int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
   return n;
 }
 
+// A number of seconds >= 0. from_chars: a host program's locale cannot change what "0.5" means.
+double env_seconds(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  double s = 0;
+  const char* last = v + std::strlen(v);
+  const auto [end, ec] = std::from_chars(v, last, s);
+  if (ec != std::errc() || end != last || !std::isfinite(s) || s < 0)
+    throw Error(Status::kInvalidArgument, std::string(name) + "='" + v + "' must be a number of seconds >= 0");
+  return s;
+}
+
 }  // namespace
+
+CandidateSearch search_candidates(const std::vector<BlockConfig>& candidates, double budget_s,
+                                  const std::function<int(const BlockConfig&)>& local_memory_bytes,
+                                  const std::function<CandidateTime(const BlockConfig&)>& time_us,
+                                  const std::function<void(const BlockConfig&, const char* what,
+                                                           const std::string& why)>& note) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  CandidateSearch r;
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    const BlockConfig& b = candidates[c];
+    // The first timed candidate runs whatever the budget, so there is always a baseline.
+    if (r.timed > 0 && budget_s > 0 && std::chrono::duration<double>(Clock::now() - t0).count() > budget_s) {
+      r.dropped = static_cast<int>(candidates.size() - c);
+      break;
+    }
+    CandidateTime t;
+    try {
+      // Pruned without timing: a candidate that spills (the first timed one, the baseline, is timed).
+      if (r.timed > 0) {
+        if (const int local = local_memory_bytes(b); local > 0) {
+          note(b, "pruned", std::to_string(local) + " bytes of local memory per thread");
+          ++r.pruned;
+          continue;
+        }
+      }
+      t = time_us(b);
+    } catch (const Error& e) {  // e.g. more shared memory than this device has
+      note(b, "skipping", e.what());
+      ++r.skipped;
+      continue;
+    }
+    // Unverified, it still counts as timed, and its time is the heuristic's if it is the first.
+    if (r.timed++ == 0) r.heuristic_us = t.us;
+    if (t.verified && (!r.best || t.us < r.best_us)) {
+      r.best_us = t.us;
+      r.best = b;
+    }
+  }
+  return r;
+}
 
 Spec Runtime::tune_on_miss(const Spec& requested) {
   Spec spec = requested;
@@ -40,6 +97,7 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   const int64_t rows = env_int("NORMJIT_TUNE_ROWS", std::clamp<int64_t>((int64_t(1) << 25) / n, 1, 65536), 1,
                                int64_t(1) << 24);
   const size_t limit = static_cast<size_t>(env_int("NORMJIT_TUNE_CANDIDATES", 8, 1, 256));
+  const double budget_s = env_seconds("NORMJIT_TUNE_BUDGET_S", 0);
   const bool backward = spec.phase == Phase::kBackward;
   const bool ada = spec.norm == Norm::kAdaLayerNorm;
   const int xs = dtype_size(spec.x_dtype), ws = dtype_size(spec.w_dtype);
@@ -98,31 +156,27 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
     a.workspace_bytes = workspace;
   }
 
-  BlockConfig best{};
-  double best_us = 0, heuristic_us = 0;
-  for (size_t c = 0; c < candidates.size(); ++c) {
+  const auto with = [&](const BlockConfig& b) {
     Spec s = spec;
-    s.block = candidates[c];
-    try {
-      const Kernel& k = get(s);
-      // Pruned: a candidate that spills (the heuristic's own config is always timed).
-      if (c > 0 && k.local_memory_bytes() > 0) {
-        detail::log().info("tuning {}: pruned {}: {} bytes of local memory per thread", spec.str(), s.str(),
-                           k.local_memory_bytes());
-        continue;
-      }
-      // Median of 7 batches of 5 launches after 5 warm-up launches.
-      const double us = detail::time_median_us(5, 7, 5, [&](int) { k.launch(a); });
-      if (c == 0) heuristic_us = us;
-      if (best_us == 0 || us < best_us) {
-        best_us = us;
-        best = candidates[c];
-      }
-    } catch (const Error& e) {  // e.g. more shared memory than this device has
-      detail::log().info("tuning {}: skipping {}: {}", spec.str(), s.str(), e.what());
-    }
-  }
-  if (best_us == 0) throw Error(Status::kNotSupported, "tuning " + spec.str() + ": no candidate ran");
+    s.block = b;
+    return s;
+  };
+  const CandidateSearch found = search_candidates(
+      candidates, budget_s, [&](const BlockConfig& b) { return get(with(b)).local_memory_bytes(); },
+      [&](const BlockConfig& b) {
+        const Kernel& k = get(with(b));
+        // Median of 7 batches of 5 launches after 5 warm-up launches.
+        return CandidateTime{detail::time_median_us(5, 7, 5, [&](int) { k.launch(a); })};
+      },
+      [&](const BlockConfig& b, const char* what, const std::string& why) {
+        detail::log().info("tuning {}: {} {}: {}", spec.str(), what, with(b).str(), why);
+      });
+  if (!found.best) throw Error(Status::kNotSupported, "tuning " + spec.str() + ": no candidate ran");
+  if (found.dropped > 0)
+    detail::log().info("tuning {}: NORMJIT_TUNE_BUDGET_S={} spent, {} candidates not timed", spec.str(), budget_s,
+                       found.dropped);
+  const BlockConfig best = *found.best;
+  const double best_us = found.best_us, heuristic_us = found.heuristic_us;
 
   TuningEntry entry;
   entry.config = best;

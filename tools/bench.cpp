@@ -411,61 +411,48 @@ int main(int argc, char** argv) {
       std::printf("\n");
       size_t si = 0;
       std::vector<std::string> summary;
+      const auto with = [](const nj::Spec& base, const nj::BlockConfig& b) {
+        nj::Spec s = base;
+        s.block = b;
+        return s;
+      };
       for (const std::string& text : spec_args) {
         nj::Spec base = nj::Spec::parse(text);
         base.block.reset();
-        const auto t_spec = Clock::now();
-        double heuristic_us = 0, best_us = 0;
-        nj::BlockConfig best{};
-        int timed = 0, skipped = 0, pruned = 0;
-        for (const nj::BlockConfig& b : nj::candidate_configs(base, rt.target().arch, 16, max_candidates)) {
-          if (timed > 0 && std::chrono::duration<double>(Clock::now() - t_spec).count() > budget_s) break;
-          nj::Spec candidate = base;
-          candidate.block = b;
-          nlohmann::json row;
-          try {
-            // Pruned without timing: a candidate that spills (the heuristic's own config is timed).
-            if (timed > 0) {
-              if (const int local = rt.get(candidate).local_memory_bytes(); local > 0) {
-                std::fprintf(stderr, "normjit-tune: pruned %s: %d bytes of local memory per thread\n",
-                             candidate.str().c_str(), local);
-                ++pruned;
-                continue;
-              }
-            }
-            row = measure(candidate.str(), si++);
-          } catch (const nj::Error& e) {  // e.g. more shared memory than this device has
-            std::fprintf(stderr, "normjit-tune: skipping %s: %s\n", candidate.str().c_str(), e.what());
-            ++skipped;
-            continue;
-          }
-          const bool ok = no_verify || row["max_err_over_tol"].get<double>() <= 1.0;
-          const double us = row["us"].get<double>();
-          row["tuning_candidate"] = timed;
-          results.push_back(row);
-          if (timed++ == 0) heuristic_us = us;
-          if (ok && (best_us == 0 || us < best_us)) {
-            best_us = us;
-            best = b;
-          }
-        }
-        if (best_us == 0) {
+        // A timed candidate's row; tuning_candidate is its index among this spec's timed ones.
+        const size_t first_row = results.size();
+        const nj::CandidateSearch found = nj::search_candidates(
+            nj::candidate_configs(base, rt.target().arch, 16, max_candidates), budget_s,
+            [&](const nj::BlockConfig& b) { return rt.get(with(base, b)).local_memory_bytes(); },
+            [&](const nj::BlockConfig& b) {
+              nlohmann::json row = measure(with(base, b).str(), si++);
+              const bool ok = no_verify || row["max_err_over_tol"].get<double>() <= 1.0;
+              const double us = row["us"].get<double>();
+              row["tuning_candidate"] = static_cast<int>(results.size() - first_row);
+              results.push_back(row);
+              return nj::CandidateTime{us, ok};
+            },
+            [&](const nj::BlockConfig& b, const char* what, const std::string& why) {
+              std::fprintf(stderr, "normjit-tune: %s %s: %s\n", what, with(base, b).str().c_str(), why.c_str());
+            });
+        if (!found.best) {
           std::fprintf(stderr, "normjit-tune: no verified candidate for %s\n", base.str().c_str());
           all_ok = false;
           continue;
         }
+        const nj::BlockConfig best = *found.best;
+        const double heuristic_us = found.heuristic_us, best_us = found.best_us;
         nj::TuningEntry entry;
         entry.config = best;
         entry.us = best_us;
         entry.heuristic_us = heuristic_us;
         entry.rows = rows;
         db.record(rt.tuning_key(base), entry);
-        nj::Spec won = base;
-        won.block = best;
+        const nj::Spec won = with(base, best);
         char line[512];
         std::snprintf(line, sizeof(line), "%-58s %10.2f %10.2f %7.3fx  %3d timed %2d skipped %2d pruned  %s",
-                      base.str().c_str(), heuristic_us, best_us, heuristic_us / best_us, timed, skipped, pruned,
-                      won.str().substr(won.str().find(".cfg_") + 5).c_str());
+                      base.str().c_str(), heuristic_us, best_us, heuristic_us / best_us, found.timed, found.skipped,
+                      found.pruned, won.str().substr(won.str().find(".cfg_") + 5).c_str());
         summary.push_back(line);
       }
       std::printf("\n%-58s %10s %10s %8s\n", "spec", "heur. us", "tuned us", "speedup");

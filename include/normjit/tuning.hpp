@@ -1,6 +1,7 @@
 #pragma once
 // Autotuning: the block-config space of a spec, and the tuning database of measured winners.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -16,6 +17,39 @@ namespace normjit {
 // clusters of 2-8 on sm_90+, shared-memory rows where they fit). The heuristic's own choice is
 // always first. At most `limit` configurations, nearest the heuristic's thread count first.
 std::vector<BlockConfig> candidate_configs(const Spec& spec, int sm, int max_vec = 16, size_t limit = 48);
+
+// A candidate's time from a search_candidates callback: the median microseconds per launch, and
+// whether its outputs passed verification (an unverified candidate cannot win).
+struct CandidateTime {
+  double us = 0;
+  bool verified = true;
+};
+
+// What search_candidates found. The first candidate it timed stands for the heuristic: it is
+// candidates[0] unless that one threw.
+struct CandidateSearch {
+  std::optional<BlockConfig> best;  // the fastest verified candidate; none when none ran and verified
+  double best_us = 0;
+  double heuristic_us = 0;  // the first timed candidate's, verified or not
+  int timed = 0;            // time_us returned, verified or not
+  int skipped = 0;          // local_memory_bytes or time_us threw Error
+  int pruned = 0;           // not timed: local memory
+  int dropped = 0;          // not started: the budget was spent
+};
+
+// The tuner's search, shared by Runtime (NORMJIT_TUNING=tune) and normjit-tune; the GPU work is
+// in the callbacks. Candidates are tried in order, and each one after the first timed one is
+//  - not started once budget_s seconds have passed since the call (budget_s <= 0: no limit), nor
+//    any after it;
+//  - pruned, without timing, when local_memory_bytes(b) > 0: it spills.
+// A candidate whose local_memory_bytes or time_us throws Error is skipped. Ties keep the earlier
+// candidate. note(b, "pruned" or "skipping", why) is called for each pruned or skipped candidate,
+// for the caller's message. Exceptions other than Error propagate.
+CandidateSearch search_candidates(const std::vector<BlockConfig>& candidates, double budget_s,
+                                  const std::function<int(const BlockConfig&)>& local_memory_bytes,
+                                  const std::function<CandidateTime(const BlockConfig&)>& time_us,
+                                  const std::function<void(const BlockConfig&, const char* what,
+                                                           const std::string& why)>& note);
 
 // What a measured winner is valid for: the device, the software that built and ran it, the spec.
 struct TuningKey {
@@ -61,9 +95,9 @@ class TuningDb {
 
 // How Runtime picks a block config for a spec without one: NORMJIT_TUNING=heuristic | db (the
 // default when the database file exists) | tune (db, and a spec missing from it is tuned on the
-// spot: NORMJIT_TUNE_CANDIDATES (8) candidates timed on NORMJIT_TUNE_ROWS rows of random data, the
-// winner merged into the file under a lock). The database path is NORMJIT_TUNING_DB, else
-// <cache dir>/tuning.json.
+// spot: NORMJIT_TUNE_CANDIDATES (8) candidates timed on NORMJIT_TUNE_ROWS rows of random data, for
+// at most NORMJIT_TUNE_BUDGET_S seconds (0: no limit), the winner merged into the file under a
+// lock). The database path is NORMJIT_TUNING_DB, else <cache dir>/tuning.json.
 enum class TuningMode { kHeuristic, kDatabase, kTuneOnMiss };
 TuningMode tuning_mode_from_env(bool database_exists);
 

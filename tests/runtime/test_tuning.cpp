@@ -2,9 +2,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <stdexcept>
+#include <thread>
 
 #include "normjit/normjit.hpp"
 
@@ -53,6 +56,172 @@ TEST_CASE("every candidate of a spec compiles for sm_90") {
     }
   }
   MESSAGE(compiled << " candidate configurations compiled");
+}
+
+namespace {
+
+// A candidate as search_candidates' callbacks see it, without a GPU.
+struct Fake {
+  int local = 0;  // bytes of local memory per thread
+  double us = 1;
+  bool verified = true;
+  bool get_fails = false;   // both callbacks throw Error, as Runtime::get does for a config it cannot load
+  bool time_fails = false;  // time_us throws Error, as a failing launch does
+  int sleep_ms = 0;         // time_us takes this long (before throwing, if it does)
+};
+
+// Runs search_candidates over fakes (candidate i has i + 1 warps per row) and records the calls.
+struct FakeSearch {
+  std::vector<Fake> fakes;
+  std::vector<BlockConfig> configs;
+  std::vector<int> asked_local, asked_time;
+  std::vector<std::string> notes;
+
+  explicit FakeSearch(std::vector<Fake> f) : fakes(std::move(f)) {
+    for (size_t i = 0; i < fakes.size(); ++i) configs.push_back(BlockConfig{32 * int(i + 1), 1, 8});
+  }
+  static int index(const BlockConfig& b) { return b.threads_per_row / 32 - 1; }
+  CandidateSearch run(double budget_s = 0) {
+    return search_candidates(
+        configs, budget_s,
+        [&](const BlockConfig& b) {
+          asked_local.push_back(index(b));
+          const Fake& f = fakes[index(b)];
+          if (f.get_fails) throw Error(Status::kNotSupported, "no kernel " + std::to_string(index(b)));
+          return f.local;
+        },
+        [&](const BlockConfig& b) {
+          asked_time.push_back(index(b));
+          const Fake& f = fakes[index(b)];
+          std::this_thread::sleep_for(std::chrono::milliseconds(f.sleep_ms));
+          if (f.get_fails) throw Error(Status::kNotSupported, "no kernel " + std::to_string(index(b)));
+          if (f.time_fails) throw Error(Status::kCudaError, "launch " + std::to_string(index(b)) + " failed");
+          return CandidateTime{f.us, f.verified};
+        },
+        [&](const BlockConfig& b, const char* what, const std::string& why) {
+          notes.push_back(std::string(what) + " " + std::to_string(index(b)) + ": " + why);
+        });
+  }
+};
+
+}  // namespace
+
+TEST_CASE("tuning search: the heuristic is timed even if it spills; later spills are pruned, errors skipped") {
+  Fake spills_first, spills, no_kernel, unverified, fast, bad_launch, tie, slower;
+  spills_first.local = 64;
+  spills_first.us = 10;
+  spills.local = 128;
+  spills.us = 1;
+  no_kernel.get_fails = true;
+  unverified.us = 5;
+  unverified.verified = false;
+  fast.us = 8;
+  bad_launch.time_fails = true;
+  tie.us = 8;
+  slower.us = 9;
+  FakeSearch f({spills_first, spills, no_kernel, unverified, fast, bad_launch, tie, slower});
+  const CandidateSearch r = f.run();
+  REQUIRE(r.best.has_value());
+  CHECK(*r.best == f.configs[4]);  // not 1 (pruned), 3 (unverified) or 6 (a tie: the earlier wins)
+  CHECK(r.best_us == 8);
+  CHECK(r.heuristic_us == 10);
+  CHECK(r.timed == 5);  // 0, 3, 4, 6, 7
+  CHECK(r.skipped == 2);
+  CHECK(r.pruned == 1);
+  CHECK(r.dropped == 0);
+  CHECK(f.asked_local == std::vector<int>{1, 2, 3, 4, 5, 6, 7});  // the first is not asked
+  CHECK(f.asked_time == std::vector<int>{0, 3, 4, 5, 6, 7});
+  CHECK(f.notes == std::vector<std::string>{
+                       "pruned 1: 128 bytes of local memory per thread",
+                       "skipping 2: " + std::string(Error(Status::kNotSupported, "no kernel 2").what()),
+                       "skipping 5: " + std::string(Error(Status::kCudaError, "launch 5 failed").what())});
+}
+
+TEST_CASE("tuning search: when the heuristic fails, the first candidate that runs is the baseline") {
+  Fake no_kernel, spills, spills_too, ok;
+  no_kernel.get_fails = true;
+  spills.local = 32;
+  spills.us = 7;
+  spills.verified = false;
+  spills_too.local = 16;
+  ok.us = 9;
+  FakeSearch f({no_kernel, spills, spills_too, ok});
+  const CandidateSearch r = f.run();
+  REQUIRE(r.best.has_value());
+  CHECK(*r.best == f.configs[3]);
+  CHECK(r.best_us == 9);
+  CHECK(r.heuristic_us == 7);  // the baseline's time, although it failed verification
+  CHECK(r.timed == 2);
+  CHECK(r.skipped == 1);
+  CHECK(r.pruned == 1);
+  CHECK(f.asked_local == std::vector<int>{2, 3});
+  CHECK(f.asked_time == std::vector<int>{0, 1, 3});
+}
+
+TEST_CASE("tuning search: no winner when nothing verifies or nothing runs; other exceptions propagate") {
+  Fake unverified;
+  unverified.us = 3;
+  unverified.verified = false;
+  FakeSearch none_verified({unverified, unverified});
+  CandidateSearch r = none_verified.run();
+  CHECK_FALSE(r.best.has_value());
+  CHECK(r.best_us == 0);
+  CHECK(r.heuristic_us == 3);
+  CHECK(r.timed == 2);
+
+  Fake broken;
+  broken.get_fails = true;
+  FakeSearch none_ran({broken, broken, broken});
+  r = none_ran.run();
+  CHECK_FALSE(r.best.has_value());
+  CHECK(r.heuristic_us == 0);
+  CHECK(r.timed == 0);
+  CHECK(r.skipped == 3);
+  CHECK(none_ran.notes.size() == 3);
+
+  CHECK_THROWS_AS(search_candidates(
+                      none_ran.configs, 0, [](const BlockConfig&) { return 0; },
+                      [](const BlockConfig&) -> CandidateTime { throw std::runtime_error("not an Error"); },
+                      [](const BlockConfig&, const char*, const std::string&) {}),
+                  std::runtime_error);
+}
+
+TEST_CASE("tuning search: a spent budget stops the search, but only after a candidate was timed") {
+  Fake slow;
+  slow.sleep_ms = 2;
+  slow.us = 4;
+  {
+    FakeSearch f({slow, slow, slow, slow});
+    const CandidateSearch r = f.run(1e-6);
+    REQUIRE(r.best.has_value());
+    CHECK(*r.best == f.configs[0]);
+    CHECK(r.heuristic_us == 4);
+    CHECK(r.timed == 1);
+    CHECK(r.dropped == 3);
+    CHECK(f.asked_time == std::vector<int>{0});
+    CHECK(f.asked_local.empty());
+  }
+  {
+    // The heuristic fails after the budget is spent: the next candidate still runs as the baseline.
+    Fake slow_failure = slow;
+    slow_failure.time_fails = true;
+    FakeSearch f({slow_failure, slow, slow, slow});
+    const CandidateSearch r = f.run(1e-6);
+    REQUIRE(r.best.has_value());
+    CHECK(*r.best == f.configs[1]);
+    CHECK(r.skipped == 1);
+    CHECK(r.timed == 1);
+    CHECK(r.dropped == 2);
+    CHECK(f.asked_time == std::vector<int>{0, 1});
+  }
+  for (double no_limit : {0.0, -1.0, 60.0}) {
+    CAPTURE(no_limit);
+    FakeSearch f({slow, slow, slow, slow});
+    const CandidateSearch r = f.run(no_limit);
+    CHECK(r.timed == 4);
+    CHECK(r.dropped == 0);
+    CHECK(*r.best == f.configs[0]);  // all tie: the first
+  }
 }
 
 namespace {
