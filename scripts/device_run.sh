@@ -147,6 +147,23 @@ if [[ ,$STAGE, == *,tunelarge,* ]]; then
   NORMJIT_TUNING_DB="$OUT/tuning.json" build/normjit-bench --rows 32768 --json "$OUT/tunelarge_db.json" $T 2>&1 | tail -7
   NORMJIT_TUNING_DB="$OUT/tuning.json" build/normjit-bench --rows 4096 --json "$OUT/tunelarge_db_l.json" $TL 2>&1 | tail -4
 fi
+if [[ ,$STAGE, == *,sweep7,* ]]; then
+  # After the session-7 tuning run: forward rows of 9-15 4-element packs per thread in registers
+  # (1024 threads) against the picks at 36864-61440; backward clusters at 73728-131072 (M = 4096)
+  # in one buffer or two, 4 or 8 CTAs; LayerNorm backward rows of 4-element packs at 18432-28672.
+  X=""; Y=""
+  for n in 36864 40960 45056 49152 53248 57344 61440; do
+    lb $LF.n$n.bias t1024_r1_v4_reg; lb $RF.n$n t1024_r1_v4_reg; done
+  for n in 18432 20480 24576 28672; do lb $LB.n$n.bias t1024_r1_v4_smem; done
+  lb $RB.n24576 t1024_r1_v4_smem
+  lbl $LB.n73728.bias t1024_r1_v8_c4_smem t1024_r1_v8_c8_smem t1024_r1_v8_c4_pipe t1024_r1_v8_c8_pipe
+  for n in 81920 90112 98304 114688; do lbl $LB.n$n.bias t1024_r1_v8_c4_smem t1024_r1_v8_c8_smem t1024_r1_v8_c8_pipe; done
+  lbl $LB.n131072.bias t1024_r1_v8_c8_smem t1024_r1_v8_c8_pipe
+  for n in 73728 81920 90112 98304 114688; do
+    lbl $RB.n$n t1024_r1_v8_c4_smem t1024_r1_v8_c8_smem t1024_r1_v8_c4_pipe t1024_r1_v8_c8_pipe; done
+  lbl $RB.n131072 t1024_r1_v8_c4_smem t1024_r1_v8_c8_smem t1024_r1_v8_c8_pipe
+  run_ab sweep7
+fi
 if [[ ,$STAGE, == *,loadstats,* ]]; then
   # First get of every kernel that came from the disk cache, over all of this call's bench runs.
   python3 bench/load_stats.py $(ls "$OUT"/*.json | grep -v tuning.json) | tee "$OUT/table_loadstats.md"
