@@ -60,6 +60,9 @@ constexpr int64_t kBackwardPipeBytes = 160 * 1024;
 // Fewest threads per CTA of the 2-CTA pipelined rows that replace one CTA keeping dbeta sums in
 // shared memory (see backward_large_row).
 constexpr int kDbetaClusterMinThreads = 896;
+// Rows longer than this many 16-byte packs (bf16: 65536), see backward_large_row.
+constexpr int64_t kLongRowPacks = 8192;
+constexpr int64_t kLongRowMaxPacks = 3;
 // - Register rows of 2 packs per thread at these thread counts (pipelined rows hold only the
 //   sums in registers: 64-71 registers instead of 96-122, so 2-4 CTAs per SM). LN with dbeta: 3584
 //   84.8 -> 89.0 %, 4096 87.8 -> 88.6, 7168 81.4 -> 85.1, 8192 85.1 -> 93.8; RMS 8192 85.9 -> 93.9.
@@ -139,7 +142,12 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
     if (packs % c != 0 || packs / c > per_thread * kClusterThreads) continue;
     if (s.epilogue == Epilogue::kReluBitmask && (s.n / c) % 8 != 0) continue;
     // Pipelined segments may be ragged (RMS 40960, 2 x 1024 threads of 2.5 packs: 81.1 % against
-    // 57.6 % split); one-buffer ones only whole iterations (ragged: 40-55 % at N = 20480-49152).
+    // 57.6 % split); one-buffer ones only whole iterations (ragged: 40-55 % at N = 20480-49152)...
+    // ...except rows past kLongRowPacks in 4 CTAs of at most 3 packs per thread: one buffer, ragged
+    // or not (bf16, H100, M = 4096, session 7: RMS 73728-90112 68-72 -> 83-86 % of copy against the
+    // 4-CTA pipelined row, LN 73728-90112 61-72 -> 72-75 % against the 8-CTA one; at 3.5 packs,
+    // 114688, it lost by 9-11 points).
+    if (c == 4 && packs > kLongRowPacks && packs / c <= kLongRowMaxPacks * kClusterThreads && fits(b)) return b;
     if (pipe_fits(b)) {
       b.cache = RowCache::kSharedPipelined;
       return b;
@@ -162,6 +170,28 @@ constexpr int64_t kForwardStreamingN = 65536;
 // for one CTA; 131072 4 x 512: 88.0 / 98.0 %; 262144 8 x 512: 84.9 / 97.3 %).
 constexpr int64_t kForwardClusterSegmentBytes = 64 * 1024;
 constexpr int64_t kForwardClusterPacks = 8;
+
+// Past 32 elements per thread in 16-byte packs, rows of 2-byte x stay in 1024 threads' registers
+// as 8-byte packs of 4 elements, up to this many per thread; no spill at either bound (ptxas,
+// sm_90). bf16, H100, session 7 (against the pipelined row or the 2-CTA shared row): RMS 36864-61440
+// 94-95 -> 99.0-100.3 % of copy; LN 36864-49152 86.6-89.2 -> 92.5-95.4 %, but LN 53248 93.6 against
+// 94.8 % and 57344 / 61440 82 against 90-91 %, so LayerNorm stops at 12.
+constexpr int64_t kWideRegisterPacks = 15;
+constexpr int64_t kWideRegisterPacksLayerNorm = 12;
+
+std::optional<BlockConfig> forward_wide_register_row(const Spec& s) {
+  constexpr int kVec = 4;
+  // Whole iterations only: ragged rows (N = 33792, 8.25 packs) spilled 24-64 bytes.
+  if (dtype_size(s.x_dtype) != 2 || s.n % (kVec * 1024) != 0 || s.n == kForwardStreamingN) return std::nullopt;
+  const int64_t per_thread = (s.n / kVec + 1023) / 1024;
+  if (per_thread > (s.norm == Norm::kRMSNorm ? kWideRegisterPacks : kWideRegisterPacksLayerNorm)) return std::nullopt;
+  BlockConfig b;
+  b.vec = kVec;
+  b.rows_per_cta = 1;
+  b.threads_per_row = 1024;
+  b.cache = RowCache::kRegisters;
+  return b;
+}
 
 std::optional<BlockConfig> forward_large_row(const Spec& s, int vec, int64_t packs) {
   const bool pipelined = sixteen_byte_packs(s, vec);
@@ -254,6 +284,8 @@ Spec resolve(const Spec& spec, int max_vec, int sm) {
         two_cta_row || (per_thread * b.vec <= kRegisterMaxElements && per_thread <= kMaxRegisterPacks);
     b.cache = fits_registers ? RowCache::kRegisters : RowCache::kGlobal;
     if (two_cta_shared_row) b.cache = RowCache::kShared;
+    if (b.cache == RowCache::kGlobal && sm >= 90)
+      if (const auto wide = forward_wide_register_row(s)) b = *wide;
     if (b.cache == RowCache::kGlobal && sm >= 90)
       if (const auto large = forward_large_row(s, b.vec, packs)) b = *large;
   }

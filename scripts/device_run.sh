@@ -53,23 +53,18 @@ if [[ $STAGE == all || ,$STAGE, == *,perf,* ]]; then
   # normjit alone over powers of two, the hidden sizes models use and sizes between them, bf16,
   # M = 32768 (M = 4096 past 65536; M*N >= 2^24 everywhere), forward training and backward (fp32
   # weights); then the previous heuristic's picks, pinned by cfg, for an A/B in this process.
-  NS=${PERF_NS:-"256 512 768 1024 2048 2880 3584 4096 5120 7168 8192 10240 12288 13312 14336 16384 18432 20480 24576 28672 32768 40960 49152 57344 65536"}
+  NS=${PERF_NS:-"256 512 768 1024 2048 2880 3584 4096 5120 7168 8192 10240 12288 13312 14336 16384 18432 20480 24576 28672 32768 36864 40960 49152 57344 61440 65536"}
   SPECS=""; for n in $NS; do SPECS="$SPECS layernorm.fwd_train.bf16.n$n.bias rmsnorm.fwd_train.bf16.n$n"; done
   for n in $NS; do SPECS="$SPECS layernorm.bwd.bf16.w_f32.n$n.bias rmsnorm.bwd.bf16.w_f32.n$n"; done
   build/normjit-bench --rows 32768 --json "$OUT/normjit_perf.json" $SPECS 2>&1 | tee "$OUT/normjit_perf.txt" | tail -3
-  L=""; for n in 81920 98304 131072 262144; do
+  L=""; for n in ${PERF_NS_LARGE:-73728 81920 98304 114688 131072 262144}; do
     L="$L layernorm.fwd_train.bf16.n$n.bias rmsnorm.fwd_train.bf16.n$n layernorm.bwd.bf16.w_f32.n$n.bias rmsnorm.bwd.bf16.w_f32.n$n"; done
   build/normjit-bench --rows 4096 --json "$OUT/normjit_perf_large.json" $L 2>&1 | tail -3
-  # The previous (session 4) heuristic's picks where this session's changed, pinned by cfg.
-  AB=""; for c in n3584.bias.cfg_t224_r1_v8_reg n4096.bias.cfg_t256_r1_v8_reg n7168.bias.cfg_t448_r1_v8_reg \
-      n8192.bias.cfg_t512_r1_v8_reg n16384.bias.cfg_t1024_r1_v8_smem n32768.bias.cfg_t1024_r1_v8_c2_smem \
-      n40960.bias.cfg_t1024_r1_v8_gmem n65536.bias.cfg_t1024_r1_v8_c4_smem; do AB="$AB layernorm.bwd.bf16.w_f32.$c"; done
-  AB="$AB rmsnorm.bwd.bf16.w_f32.n8192.cfg_t512_r1_v8_reg rmsnorm.bwd.bf16.w_f32.n40960.cfg_t1024_r1_v8_gmem"
-  AB="$AB layernorm.fwd_train.bf16.w_bf16.n40960.bias.cfg_t1024_r1_v8_smem layernorm.fwd_train.bf16.w_bf16.n49152.bias.cfg_t1024_r1_v8_smem"
-  AB="$AB rmsnorm.fwd_train.bf16.w_bf16.n40960.cfg_t1024_r1_v8_gmem rmsnorm.fwd_train.bf16.w_bf16.n49152.cfg_t1024_r1_v8_gmem"
+  # The previous (session 6) heuristic's picks where this session's changed, pinned by cfg.
+  AB="$LF.n40960.bias.cfg_t1024_r1_v8_pipe $RF.n40960.cfg_t1024_r1_v8_pipe $LF.n49152.bias.cfg_t1024_r1_v8_pipe"
+  AB="$AB $RF.n49152.cfg_t1024_r1_v8_pipe $RF.n57344.cfg_t448_r1_v8_c2_smem"
   build/normjit-bench --rows 32768 --json "$OUT/normjit_perf_ab.json" $AB 2>&1 | tail -3
-  ABL="layernorm.fwd_train.bf16.w_bf16.n98304.bias.cfg_t1024_r1_v8_smem rmsnorm.fwd_train.bf16.w_bf16.n98304.cfg_t1024_r1_v8_smem"
-  ABL="$ABL layernorm.bwd.bf16.w_f32.n131072.bias.cfg_t1024_r1_v8_c8_smem"
+  ABL="$LB.n81920.bias.cfg_t1024_r1_v8_c8_pipe $RB.n81920.cfg_t1024_r1_v8_c4_pipe"
   build/normjit-bench --rows 4096 --json "$OUT/normjit_perf_ab_large.json" $ABL 2>&1 | tail -3
   python3 bench/summary.py "$OUT"/normjit_perf.json "$OUT"/normjit_perf_large.json "$OUT"/normjit_perf_ab.json \
     "$OUT"/normjit_perf_ab_large.json \

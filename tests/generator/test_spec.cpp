@@ -161,10 +161,20 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.fwd_train.bf16.n19456", 16, 80) == BlockConfig{608, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.f32.n10240") == BlockConfig{640, 1, 4, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n65536") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
-  // Pipelined rows in one CTA up to 200 KB (16-byte packs), then 4-8-CTA clusters of 64 KB
+  // Past 4 packs of 8 per thread, 2-byte rows whose 4-element packs split evenly over 1024 threads
+  // stay in registers up to 12 per thread (LayerNorm) or 15 (RMSNorm) on sm_90.
+  CHECK(block("layernorm.fwd_train.bf16.n40960") == BlockConfig{1024, 1, 4, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n49152") == BlockConfig{1024, 1, 4, RowCache::kRegisters});
+  CHECK(block("adalayernorm.fwd_infer.f16.n49152.bias") == BlockConfig{1024, 1, 4, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n53248") == BlockConfig{416, 1, 8, RowCache::kShared, 2});
+  CHECK(block("rmsnorm.fwd_train.bf16.n61440") == BlockConfig{1024, 1, 4, RowCache::kRegisters});
+  CHECK(block("rmsnorm.fwd_train.bf16.n65536") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
+  CHECK(block("rmsnorm.fwd_train.f32.n40960").cache != RowCache::kRegisters);
+  CHECK(block("rmsnorm.fwd_train.bf16.n40960", 16, 80).cache == RowCache::kGlobal);
+  // Else pipelined rows in one CTA up to 200 KB (16-byte packs), then 4-8-CTA clusters of 64 KB
   // segments; odd N keeps one buffer (LayerNorm) or streams (RMSNorm).
-  CHECK(block("layernorm.fwd_train.bf16.n40960") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined});
-  CHECK(block("rmsnorm.fwd_train.bf16.n49152") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined});
+  CHECK(block("layernorm.fwd_train.bf16.n33792") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined});
+  CHECK(block("layernorm.fwd_train.bf16.n40968") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined});
   CHECK(block("rmsnorm.fwd_train.bf16.n98304") == BlockConfig{384, 1, 8, RowCache::kShared, 4});
   CHECK(block("layernorm.fwd_train.bf16.n40961") == BlockConfig{1024, 1, 1, RowCache::kShared});
   CHECK(block("rmsnorm.fwd_train.bf16.n40961") == BlockConfig{1024, 1, 1, RowCache::kGlobal});
@@ -214,6 +224,10 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.bwd.bf16.w_f32.n98304.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
   CHECK(block("layernorm.bwd.bf16.w_f32.n40960.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4});
   CHECK(block("layernorm.bwd.bf16.w_f32.n131072.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 8});
+  // Past 65536, 4-CTA one-buffer segments of up to 3 packs per thread, ragged or not.
+  CHECK(block("layernorm.bwd.bf16.w_f32.n81920.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n73728") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n114688") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 8});
   CHECK(block("layernorm.bwd.bf16.w_f32.n262144.bias") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
   // Warp rows, 8 per CTA, up to 4 packs per lane.
   CHECK(block("layernorm.bwd.bf16.w_f32.n1024.bias") == BlockConfig{32, 8, 8, RowCache::kRegisters});

@@ -40,7 +40,7 @@ TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
           }
   // Every strategy and the size extremes, per x dtype.
   for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
-    for (int64_t n : {2, 32, 256, 768, 2880, 4096, 5120, 8192, 12288, 16384, 18432, 28672, 65536, 131072, 262144})
+    for (int64_t n : {2, 32, 256, 768, 2880, 4096, 5120, 8192, 12288, 16384, 18432, 28672, 40960, 65536, 81920, 131072, 262144})
       for (Norm norm : norms)
         for (Phase phase : {Phase::kForwardTraining, Phase::kBackward})
           specs.push_back(resolve(Spec::make(norm, phase, x, n, true)));
