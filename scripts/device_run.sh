@@ -132,8 +132,8 @@ fi
 if [[ ,$STAGE, == *,tunelarge,* ]]; then
   # normjit-tune over the shapes that miss the goals, where the space holds clustered and
   # pipelined rows; then the runtime re-times the winners from the database.
-  T="$LB.n20480.bias $LB.n24576.bias $LB.n40960.bias $LF.n49152.bias $LF.n65536.bias $RB.n16384"
-  TL="$LB.n81920.bias $RB.n81920 $LB.n131072.bias"
+  T=${TUNE_SPECS:-"$LB.n20480.bias $LB.n24576.bias $LB.n40960.bias $LF.n49152.bias $LF.n65536.bias $RB.n16384"}
+  TL=${TUNE_SPECS_LARGE:-"$LB.n81920.bias $RB.n81920 $LB.n131072.bias"}
   build/normjit-tune --rows 32768 --budget-s ${TUNE_BUDGET_S:-25} --max-candidates ${TUNE_CANDIDATES:-24} \
     --tuning-db "$OUT/tuning.json" --json "$OUT/tunelarge.json" $T 2>"$OUT/tunelarge.err" | tee "$OUT/tunelarge.txt" | tail -8
   build/normjit-tune --rows 4096 --budget-s ${TUNE_BUDGET_S:-25} --max-candidates ${TUNE_CANDIDATES:-24} \
