@@ -159,6 +159,17 @@ if [[ ,$STAGE, == *,sweep7,* ]]; then
   lbl $RB.n131072 t1024_r1_v8_c4_smem t1024_r1_v8_c8_smem t1024_r1_v8_c8_pipe
   run_ab sweep7
 fi
+if [[ ,$STAGE, == *,ab7b,* ]]; then
+  # One-buffer 2-CTA backward segments of 2-3 packs per thread against the pipelined picks (RMS
+  # 34816-45056); LN forward one-CTA shared rows at 53248-61440 against 2-CTA ones; LN forward
+  # 8-CTA shared rows of 7-8 packs per thread at 81920-131072.
+  X=""; Y=""
+  for n in 34816 36864 40960 45056; do lb $RB.n$n t1024_r1_v8_c2_smem; done
+  lb $LF.n53248.bias t832_r1_v8_smem; lb $LF.n57344.bias t896_r1_v8_smem; lb $LF.n61440.bias t960_r1_v8_smem
+  lbl $LF.n81920.bias t160_r1_v8_c8_smem; lbl $LF.n98304.bias t192_r1_v8_c8_smem
+  lbl $LF.n114688.bias t224_r1_v8_c8_smem t256_r1_v8_c8_smem; lbl $LF.n131072.bias t256_r1_v8_c8_smem
+  run_ab ab7b
+fi
 if [[ ,$STAGE, == *,loadstats,* ]]; then
   # First get of every kernel that came from the disk cache, over all of this call's bench runs.
   python3 bench/load_stats.py $(ls "$OUT"/*.json | grep -v tuning.json) | tee "$OUT/table_loadstats.md"
