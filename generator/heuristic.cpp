@@ -60,9 +60,11 @@ constexpr int64_t kBackwardPipeBytes = 160 * 1024;
 // Fewest threads per CTA of the 2-CTA pipelined rows that replace one CTA keeping dbeta sums in
 // shared memory (see backward_large_row).
 constexpr int kDbetaClusterMinThreads = 896;
-// Rows longer than this many 16-byte packs (bf16: 65536), see backward_large_row.
+// Clustered segments of more than 2 and at most 3 packs per thread keep one buffer; with the dbeta
+// sums in shared memory only in rows longer than kLongRowPacks (bf16: 65536). See backward_large_row.
+constexpr int64_t kOneBufferMinPacks = 2;
+constexpr int64_t kOneBufferMaxPacks = 3;
 constexpr int64_t kLongRowPacks = 8192;
-constexpr int64_t kLongRowMaxPacks = 3;
 // - Register rows of 2 packs per thread at these thread counts (pipelined rows hold only the
 //   sums in registers: 64-71 registers instead of 96-122, so 2-4 CTAs per SM). LN with dbeta: 3584
 //   84.8 -> 89.0 %, 4096 87.8 -> 88.6, 7168 81.4 -> 85.1, 8192 85.1 -> 93.8; RMS 8192 85.9 -> 93.9.
@@ -143,11 +145,15 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
     if (s.epilogue == Epilogue::kReluBitmask && (s.n / c) % 8 != 0) continue;
     // Pipelined segments may be ragged (RMS 40960, 2 x 1024 threads of 2.5 packs: 81.1 % against
     // 57.6 % split); one-buffer ones only whole iterations (ragged: 40-55 % at N = 20480-49152)...
-    // ...except rows past kLongRowPacks in 4 CTAs of at most 3 packs per thread: one buffer, ragged
-    // or not (bf16, H100, M = 4096, session 7: RMS 73728-90112 68-72 -> 83-86 % of copy against the
-    // 4-CTA pipelined row, LN 73728-90112 61-72 -> 72-75 % against the 8-CTA one; at 3.5 packs,
-    // 114688, it lost by 9-11 points).
-    if (c == 4 && packs > kLongRowPacks && packs / c <= kLongRowMaxPacks * kClusterThreads && fits(b)) return b;
+    // ...except segments of 2-3 packs per thread in 2 or 4 CTAs: one buffer, ragged or not (bf16,
+    // H100, session 7, against the pipelined picks: RMS 34816-45056 (2 CTAs, M = 32768) 79-85 ->
+    // 89-92 % of copy; M = 4096, 4 CTAs: RMS 73728-90112 68-72 -> 83-86 %, LN 73728-90112 61-72 ->
+    // 72-75 %; at 3.5 packs, 114688, it lost by 9-11 points). With the dbeta sums in shared memory
+    // only as measured, past kLongRowPacks.
+    const int64_t segment = packs / c;
+    if (c <= 4 && segment > kOneBufferMinPacks * kClusterThreads && segment <= kOneBufferMaxPacks * kClusterThreads &&
+        fits(b) && (packs > kLongRowPacks || !dbeta_sums_in_shared(s, b)))
+      return b;
     if (pipe_fits(b)) {
       b.cache = RowCache::kSharedPipelined;
       return b;
@@ -170,6 +176,7 @@ constexpr int64_t kForwardStreamingN = 65536;
 // for one CTA; 131072 4 x 512: 88.0 / 98.0 %; 262144 8 x 512: 84.9 / 97.3 %).
 constexpr int64_t kForwardClusterSegmentBytes = 64 * 1024;
 constexpr int64_t kForwardClusterPacks = 8;
+constexpr int64_t kForwardClusterSegmentBytesLayerNorm = 48 * 1024;
 
 // Past 32 elements per thread in 16-byte packs, rows of 2-byte x stay in 1024 threads' registers
 // as 8-byte packs of 4 elements, up to this many per thread; no spill at either bound (ptxas,
@@ -205,14 +212,22 @@ std::optional<BlockConfig> forward_large_row(const Spec& s, int vec, int64_t pac
   b.cache = pipelined ? RowCache::kSharedPipelined : RowCache::kShared;
   if (shared_row_bytes(s, b) <= kForwardSharedBytes) return b;
   b.cache = RowCache::kShared;
-  for (int c = 2; c <= kMaxCluster; c *= 2) {
-    b.cluster = c;
-    if (packs % c != 0 || shared_row_bytes(s, b) > kForwardClusterSegmentBytes) continue;
-    if (s.epilogue == Epilogue::kReluBitmask && (s.n / c) % 8 != 0) continue;
-    const int64_t t = round_up((packs / c + kForwardClusterPacks - 1) / kForwardClusterPacks, 32);
-    if (t > 1024) continue;
-    b.threads_per_row = static_cast<int>(t);
-    return b;
+  // LayerNorm first tries smaller segments (it also reads beta): bf16, H100, session 7, M = 4096:
+  // 114688 c4 t448 85.1 -> c8 t224 90.5 %, 131072 c4 t512 90.4 -> c8 t256 93.3 %; where the 4-CTA
+  // segment stays within it (81920, 98304) the 8-CTA one lost a point.
+  // Below 65536 the 2-CTA segments stay (53248-61440: 89-95 %, the 4-CTA ones not measured).
+  const bool layernorm = s.norm != Norm::kRMSNorm && s.n > kForwardStreamingN;
+  for (const int64_t limit : {layernorm ? kForwardClusterSegmentBytesLayerNorm : kForwardClusterSegmentBytes,
+                              kForwardClusterSegmentBytes}) {
+    for (int c = 2; c <= kMaxCluster; c *= 2) {
+      b.cluster = c;
+      if (packs % c != 0 || shared_row_bytes(s, b) > limit) continue;
+      if (s.epilogue == Epilogue::kReluBitmask && (s.n / c) % 8 != 0) continue;
+      const int64_t t = round_up((packs / c + kForwardClusterPacks - 1) / kForwardClusterPacks, 32);
+      if (t > 1024) continue;
+      b.threads_per_row = static_cast<int>(t);
+      return b;
+    }
   }
   return std::nullopt;
 }

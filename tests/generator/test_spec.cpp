@@ -179,7 +179,10 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.fwd_train.bf16.n40961") == BlockConfig{1024, 1, 1, RowCache::kShared});
   CHECK(block("rmsnorm.fwd_train.bf16.n40961") == BlockConfig{1024, 1, 1, RowCache::kGlobal});
   CHECK(block("layernorm.fwd_train.bf16.n40960", 16, 80).cache == RowCache::kGlobal);
-  CHECK(block("layernorm.fwd_train.bf16.n131072") == BlockConfig{512, 1, 8, RowCache::kShared, 4});
+  // LayerNorm past 65536: segments of up to 48 KB first (8 CTAs here), else 64 KB.
+  CHECK(block("layernorm.fwd_train.bf16.n131072") == BlockConfig{256, 1, 8, RowCache::kShared, 8});
+  CHECK(block("layernorm.fwd_train.bf16.n98304") == BlockConfig{384, 1, 8, RowCache::kShared, 4});
+  CHECK(block("rmsnorm.fwd_train.bf16.n131072") == BlockConfig{512, 1, 8, RowCache::kShared, 4});
   CHECK(block("layernorm.fwd_train.bf16.n262144") == BlockConfig{512, 1, 8, RowCache::kShared, 8});
   CHECK(block("layernorm.fwd_train.bf16.n262144", 16, 80).cache == RowCache::kGlobal);
   CHECK(block("layernorm.fwd_train.f32.n65536").cache == RowCache::kGlobal);
@@ -208,7 +211,10 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   // 1024-thread rows pipelined where two buffers take at most 160 KB per CTA.
   CHECK(block("layernorm.bwd.bf16.w_f32.n32768.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 2});
   CHECK(block("layernorm.bwd.bf16.w_f32.n65536.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n40960") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 2});
+  // One buffer where the segments take 2-3 packs per thread (ragged here), pipelined below.
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n40960") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n34816") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n57344") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n98304") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n65536") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n262144") == BlockConfig{1024, 1, 8, RowCache::kShared, 8});

@@ -5,8 +5,8 @@ using namespace gpu_test;
 
 TEST_CASE("forward kernels match the fp64 reference over ops x dtypes x N x rows") {
   // 40960 / 61440: 2-byte x rows of 4-element packs in 1024 threads' registers (sm_90; LayerNorm
-  // at 61440 a 2-CTA shared row).
-  const int64_t ns[] = {1, 7, 127, 256, 1000, 2880, 4096, 4097, 8192, 18432, 20001, 20480, 32768, 40960, 61440, 65536, 262144};
+  // at 61440 a 2-CTA shared row); 131072: LayerNorm in 8 CTAs, RMSNorm in 4.
+  const int64_t ns[] = {1, 7, 127, 256, 1000, 2880, 4096, 4097, 8192, 18432, 20001, 20480, 32768, 40960, 61440, 65536, 131072, 262144};
   std::vector<Case> cases;
   for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
     for (Phase phase : {Phase::kForwardTraining, Phase::kForwardInference})
