@@ -62,9 +62,11 @@ if [[ $STAGE == all || ,$STAGE, == *,perf,* ]]; then
   build/normjit-bench --rows 4096 --json "$OUT/normjit_perf_large.json" $L 2>&1 | tail -3
   # The previous (session 6) heuristic's picks where this session's changed, pinned by cfg.
   AB="$LF.n40960.bias.cfg_t1024_r1_v8_pipe $RF.n40960.cfg_t1024_r1_v8_pipe $LF.n49152.bias.cfg_t1024_r1_v8_pipe"
-  AB="$AB $RF.n49152.cfg_t1024_r1_v8_pipe $RF.n57344.cfg_t448_r1_v8_c2_smem"
+  AB="$AB $RF.n49152.cfg_t1024_r1_v8_pipe $RF.n57344.cfg_t448_r1_v8_c2_smem $RB.n36864.cfg_t1024_r1_v8_c2_pipe"
+  AB="$AB $RB.n40960.cfg_t1024_r1_v8_c2_pipe"
   build/normjit-bench --rows 32768 --json "$OUT/normjit_perf_ab.json" $AB 2>&1 | tail -3
   ABL="$LB.n81920.bias.cfg_t1024_r1_v8_c8_pipe $RB.n81920.cfg_t1024_r1_v8_c4_pipe"
+  ABL="$ABL $LF.n114688.bias.cfg_t448_r1_v8_c4_smem $LF.n131072.bias.cfg_t512_r1_v8_c4_smem"
   build/normjit-bench --rows 4096 --json "$OUT/normjit_perf_ab_large.json" $ABL 2>&1 | tail -3
   python3 bench/summary.py "$OUT"/normjit_perf.json "$OUT"/normjit_perf_large.json "$OUT"/normjit_perf_ab.json \
     "$OUT"/normjit_perf_ab_large.json \
