@@ -7,6 +7,9 @@
 #include <xxhash.h>
 
 #include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -96,13 +99,25 @@ std::string deserialize(const std::string& bytes, Binary& b) {
   return {};
 }
 
+// One read into a buffer of the file's size: this is on every disk-cache hit.
 bool read_file(const fs::path& path, std::string& out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  out = ss.str();
-  return static_cast<bool>(in) || in.eof();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  bool ok = ::fstat(fd, &st) == 0;
+  if (ok) {
+    out.resize(static_cast<size_t>(st.st_size));
+    size_t done = 0;
+    while (ok && done < out.size()) {
+      const ssize_t n = ::read(fd, out.data() + done, out.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) ok = false;  // an error, or the file shrank: the caller sees a bad entry
+      else done += static_cast<size_t>(n);
+    }
+    out.resize(done);
+  }
+  ::close(fd);
+  return ok || !out.empty();
 }
 
 // Writes to a unique temp name in the same directory, then renames over `path`.
@@ -202,26 +217,40 @@ fs::path DiskCache::default_dir() {
 std::string DiskCache::key(const GeneratedSource& src, const Target& target) {
   // Everything that changes the bytes: source, the headers it includes, options, arch,
   // NVRTC version and normjit version.
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_128bits_reset(st);
-  auto add = [&](const std::string& s) {
+  auto add = [](XXH3_state_t* st, const std::string& s) {
     const uint64_t n = s.size();
     XXH3_128bits_update(st, &n, sizeof(n));
     XXH3_128bits_update(st, s.data(), s.size());
   };
-  add("normjit-cache-key-v2");  // v2: a spilling kernel is compiled again (compile)
-  add(version());
-  add(std::to_string(nvrtc_version()));
-  add(target.str());
-  for (const auto& o : compile_options(target)) add(o);
-  for (const auto& [name, text] : device_headers()) {
-    add(name);
-    add(text);
+  // Everything but the source is fixed per target and process (options read the environment
+  // once per prefix): hashed once, then copied for each key.
+  static std::mutex prefix_mutex;
+  static std::map<std::string, std::shared_ptr<XXH3_state_t>> prefixes;
+  std::shared_ptr<XXH3_state_t> prefix;
+  {
+    std::lock_guard<std::mutex> lock(prefix_mutex);
+    std::string id = target.str();
+    for (const auto& o : compile_options(target)) id += '\n' + o;
+    auto& slot = prefixes[id];
+    if (!slot) {
+      slot.reset(XXH3_createState(), XXH3_freeState);
+      XXH3_128bits_reset(slot.get());
+      add(slot.get(), "normjit-cache-key-v2");  // v2: a spilling kernel is compiled again (compile)
+      add(slot.get(), version());
+      add(slot.get(), std::to_string(nvrtc_version()));
+      add(slot.get(), target.str());
+      for (const auto& o : compile_options(target)) add(slot.get(), o);
+      for (const auto& [name, text] : device_headers()) {
+        add(slot.get(), name);
+        add(slot.get(), text);
+      }
+    }
+    prefix = slot;
   }
-  add(src.source);
-  const std::string k = hex128(XXH3_128bits_digest(st));
-  XXH3_freeState(st);
-  return k;
+  XXH3_state_t st;
+  XXH3_copyState(&st, prefix.get());
+  add(&st, src.source);
+  return hex128(XXH3_128bits_digest(&st));
 }
 
 CacheCounters DiskCache::counters() const {
