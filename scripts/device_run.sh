@@ -172,6 +172,15 @@ if [[ ,$STAGE, == *,ab7b,* ]]; then
   lbl $LF.n114688.bias t224_r1_v8_c8_smem t256_r1_v8_c8_smem; lbl $LF.n131072.bias t256_r1_v8_c8_smem
   run_ab ab7b
 fi
+if [[ ,$STAGE, == *,ab7c,* ]]; then
+  # 2-CTA one-buffer backward segments where the one-buffer rule does not reach yet: LayerNorm
+  # with the dbeta sums in shared memory (36864-57344), and 3.5-3.75 packs per thread (RMS 57344 /
+  # 61440), against the picks (4-CTA pipelined).
+  X=""; Y=""
+  for n in 36864 40960 45056 57344; do lb $LB.n$n.bias t1024_r1_v8_c2_smem; done
+  for n in 57344 61440; do lb $RB.n$n t1024_r1_v8_c2_smem; done
+  run_ab ab7c
+fi
 if [[ ,$STAGE, == *,loadstats,* ]]; then
   # First get of every kernel that came from the disk cache, over all of this call's bench runs.
   python3 bench/load_stats.py $(ls "$OUT"/*.json | grep -v tuning.json) | tee "$OUT/table_loadstats.md"
