@@ -21,9 +21,11 @@ LB=layernorm.bwd.bf16.w_f32; RB=rmsnorm.bwd.bf16.w_f32; LF=layernorm.fwd_train.b
 lb() { local v=$1; shift; X="$X $v"; for c in "$@"; do X="$X $v.cfg_$c"; done; }
 lbl() { local v=$1; shift; Y="$Y $v"; for c in "$@"; do Y="$Y $v.cfg_$c"; done; }
 run_ab() {
-  build/normjit-bench --rows 32768 --json "$OUT/$1.json" $X > "$OUT/$1.txt" 2>&1
-  build/normjit-bench --rows 4096 --json "$OUT/$1_large.json" $Y > "$OUT/$1_large.txt" 2>&1
-  python3 bench/summary.py "$OUT/$1.json" "$OUT/$1_large.json" | tee "$OUT/table_$1.md"
+  local files=""
+  [[ -n $X ]] && build/normjit-bench --rows 32768 --json "$OUT/$1.json" $X > "$OUT/$1.txt" 2>&1 && files="$OUT/$1.json"
+  [[ -n $Y ]] && build/normjit-bench --rows 4096 --json "$OUT/$1_large.json" $Y > "$OUT/$1_large.txt" 2>&1 &&
+    files="$files $OUT/$1_large.json"
+  python3 bench/summary.py $files | tee "$OUT/table_$1.md"
   grep -iE "error|fail|exceed" "$OUT"/$1*.txt | head
 }
 if [[ $STAGE == all || ,$STAGE, == *,tests,* ]]; then
