@@ -60,11 +60,10 @@ constexpr int64_t kBackwardPipeBytes = 160 * 1024;
 // Fewest threads per CTA of the 2-CTA pipelined rows that replace one CTA keeping dbeta sums in
 // shared memory (see backward_large_row).
 constexpr int kDbetaClusterMinThreads = 896;
-// Clustered segments of more than 2 and at most 3 packs per thread keep one buffer; with the dbeta
-// sums in shared memory only in rows longer than kLongRowPacks (bf16: 65536). See backward_large_row.
+// Clustered segments of more than 2 and at most 3 packs per thread keep one buffer (see
+// backward_large_row).
 constexpr int64_t kOneBufferMinPacks = 2;
 constexpr int64_t kOneBufferMaxPacks = 3;
-constexpr int64_t kLongRowPacks = 8192;
 // - Register rows of 2 packs per thread at these thread counts (pipelined rows hold only the
 //   sums in registers: 64-71 registers instead of 96-122, so 2-4 CTAs per SM). LN with dbeta: 3584
 //   84.8 -> 89.0 %, 4096 87.8 -> 88.6, 7168 81.4 -> 85.1, 8192 85.1 -> 93.8; RMS 8192 85.9 -> 93.9.
@@ -147,12 +146,12 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
     // 57.6 % split); one-buffer ones only whole iterations (ragged: 40-55 % at N = 20480-49152)...
     // ...except segments of 2-3 packs per thread in 2 or 4 CTAs: one buffer, ragged or not (bf16,
     // H100, session 7, against the pipelined picks: RMS 34816-45056 (2 CTAs, M = 32768) 79-85 ->
-    // 89-92 % of copy; M = 4096, 4 CTAs: RMS 73728-90112 68-72 -> 83-86 %, LN 73728-90112 61-72 ->
-    // 72-75 %; at 3.5 packs, 114688, it lost by 9-11 points). With the dbeta sums in shared memory
-    // only as measured, past kLongRowPacks.
+    // 89-92 % of copy, LN with the dbeta sums in shared memory 36864-45056 71-78 -> 81-83 % (against
+    // 4 CTAs); M = 4096, 4 CTAs: RMS 73728-90112 68-72 -> 83-86 %, LN 73728-90112 61-72 -> 72-75 %.
+    // At 3.5-3.75 packs it lost: 114688 by 9-11 points, RMS / LN 57344 by 6 / 10).
     const int64_t segment = packs / c;
     if (c <= 4 && segment > kOneBufferMinPacks * kClusterThreads && segment <= kOneBufferMaxPacks * kClusterThreads &&
-        fits(b) && (packs > kLongRowPacks || !dbeta_sums_in_shared(s, b)))
+        fits(b))
       return b;
     if (pipe_fits(b)) {
       b.cache = RowCache::kSharedPipelined;
