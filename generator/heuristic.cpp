@@ -185,10 +185,12 @@ constexpr int64_t kForwardClusterSegmentBytesLayerNorm = 48 * 1024;
 constexpr int64_t kWideRegisterPacks = 15;
 constexpr int64_t kWideRegisterPacksLayerNorm = 12;
 
-std::optional<BlockConfig> forward_wide_register_row(const Spec& s) {
+// `vec`: the widest pack the caller's alignment allows.
+std::optional<BlockConfig> forward_wide_register_row(const Spec& s, int vec) {
   constexpr int kVec = 4;
   // Whole iterations only: ragged rows (N = 33792, 8.25 packs) spilled 24-64 bytes.
-  if (dtype_size(s.x_dtype) != 2 || s.n % (kVec * 1024) != 0 || s.n == kForwardStreamingN) return std::nullopt;
+  if (vec < kVec || dtype_size(s.x_dtype) != 2 || s.n % (kVec * 1024) != 0 || s.n == kForwardStreamingN)
+    return std::nullopt;
   const int64_t per_thread = (s.n / kVec + 1023) / 1024;
   if (per_thread > (s.norm == Norm::kRMSNorm ? kWideRegisterPacks : kWideRegisterPacksLayerNorm)) return std::nullopt;
   BlockConfig b;
@@ -299,7 +301,7 @@ Spec resolve(const Spec& spec, int max_vec, int sm) {
     b.cache = fits_registers ? RowCache::kRegisters : RowCache::kGlobal;
     if (two_cta_shared_row) b.cache = RowCache::kShared;
     if (b.cache == RowCache::kGlobal && sm >= 90)
-      if (const auto wide = forward_wide_register_row(s)) b = *wide;
+      if (const auto wide = forward_wide_register_row(s, b.vec)) b = *wide;
     if (b.cache == RowCache::kGlobal && sm >= 90)
       if (const auto large = forward_large_row(s, b.vec, packs)) b = *large;
   }

@@ -171,6 +171,7 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("rmsnorm.fwd_train.bf16.n65536") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
   CHECK(block("rmsnorm.fwd_train.f32.n40960").cache != RowCache::kRegisters);
   CHECK(block("rmsnorm.fwd_train.bf16.n40960", 16, 80).cache == RowCache::kGlobal);
+  CHECK(block("rmsnorm.fwd_train.bf16.n40960", 2).vec == 2);  // the caller's alignment holds
   // Else pipelined rows in one CTA up to 200 KB (16-byte packs), then 4-8-CTA clusters of 64 KB
   // segments; odd N keeps one buffer (LayerNorm) or streams (RMSNorm).
   CHECK(block("layernorm.fwd_train.bf16.n33792") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined});
