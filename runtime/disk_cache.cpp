@@ -222,15 +222,16 @@ std::string DiskCache::key(const GeneratedSource& src, const Target& target) {
     XXH3_128bits_update(st, &n, sizeof(n));
     XXH3_128bits_update(st, s.data(), s.size());
   };
-  // Everything but the source is fixed per target and process (options read the environment
-  // once per prefix): hashed once, then copied for each key.
+  // Everything but the source is fixed for a target and its options (which follow the
+  // environment): hashed once per such prefix, then copied for each key.
   static std::mutex prefix_mutex;
   static std::map<std::string, std::shared_ptr<XXH3_state_t>> prefixes;
+  const std::vector<std::string> options = compile_options(target);
+  std::string id = target.str();
+  for (const auto& o : options) id += '\n' + o;
   std::shared_ptr<XXH3_state_t> prefix;
   {
     std::lock_guard<std::mutex> lock(prefix_mutex);
-    std::string id = target.str();
-    for (const auto& o : compile_options(target)) id += '\n' + o;
     auto& slot = prefixes[id];
     if (!slot) {
       slot.reset(XXH3_createState(), XXH3_freeState);
@@ -239,7 +240,7 @@ std::string DiskCache::key(const GeneratedSource& src, const Target& target) {
       add(slot.get(), version());
       add(slot.get(), std::to_string(nvrtc_version()));
       add(slot.get(), target.str());
-      for (const auto& o : compile_options(target)) add(slot.get(), o);
+      for (const auto& o : options) add(slot.get(), o);
       for (const auto& [name, text] : device_headers()) {
         add(slot.get(), name);
         add(slot.get(), text);
