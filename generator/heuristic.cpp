@@ -218,8 +218,9 @@ std::optional<BlockConfig> forward_large_row(const Spec& s, int vec, int64_t pac
   // segment stays within it (81920, 98304) the 8-CTA one lost a point.
   // Below 65536 the 2-CTA segments stay (53248-61440: 89-95 %, the 4-CTA ones not measured).
   const bool layernorm = s.norm != Norm::kRMSNorm && s.n > kForwardStreamingN;
-  for (const int64_t limit : {layernorm ? kForwardClusterSegmentBytesLayerNorm : kForwardClusterSegmentBytes,
-                              kForwardClusterSegmentBytes}) {
+  const int64_t limits[] = {kForwardClusterSegmentBytesLayerNorm, kForwardClusterSegmentBytes};
+  for (int pass = layernorm ? 0 : 1; pass < 2; ++pass) {
+    const int64_t limit = limits[pass];
     for (int c = 2; c <= kMaxCluster; c *= 2) {
       b.cluster = c;
       if (packs % c != 0 || shared_row_bytes(s, b) > limit) continue;
