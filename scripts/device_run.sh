@@ -34,7 +34,7 @@ if [[ $STAGE == all || ,$STAGE, == *,tests,* ]]; then
   else
     (cd build && ctest --output-on-failure -V -R normjit_gpu_tests 2>&1 | tail -40) | tee "$OUT/gpu_tests.log" | tail -15
   fi
-  (cd build && ctest --output-on-failure -E normjit_gpu_tests >"$OUT/cpu_tests.log" 2>&1; tail -8 "$OUT/cpu_tests.log")
+  [[ ${CPU_TESTS:-1} == 1 ]] && (cd build && ctest --output-on-failure -E normjit_gpu_tests >"$OUT/cpu_tests.log" 2>&1; tail -8 "$OUT/cpu_tests.log")
   [[ ${MEMCHECK:-1} == 1 ]] && timeout ${MEMCHECK_S:-240} compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/normjit_gpu_tests \
     -tc="strided*,variance*,unaligned*,seed*,epilogue backward*,pipelined*" \
     >"$OUT/memcheck.log" 2>&1; echo "== memcheck rc=$? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"; tail -3 "$OUT/memcheck.log"
@@ -396,6 +396,44 @@ if [[ ,$STAGE, == *,pdl,* ]]; then
   done; done
   python3 bench/ab_rounds.py "dependent launch" plain "$OUT"/pdl1_r{1,2}.json "$OUT"/pdl0_r{1,2}.json | tee "$OUT/table_pdl.md"
   grep -iE "error|fail|exceed" "$OUT"/pdl*.txt | head
+fi
+if [[ ,$STAGE, == *,onekernel,* ]]; then
+  # The fused backward as one cooperative kernel that reduces dgamma/dbeta itself (default) against
+  # the separate reduction kernel (NORMJIT_BWD_REDUCE=kernel), alternating processes, two rounds:
+  # M = 32768, and the launch-bound shapes under CUDA-graph replay. Then the launch-bound shapes
+  # with fewer, longer-lived CTAs (NORMJIT_BWD_MIN_ROW_BLOCKS_PER_SLOT).
+  B=""; for n in ${ONEK_NS:-256 512 768 1024 2048 4096 7168 16384}; do B="$B $LB.n$n.bias $RB.n$n"; done
+  G="layernorm.bwd.f16.n768.bias layernorm.bwd.bf16.n768.bias rmsnorm.bwd.f16.n128 rmsnorm.bwd.bf16.n128"
+  for round in 1 2; do for mode in fused kernel; do
+    NORMJIT_BWD_REDUCE=$mode build/normjit-bench --rows 32768 --json "$OUT/onek_${mode}_r$round.json" $B > "$OUT/onek_${mode}_r$round.txt" 2>&1
+    NORMJIT_BWD_REDUCE=$mode build/normjit-bench --graph --rows 4096 --json "$OUT/onek_${mode}_graph_r$round.json" $G 2>&1 \
+      | tee "$OUT/onek_${mode}_graph_r$round.txt" | grep -E "bwd" | sed "s/^/mode=$mode round=$round /"
+  done; done
+  for k in ${ONEK_MIN_BLOCKS:-2 4 8}; do
+    NORMJIT_BWD_MIN_ROW_BLOCKS_PER_SLOT=$k build/normjit-bench --graph --rows 4096 --json "$OUT/onek_min${k}_graph.json" $G 2>&1 \
+      | tee "$OUT/onek_min${k}_graph.txt" | grep -E "bwd" | sed "s/^/min_row_blocks=$k /"
+  done
+  python3 bench/ab_rounds.py "one kernel" "two kernels" "$OUT"/onek_fused_r{1,2}.json "$OUT"/onek_kernel_r{1,2}.json | tee "$OUT/table_onek.md"
+  grep -iE "error|fail|exceed" "$OUT"/onek*.txt | head
+fi
+if [[ ,$STAGE, == *,onekprobe,* ]]; then
+  # Where the one-kernel backward's time goes: ncu kernel durations in both modes; graph replay
+  # without the barrier's clear (timing only: the barrier then never waits) and with longer sleeps.
+  G="layernorm.bwd.f16.n768.bias rmsnorm.bwd.f16.n128"
+  for mode in fused kernel; do
+    for spec in $G; do
+      NORMJIT_BWD_REDUCE=$mode timeout 100 ncu --csv --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size -k regex:normjit_ \
+        build/normjit-bench --rows 4096 --no-verify --warmup 1 --reps 1 --batch 1 $spec > "$OUT/ncu_onek_${mode}_$spec.csv" 2>&1
+    done
+    NORMJIT_BWD_REDUCE=$mode timeout 100 ncu --csv --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size -k regex:normjit_ \
+      build/normjit-bench --rows 32768 --no-verify --warmup 1 --reps 1 --batch 1 $RB.n2048 $RB.n256 > "$OUT/ncu_onek_${mode}_m32768.csv" 2>&1
+  done
+  python3 bench/ncu_table.py "$OUT"/ncu_onek_*.csv | tee "$OUT/table_onekprobe.md"
+  NORMJIT_EXPERIMENT_SKIP_CLEAR=1 build/normjit-bench --graph --no-verify --rows 4096 $G 2>&1 | grep bwd | sed "s/^/skip-clear /"
+  for ns in 0 256 1000; do
+    NORMJIT_NVRTC_EXTRA_OPTIONS="-DNORMJIT_BARRIER_SLEEP_NS=$ns" build/normjit-bench --graph --rows 4096 $G 2>&1 | grep bwd | sed "s/^/sleep=$ns /"
+  done
+  build/normjit-bench --graph --rows 4096 $G 2>&1 | grep bwd | sed "s/^/default /"
 fi
 if [[ ,$STAGE, == *,csum,* ]]; then
   # Clustered rows: the row-sum exchange released by its one writer (default) against a release

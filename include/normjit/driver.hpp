@@ -39,6 +39,7 @@ namespace normjit {
   X(cuMemcpyDtoH)                   \
   X(cuMemcpyDtoDAsync)              \
   X(cuMemsetD8)                     \
+  X(cuMemsetD32Async)               \
   X(cuStreamCreate)                 \
   X(cuStreamDestroy)                \
   X(cuStreamSynchronize)            \

@@ -245,3 +245,141 @@ TEST_CASE("backward with zero rows writes zero dgamma") {
   const BackwardRun r = run_backward(c);
   for (size_t i = 0; i < 64; ++i) CHECK(reference::load(r.dgamma_bytes.data(), DType::kF32, i) == 0.f);
 }
+
+namespace {
+// A second runtime whose backward keeps the separate reduction kernel (NORMJIT_BWD_REDUCE is read
+// when a runtime is created).
+Runtime& two_kernel_runtime() {
+  static Runtime* rt = [] {
+    runtime();
+    setenv("NORMJIT_BWD_REDUCE", "kernel", 1);
+    auto* r = new Runtime(0);
+    unsetenv("NORMJIT_BWD_REDUCE");
+    return r;
+  }();
+  return *rt;
+}
+
+struct BackwardBuffers {
+  Spec spec;
+  int64_t rows, rows_per_batch, groups;
+  size_t x_bytes, w_bytes;
+  DeviceMem x, dy, g, b, mean, rstd, mask, dx, dg, db;
+  BackwardBuffers(const Spec& s, int64_t rows_, int64_t rpb)
+      : spec(s), rows(rows_), rows_per_batch(rpb), groups(rpb ? rows_ / rpb : 1),
+        x_bytes(size_t(rows_) * s.n * dtype_size(s.x_dtype)), w_bytes(size_t(groups) * s.n * dtype_size(s.w_dtype)),
+        x(x_bytes), dy(x_bytes), g(w_bytes), b(w_bytes), mean(4 * rows_), rstd(4 * rows_),
+        mask(size_t(rows_) * mask_row_bytes(s.n)), dx(x_bytes), dg(w_bytes), db(w_bytes) {}
+  // Fresh random x, dy, weights, statistics and mask.
+  void fill() {
+    const auto up = [](DeviceMem& m, const std::vector<char>& v) { m.upload(v.data(), v.size()); };
+    up(x, random_tensor(spec.x_dtype, rows * spec.n, 0.5, 1.0));
+    up(dy, random_tensor(spec.x_dtype, rows * spec.n, 0.0, 1.0));
+    up(g, random_tensor(spec.w_dtype, groups * spec.n, 1.0, 0.5));
+    up(b, random_tensor(spec.w_dtype, groups * spec.n, 0.0, 0.5));
+    up(mean, random_tensor(DType::kF32, rows, 0.5, 0.1));
+    up(rstd, random_tensor(DType::kF32, rows, 1.0, 0.1));
+    std::vector<char> bits(mask.bytes);
+    for (char& c : bits) c = static_cast<char>(rng()());
+    up(mask, bits);
+  }
+  LaunchArgs args(void* workspace, size_t workspace_bytes) const {
+    LaunchArgs a;
+    a.x = x.get();
+    a.dy = dy.get();
+    a.dx = dx.get();
+    a.gamma = g.get();
+    a.beta = spec.has_bias && spec.epilogue == Epilogue::kGelu ? b.get() : nullptr;
+    a.mean = spec.norm != Norm::kRMSNorm ? reinterpret_cast<float*>(mean.get()) : nullptr;
+    a.rstd = reinterpret_cast<float*>(rstd.get());
+    a.mask = spec.epilogue == Epilogue::kReluBitmask ? reinterpret_cast<uint8_t*>(mask.get()) : nullptr;
+    a.dgamma = dg.get();
+    a.dbeta = spec.has_bias ? db.get() : nullptr;
+    a.rows = rows;
+    a.row_stride = spec.n;
+    a.rows_per_batch = rows_per_batch;
+    a.workspace = workspace;
+    a.workspace_bytes = workspace_bytes;
+    return a;
+  }
+  std::vector<char> outputs() const {
+    std::vector<char> out(x_bytes + 2 * w_bytes);
+    dx.download(out.data(), x_bytes);
+    dg.download(out.data() + x_bytes, w_bytes);
+    if (spec.has_bias) db.download(out.data() + x_bytes + w_bytes, w_bytes);
+    return out;
+  }
+  void poison_outputs() {
+    dx.poison();
+    dg.poison();
+    db.poison();
+  }
+};
+}  // namespace
+
+TEST_CASE("one cooperative backward kernel matches the two-kernel route bitwise, in streams and graph replays") {
+  // Register rows (several per CTA, one per CTA), shared-memory and pipelined rows, AdaLayerNorm
+  // groups, epilogues; the launch-bound seed shapes.
+  struct Item {
+    const char* spec;
+    int64_t rows, rows_per_batch;
+  };
+  const Item items[] = {{"layernorm.bwd.f16.w_f16.n768.bias", 4096, 0},
+                        {"rmsnorm.bwd.f16.w_f16.n128", 4096, 0},
+                        {"rmsnorm.bwd.bf16.w_f32.n4096.bias", 1031, 0},
+                        {"adalayernorm.bwd.bf16.w_f32.n1024.bias", 6 * 333, 333},
+                        {"layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t512_r1_v8_smem", 300, 0},
+                        {"layernorm.bwd.bf16.w_f32.n16384.bias", 300, 0},
+                        {"layernorm.bwd.f32.w_f32.n7.bias.relu_bitmask", 5000, 0},
+                        {"rmsnorm.bwd.bf16.w_bf16.n2880.bias.gelu", 777, 0}};
+  for (const Item& item : items) {
+    const Spec requested = Spec::parse(item.spec);
+    const Spec spec = requested.block ? requested : resolve(requested, 16, runtime().target().arch);
+    CAPTURE(spec.str());
+    const Kernel& one = runtime().get(spec);
+    const Kernel& two = two_kernel_runtime().get(spec);
+    REQUIRE(one.kernels_per_launch(item.rows, item.rows_per_batch) == 1);
+    REQUIRE(two.kernels_per_launch(item.rows, item.rows_per_batch) == 2);
+    BackwardBuffers buf(spec, item.rows, item.rows_per_batch);
+    DeviceMem ws_one(one.workspace_bytes(item.rows, item.rows_per_batch)),
+        ws_two(two.workspace_bytes(item.rows, item.rows_per_batch));
+    ws_one.poison();  // a stale barrier word and stale partials must not matter
+    ws_two.poison();
+    auto run = [&](const Kernel& k, DeviceMem& ws, CUstream stream) {
+      buf.poison_outputs();
+      k.launch(buf.args(ws.get(), ws.bytes), stream);
+      NORMJIT_CU(cuCtxSynchronize());
+      return buf.outputs();
+    };
+    // Plain launches, fresh inputs each round.
+    int identical = 0;
+    for (int round = 0; round < 3; ++round) {
+      buf.fill();
+      identical += run(one, ws_one, nullptr) == run(two, ws_two, nullptr);
+    }
+    CHECK(identical == 3);
+    // A graph of one launch, replayed over fresh inputs: each replay must wait for its own CTAs
+    // (the captured memset clears the barrier's count every time).
+    CUstream stream = nullptr;
+    NORMJIT_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    CUgraph graph = nullptr;
+    CUgraphExec exec = nullptr;
+    NORMJIT_CU(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    one.launch(buf.args(ws_one.get(), ws_one.bytes), stream);
+    NORMJIT_CU(cuStreamEndCapture(stream, &graph));
+    NORMJIT_CU(cuGraphInstantiate(&exec, graph, 0));
+    int replays_identical = 0;
+    for (int replay = 0; replay < 5; ++replay) {
+      buf.fill();
+      const std::vector<char> want = run(two, ws_two, nullptr);
+      buf.poison_outputs();
+      NORMJIT_CU(cuGraphLaunch(exec, stream));
+      NORMJIT_CU(cuStreamSynchronize(stream));
+      replays_identical += buf.outputs() == want;
+    }
+    CHECK(replays_identical == 5);
+    driver().cuGraphExecDestroy(exec);
+    driver().cuGraphDestroy(graph);
+    driver().cuStreamDestroy(stream);
+  }
+}
