@@ -1,7 +1,6 @@
 #include "normjit/runtime.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cinttypes>
@@ -170,11 +169,22 @@ Kernel::BackwardPlan Kernel::plan(int64_t rows, int64_t rows_per_batch) const {
     // A persistent grid: as many CTAs (clusters) as fit on the GPU at once, shared among the
     // groups; one partial slot each.
     const int64_t row_blocks = ceil_div(p.rows_per_group, b.rows_per_cta);
-    const int64_t resident = one_kernel_ ? one_kernel_resident_ctas_ : resident_ctas_;
-    p.slots = std::clamp<int64_t>(std::min(resident / p.groups, ceil_div(row_blocks, min_row_blocks_per_slot_)), 1,
-                                  row_blocks);
-    // The grid barrier needs every CTA resident at once.
-    p.one_kernel = one_kernel_ && p.slots * p.groups <= resident;
+    int64_t slots = resident_ctas_ / p.groups;
+    // NORMJIT_BWD_PARTIAL_CAP=0 lifts the cap below (for A/B timing).
+    static const bool partial_cap = [] {
+      const char* v = std::getenv("NORMJIT_BWD_PARTIAL_CAP");
+      return !(v && std::string_view(v) == "0");
+    }();
+    if (b.rows_per_cta > 1 && partial_cap) {
+      // Small CTAs of several rows each: with few rows per CTA the partial rows (N fp32 sums each,
+      // written and read back) weigh on short launches; keep them within 1/16 of the rows' own
+      // bytes (x, dy, dx), on at least one CTA per SM. LN 4096x768 f16: 512 -> 192 CTAs, 12.4 ->
+      // 11.6 µs per launch under graph replay (H100; bench/NOTES.md, session 8).
+      const int64_t sums = spec_.has_bias ? 2 : 1;
+      const int64_t cap = p.rows_per_group * 3 * dtype_size(spec_.x_dtype) / (64 * sums);
+      slots = std::min(slots, std::max<int64_t>(sm_count_, cap));
+    }
+    p.slots = std::clamp<int64_t>(slots, 1, row_blocks);
   } else {
     // Column tiles of 256 packs; enough row chunks to put ~8 CTAs of 256 threads on each SM.
     p.col_tiles = ceil_div(spec_.n / b.vec, 256);
@@ -185,16 +195,8 @@ Kernel::BackwardPlan Kernel::plan(int64_t rows, int64_t rows_per_batch) const {
   }
   const size_t partial_floats = size_t(2) * p.groups * p.slots * spec_.n;
   const size_t row_sum_floats = b.cache == RowCache::kGlobal ? size_t(2) * rows : 0;
-  // The barrier's count after the partials and row sums (16 bytes keep the workspace's alignment).
-  p.arrivals_offset = 4 * (partial_floats + row_sum_floats);
-  p.workspace_bytes = p.arrivals_offset + 16;
+  p.workspace_bytes = 4 * (partial_floats + row_sum_floats);
   return p;
-}
-
-int Kernel::kernels_per_launch(int64_t rows, int64_t rows_per_batch) const {
-  if (spec_.phase != Phase::kBackward) return 1;
-  if (rows == 0 || plan(rows, rows_per_batch).one_kernel) return 1;
-  return spec_.block->cache == RowCache::kGlobal ? 3 : 2;
 }
 
 size_t Kernel::workspace_bytes(int64_t rows, int64_t rows_per_batch) const {
@@ -299,30 +301,6 @@ void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
   p.partial_slots = static_cast<int>(bwd_plan.slots);
   p.row_chunk = static_cast<int>(bwd_plan.row_chunk);
   const unsigned groups = static_cast<unsigned>(bwd_plan.groups);
-  if (a.rows > 0 && bwd_plan.one_kernel) {
-    p.arrivals = reinterpret_cast<unsigned*>(static_cast<char*>(a.workspace) + bwd_plan.arrivals_offset);
-    // The barrier counts from zero; a memset node in a captured graph, so every replay does too.
-    static const bool experiment_skip_clear = std::getenv("NORMJIT_EXPERIMENT_SKIP_CLEAR") != nullptr;
-    if (!experiment_skip_clear)
-    NORMJIT_CU_CTX(cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(p.arrivals), 0, 1, stream),
-                   "clearing the grid barrier of " + spec_string_);
-    CUlaunchAttribute cooperative{};
-    cooperative.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-    cooperative.value.cooperative = 1;
-    CUlaunchConfig config{};
-    config.gridDimX = static_cast<unsigned>(bwd_plan.slots);
-    config.gridDimY = groups;
-    config.gridDimZ = 1;
-    config.blockDimX = static_cast<unsigned>(threads_per_cta_);
-    config.blockDimY = config.blockDimZ = 1;
-    config.sharedMemBytes = one_kernel_smem_bytes_;
-    config.hStream = stream;
-    config.attrs = &cooperative;
-    config.numAttrs = 1;
-    NORMJIT_CU_CTX(cuLaunchKernelEx(&config, function_, params, nullptr),
-                   "launching the fused backward of " + spec_string_ + " (one cooperative kernel)");
-    return;
-  }
   if (a.rows > 0) {
     if (spec_.block->cache != RowCache::kGlobal) {
       run(function_, static_cast<unsigned>(bwd_plan.slots * spec_.block->cluster), groups, 1, threads_per_cta_,
@@ -354,25 +332,6 @@ Runtime::Runtime(int device, std::filesystem::path cache_dir) : disk_cache_(std:
   NORMJIT_CU(cuDeviceGetAttribute(&device_.sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, cu_device_));
   NORMJIT_CU(cuDeviceGetAttribute(&device_.l2_bytes, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, cu_device_));
   NORMJIT_CU(cuDriverGetVersion(&device_.driver_version));
-  int cooperative = 0;
-  NORMJIT_CU(cuDeviceGetAttribute(&cooperative, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, cu_device_));
-  device_.cooperative_launch = cooperative != 0;
-  if (const char* v = std::getenv("NORMJIT_BWD_REDUCE"); v && *v) {
-    const std::string_view mode(v);
-    if (mode != "fused" && mode != "kernel")
-      throw Error(Status::kInvalidArgument,
-                  "NORMJIT_BWD_REDUCE=" + std::string(mode) + ": expected fused (default) or kernel");
-    one_kernel_backward_ = mode == "fused";
-  }
-  if (const char* v = std::getenv("NORMJIT_BWD_MIN_ROW_BLOCKS_PER_SLOT"); v && *v) {
-    const std::string_view text(v);
-    int value = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (ec != std::errc() || end != text.data() + text.size() || value < 1)
-      throw Error(Status::kInvalidArgument,
-                  "NORMJIT_BWD_MIN_ROW_BLOCKS_PER_SLOT=" + std::string(text) + ": expected an integer >= 1");
-    min_row_blocks_per_slot_ = value;
-  }
   if (device_.sm_major < 8)
     throw Error(Status::kNotSupported, "device " + std::to_string(device) + " (" + device_.name + ") is sm_" +
                                            std::to_string(device_.sm_major * 10 + device_.sm_minor) +
@@ -542,16 +501,7 @@ const Kernel& Runtime::get(const Spec& spec) {
     NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel->function_, binary.threads_per_cta,
                                                            kernel->dynamic_smem_bytes_));
     kernel->resident_ctas_ = std::max(1, per_sm) * device_.sm_count;
-    if (resolved.phase == Phase::kBackward && resolved.block->cache != RowCache::kGlobal && one_kernel_backward_) {
-      // The tail reuses the row's shared memory for its fold: [2][32][33] floats at least.
-      kernel->one_kernel_smem_bytes_ = std::max<unsigned>(kernel->dynamic_smem_bytes_, 2 * 32 * 33 * 4);
-      NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel->function_, binary.threads_per_cta,
-                                                             kernel->one_kernel_smem_bytes_));
-      kernel->one_kernel_resident_ctas_ = per_sm * device_.sm_count;
-      kernel->one_kernel_ = per_sm > 0 && device_.cooperative_launch;
-    }
   }
-  kernel->min_row_blocks_per_slot_ = min_row_blocks_per_slot_;
   return *(kernels_[key] = std::move(kernel));
 }
 

@@ -397,43 +397,22 @@ if [[ ,$STAGE, == *,pdl,* ]]; then
   python3 bench/ab_rounds.py "dependent launch" plain "$OUT"/pdl1_r{1,2}.json "$OUT"/pdl0_r{1,2}.json | tee "$OUT/table_pdl.md"
   grep -iE "error|fail|exceed" "$OUT"/pdl*.txt | head
 fi
-if [[ ,$STAGE, == *,onekernel,* ]]; then
-  # The fused backward as one cooperative kernel that reduces dgamma/dbeta itself (default) against
-  # the separate reduction kernel (NORMJIT_BWD_REDUCE=kernel), alternating processes, two rounds:
-  # M = 32768, and the launch-bound shapes under CUDA-graph replay. Then the launch-bound shapes
-  # with fewer, longer-lived CTAs (NORMJIT_BWD_MIN_ROW_BLOCKS_PER_SLOT).
-  B=""; for n in ${ONEK_NS:-256 512 768 1024 2048 4096 7168 16384}; do B="$B $LB.n$n.bias $RB.n$n"; done
+if [[ ,$STAGE, == *,slots,* ]]; then
+  # Fewer partial rows for small multi-row CTAs (default) against one CTA per row block up to the
+  # resident count (NORMJIT_BWD_PARTIAL_CAP=0), alternating processes, two rounds: the
+  # launch-bound shapes under CUDA-graph replay (each next to an M·N copy and a copy of its own
+  # bytes), and M = 4096 at small N.
   G="layernorm.bwd.f16.n768.bias layernorm.bwd.bf16.n768.bias rmsnorm.bwd.f16.n128 rmsnorm.bwd.bf16.n128"
-  for round in 1 2; do for mode in fused kernel; do
-    NORMJIT_BWD_REDUCE=$mode build/normjit-bench --rows 32768 --json "$OUT/onek_${mode}_r$round.json" $B > "$OUT/onek_${mode}_r$round.txt" 2>&1
-    NORMJIT_BWD_REDUCE=$mode build/normjit-bench --graph --rows 4096 --json "$OUT/onek_${mode}_graph_r$round.json" $G 2>&1 \
-      | tee "$OUT/onek_${mode}_graph_r$round.txt" | grep -E "bwd" | sed "s/^/mode=$mode round=$round /"
+  G="$G layernorm.fwd_train.f16.n768.bias layernorm.fwd_train.bf16.n768.bias rmsnorm.fwd_train.f16.n128 rmsnorm.fwd_train.bf16.n128"
+  B=""; for n in 256 512 768 1024 2048; do B="$B $LB.n$n.bias $RB.n$n layernorm.bwd.f16.n$n.bias"; done
+  for round in 1 2; do for mode in cap nocap; do
+    ( [[ $mode == nocap ]] && export NORMJIT_BWD_PARTIAL_CAP=0
+      build/normjit-bench --graph --rows 4096 --json "$OUT/slots_${mode}_graph_r$round.json" $G 2>&1 \
+        | tee "$OUT/slots_${mode}_graph_r$round.txt" | grep -E "bwd|fwd" | sed "s/^/$mode round=$round /"
+      build/normjit-bench --rows 4096 --json "$OUT/slots_${mode}_r$round.json" $B > "$OUT/slots_${mode}_r$round.txt" 2>&1 )
   done; done
-  for k in ${ONEK_MIN_BLOCKS:-2 4 8}; do
-    NORMJIT_BWD_MIN_ROW_BLOCKS_PER_SLOT=$k build/normjit-bench --graph --rows 4096 --json "$OUT/onek_min${k}_graph.json" $G 2>&1 \
-      | tee "$OUT/onek_min${k}_graph.txt" | grep -E "bwd" | sed "s/^/min_row_blocks=$k /"
-  done
-  python3 bench/ab_rounds.py "one kernel" "two kernels" "$OUT"/onek_fused_r{1,2}.json "$OUT"/onek_kernel_r{1,2}.json | tee "$OUT/table_onek.md"
-  grep -iE "error|fail|exceed" "$OUT"/onek*.txt | head
-fi
-if [[ ,$STAGE, == *,onekprobe,* ]]; then
-  # Where the one-kernel backward's time goes: ncu kernel durations in both modes; graph replay
-  # without the barrier's clear (timing only: the barrier then never waits) and with longer sleeps.
-  G="layernorm.bwd.f16.n768.bias rmsnorm.bwd.f16.n128"
-  for mode in fused kernel; do
-    for spec in $G; do
-      NORMJIT_BWD_REDUCE=$mode timeout 100 ncu --csv --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size -k regex:normjit_ \
-        build/normjit-bench --rows 4096 --no-verify --warmup 1 --reps 1 --batch 1 $spec > "$OUT/ncu_onek_${mode}_$spec.csv" 2>&1
-    done
-    NORMJIT_BWD_REDUCE=$mode timeout 100 ncu --csv --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size -k regex:normjit_ \
-      build/normjit-bench --rows 32768 --no-verify --warmup 1 --reps 1 --batch 1 $RB.n2048 $RB.n256 > "$OUT/ncu_onek_${mode}_m32768.csv" 2>&1
-  done
-  python3 bench/ncu_table.py "$OUT"/ncu_onek_*.csv | tee "$OUT/table_onekprobe.md"
-  NORMJIT_EXPERIMENT_SKIP_CLEAR=1 build/normjit-bench --graph --no-verify --rows 4096 $G 2>&1 | grep bwd | sed "s/^/skip-clear /"
-  for ns in 0 256 1000; do
-    NORMJIT_NVRTC_EXTRA_OPTIONS="-DNORMJIT_BARRIER_SLEEP_NS=$ns" build/normjit-bench --graph --rows 4096 $G 2>&1 | grep bwd | sed "s/^/sleep=$ns /"
-  done
-  build/normjit-bench --graph --rows 4096 $G 2>&1 | grep bwd | sed "s/^/default /"
+  python3 bench/ab_rounds.py "capped partials" "one CTA per row block" "$OUT"/slots_cap_r{1,2}.json "$OUT"/slots_nocap_r{1,2}.json | tee "$OUT/table_slots.md"
+  grep -iE "error|fail|exceed" "$OUT"/slots*.txt | head
 fi
 if [[ ,$STAGE, == *,csum,* ]]; then
   # Clustered rows: the row-sum exchange released by its one writer (default) against a release

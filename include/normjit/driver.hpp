@@ -39,7 +39,6 @@ namespace normjit {
   X(cuMemcpyDtoH)                   \
   X(cuMemcpyDtoDAsync)              \
   X(cuMemsetD8)                     \
-  X(cuMemsetD32Async)               \
   X(cuStreamCreate)                 \
   X(cuStreamDestroy)                \
   X(cuStreamSynchronize)            \

@@ -53,7 +53,6 @@ struct DeviceInfo {
   int sm_count = 0;
   int l2_bytes = 0;
   int driver_version = 0;
-  bool cooperative_launch = false;  // co-resident grids (the one-kernel backward's grid barrier)
 };
 
 class Kernel {
@@ -61,15 +60,11 @@ class Kernel {
   const Spec& spec() const { return spec_; }
   const std::string& name() const { return spec_string_; }
   // Validates every argument against the spec (naming the field and value), then launches:
-  // one kernel forward; backward, one cooperative kernel on the fused route (it reduces dgamma/
-  // dbeta itself after a grid barrier), else two or three (the last reduces them), in fixed order.
+  // one kernel forward, two or three backward (the last reduces dgamma/dbeta in fixed order).
   // A thread with no current context gets the runtime's; another context is an error.
   void launch(const LaunchArgs& args, CUstream stream = nullptr) const;
   // Checks only; throws Error(kInvalidArgument) naming the field.
   void validate(const LaunchArgs& args) const;
-  // Kernels one launch() runs for these sizes: 1 forward; backward 1 (one cooperative kernel, or
-  // no rows), 2 (fused route, then the reduction kernel) or 3 (the split route).
-  int kernels_per_launch(int64_t rows, int64_t rows_per_batch = 0) const;
   // Backward scratch for these sizes (0 for forward).
   size_t workspace_bytes(int64_t rows, int64_t rows_per_batch = 0) const;
   int threads_per_cta() const { return threads_per_cta_; }
@@ -90,8 +85,6 @@ class Kernel {
   friend class Runtime;
   struct BackwardPlan {
     int64_t groups = 1, rows_per_group = 0, slots = 0, row_chunk = 0, col_tiles = 0;
-    bool one_kernel = false;   // the fused kernel reduces the partials itself (cooperative launch)
-    size_t arrivals_offset = 0;  // bytes: the grid barrier's count, after the partials and row sums
     size_t workspace_bytes = 0;
   };
   BackwardPlan plan(int64_t rows, int64_t rows_per_batch) const;
@@ -114,13 +107,6 @@ class Kernel {
   // sm_90+: the backward's later kernels are launched as programmatic dependents of the one
   // before, so their launch overlaps its tail; they wait for its results on the device.
   bool dependent_launch_ = false;
-  // The fused backward as one cooperative kernel (the default where the device allows it;
-  // NORMJIT_BWD_REDUCE=kernel keeps the reduction kernel): its dynamic shared memory (at least the
-  // reduction's fold) and the CTAs resident at once with it, which bounds the grid.
-  bool one_kernel_ = false;
-  unsigned one_kernel_smem_bytes_ = 0;
-  int one_kernel_resident_ctas_ = 0;
-  int min_row_blocks_per_slot_ = 1;  // the fused route's grid: at least this many row blocks per CTA
   int local_memory_bytes_ = 0;
 };
 
@@ -173,8 +159,6 @@ class Runtime {
   // get()'s choice for a spec without a block config outside heuristic mode (tuning on a miss).
   Spec tuned_choice(const Spec& spec);
 
-  bool one_kernel_backward_ = true;  // NORMJIT_BWD_REDUCE: "fused" (default) or "kernel"
-  int min_row_blocks_per_slot_ = 1;  // NORMJIT_BWD_MIN_ROW_BLOCKS_PER_SLOT
   TuningMode tuning_mode_ = TuningMode::kHeuristic;
   std::filesystem::path tuning_db_path_;
   mutable std::mutex tuning_mutex_;  // guards tuning_db_ and chosen_

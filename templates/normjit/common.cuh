@@ -147,37 +147,6 @@ __device__ __forceinline__ void wait_async() {
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 }
 
-// A load that skips L1 (ld.global.cg): for data other CTAs of this same kernel wrote.
-__device__ __forceinline__ float load_l2(const float* p) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-  return v;
-}
-
-// Returns once every CTA of the grid has called it; their earlier global writes are then visible
-// to this CTA. The grid must be co-resident (a cooperative launch), and `count` zero at launch (the
-// host clears it on the stream before each launch: neither %gridid, which graph replays repeat,
-// nor a word left by an earlier launch can tell this launch's arrivals from stale ones). A single
-// fetch-and-add per CTA: a compare-and-swap loop serialized 512 CTAs into 80 µs.
-__device__ __forceinline__ void grid_barrier(unsigned* count) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned expected = gridDim.x * gridDim.y * gridDim.z;
-    // Release: the CTA's writes, which bar.sync made this thread's, come before the arrival.
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
-    for (;;) {
-      unsigned seen;
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
-      if (seen >= expected) break;
-#ifndef NORMJIT_BARRIER_SLEEP_NS
-#define NORMJIT_BARRIER_SLEEP_NS 32
-#endif
-      asm volatile("nanosleep.u32 %0;" ::"n"(NORMJIT_BARRIER_SLEEP_NS));
-    }
-  }
-  __syncthreads();
-}
-
 // How a row of Cfg::kN elements maps onto Cfg::kThreadsPerRow threads in packs of Cfg::kVec:
 // pack p of a row belongs to lane p % kThreads, in its iteration p / kThreads. With a cluster
 // of kCluster CTAs per row, each CTA owns one contiguous segment of kVecs packs.

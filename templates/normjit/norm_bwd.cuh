@@ -12,9 +12,7 @@
 //     keeps its columns' dgamma/dbeta sums in registers, then writes one partial row.
 //   split (kGlobal): norm_bwd_rowsums forms the two row sums; norm_bwd_tiles, column-tiled,
 //     forms dx and each tile's partial sums over a chunk of rows.
-// norm_bwd_reduce then sums the partials of each group in slot order; or, when the host launches
-// the fused route cooperatively with NormParams::arrivals set, the fused kernel itself does, after
-// a grid barrier: one launch instead of two, which is most of the time of small backward passes.
+// norm_bwd_reduce then sums the partials of each group in slot order.
 //
 // Workspace (fp32): [2][groups][partial_slots][N] partials (dgamma, then dbeta), followed on the
 // split route by [rows][2] row sums.
@@ -43,46 +41,6 @@ __device__ __forceinline__ float* bwd_partial(const NormParams& p, int which, lo
 template <class Cfg>
 __device__ __forceinline__ float2* bwd_row_sums(const NormParams& p) {
   return reinterpret_cast<float2*>(p.workspace + 2 * bwd_groups<Cfg>(p) * p.partial_slots * Cfg::kN);
-}
-
-// Stage 2: per group, sums the partial rows in slot order. A tile of 32 columns has 32 lanes of
-// slots: lane l adds slots l, l + 32, ... in turn (short serial chains), and the 32 lane sums are
-// then added in lane order. The order is the same whichever kernel runs it and however many warps
-// share the lanes, so both routes (a reduction kernel, or the fused kernel's own tail) agree bitwise.
-// `fold` is [2][32][33] floats of shared memory.
-template <class Cfg>
-__device__ __forceinline__ void reduce_partial_tile(const NormParams& p, long long group, long long tile,
-                                                    float (*fold)[32][33]) {
-  using WT = typename Cfg::WT;
-  constexpr int kSums = Cfg::kHasBias ? 2 : 1;
-  const int c = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  const int warps = blockDim.x / 32;
-  const long long col = tile * 32 + c;
-  for (int l = warp; l < 32; l += warps) {
-    float sum_g = 0.f, sum_b = 0.f;
-    if (col < Cfg::kN) {
-      const float* in_g = bwd_partial<Cfg>(p, 0, group, 0) + col;
-      const float* in_b = bwd_partial<Cfg>(p, 1, group, 0) + col;
-#pragma unroll 4
-      for (int s = l; s < p.partial_slots; s += 32) {
-        sum_g += load_l2(in_g + static_cast<long long>(s) * Cfg::kN);
-        if constexpr (Cfg::kHasBias) sum_b += load_l2(in_b + static_cast<long long>(s) * Cfg::kN);
-      }
-    }
-    fold[0][l][c] = sum_g;
-    fold[1][l][c] = sum_b;
-  }
-  __syncthreads();
-  for (int which = warp; which < kSums; which += warps) {
-    if (col < Cfg::kN) {
-      float total = 0.f;
-#pragma unroll
-      for (int l = 0; l < 32; ++l) total += fold[which][l][c];
-      static_cast<WT*>(which == 0 ? p.dgamma : p.dbeta)[group * Cfg::kN + col] = Convert<WT>::from(total);
-    }
-  }
-  __syncthreads();  // the next tile rewrites fold
 }
 
 // xhat and d (dy through the epilogue's backward) for one pack.
@@ -367,15 +325,7 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
       __syncthreads();
     }
   }
-  if constexpr (S::kCluster > 1) {
-    cluster_wait();
-  } else if (p.arrivals != nullptr) {
-    // One kernel (a cooperative launch): once every CTA's partial row is written, the group's CTAs
-    // reduce its column tiles among them, in the reduction kernel's order.
-    grid_barrier(p.arrivals);
-    auto* fold = reinterpret_cast<float(*)[32][33]>(dynamic_shared);
-    for (long long tile = slot; tile < (Cfg::kN + 31) / 32; tile += slots) reduce_partial_tile<Cfg>(p, group, tile, fold);
-  }
+  if constexpr (S::kCluster > 1) cluster_wait();
 }
 
 // Split route, step 1: per row, sum(gamma*d) and sum(gamma*d*xhat), streamed in chunks.
@@ -489,12 +439,42 @@ __device__ __forceinline__ void norm_bwd_tiles(const NormParams& p) {
   if constexpr (Cfg::kHasBias) store_pack<float, kVec>(bwd_partial<Cfg>(p, 1, group, blockIdx.y) + col, pb);
 }
 
-// The reduction kernel: one tile per CTA of kReduceThreads (a warp per slot lane).
+// Stage 2: per group, sums the partial rows in slot order. A CTA covers 32 columns with 32 lanes
+// of slots each (short serial chains: small N launches few CTAs); the 32 lane sums are then added
+// in lane order. Same order every run.
 template <class Cfg>
 __device__ __forceinline__ void norm_bwd_reduce(const NormParams& p) {
-  __shared__ float fold[2][32][33];
+  using WT = typename Cfg::WT;
+  constexpr int kSlotLanes = BwdShape<Cfg>::kReduceThreads / 32;
+  __shared__ float fold[2][kSlotLanes][33];
   wait_for_prerequisites();  // the partials
-  reduce_partial_tile<Cfg>(p, blockIdx.y, blockIdx.x, fold);
+  const int c = threadIdx.x % 32;
+  const int slot_lane = threadIdx.x / 32;
+  const int col = blockIdx.x * 32 + c;
+  const long long group = blockIdx.y;
+  float sum_g = 0.f, sum_b = 0.f;
+  if (col < Cfg::kN) {
+    const float* in_g = bwd_partial<Cfg>(p, 0, group, 0) + col;
+    const float* in_b = bwd_partial<Cfg>(p, 1, group, 0) + col;
+#pragma unroll 4
+    for (int s = slot_lane; s < p.partial_slots; s += kSlotLanes) {
+      sum_g += in_g[static_cast<long long>(s) * Cfg::kN];
+      if constexpr (Cfg::kHasBias) sum_b += in_b[static_cast<long long>(s) * Cfg::kN];
+    }
+  }
+  fold[0][slot_lane][c] = sum_g;
+  fold[1][slot_lane][c] = sum_b;
+  __syncthreads();
+  if (slot_lane == 0 && col < Cfg::kN) {
+    float g = 0.f, b = 0.f;
+#pragma unroll
+    for (int l = 0; l < kSlotLanes; ++l) {
+      g += fold[0][l][c];
+      b += fold[1][l][c];
+    }
+    static_cast<WT*>(p.dgamma)[group * Cfg::kN + col] = Convert<WT>::from(g);
+    if constexpr (Cfg::kHasBias) static_cast<WT*>(p.dbeta)[group * Cfg::kN + col] = Convert<WT>::from(b);
+  }
 }
 
 }  // namespace normjit

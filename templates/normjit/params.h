@@ -16,10 +16,6 @@ struct NormParams {
   void* dx;             // backward: [rows, row_stride] x dtype
   unsigned char* mask;  // relu_bitmask: [rows, ceil(N/8)] uint8; forward writes, backward reads
   float* workspace;     // backward: fp32 partials of dgamma/dbeta and per-row sums
-  // Backward, fused route launched cooperatively: the grid barrier's arrival count (at the
-  // workspace's end, zeroed before the launch), and the kernel reduces the partials itself.
-  // Null: a reduction kernel follows.
-  unsigned* arrivals;
   void* dgamma;         // backward: [groups, N] weight dtype
   void* dbeta;          // backward: [groups, N] weight dtype; null without bias
   long long rows;            // number of rows
