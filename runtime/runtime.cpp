@@ -270,14 +270,19 @@ void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
   auto run = [&](CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned threads, const char* what) {
     if (gx == 0 || gy == 0 || gz == 0) return;
     const unsigned smem = f == function_ ? dynamic_smem_bytes_ : 0;
-    if (f == function_ || !dependent_launch_) {
+    // The backward's first kernel waits on the device too (griddepcontrol.wait before any global
+    // access), so it may be a programmatic dependent of whatever kernel precedes it in the stream;
+    // the forward kernels do not wait, and clusters keep the plain launch.
+    const bool first_dependent = f == function_ && backward && first_dependent_ && spec_.block->cluster == 1;
+    if (!dependent_launch_ || (f == function_ && !first_dependent)) {
       NORMJIT_CU_CTX(cuLaunchKernel(f, gx, gy, gz, threads, 1, 1, smem, stream, params, nullptr),
                      std::string("launching ") + what + " of " + spec_string_);
       return;
     }
-    // The backward's second and third kernels: they may start once every CTA of the kernel
-    // before has begun (griddepcontrol.launch_dependents) and wait for its results themselves
-    // (griddepcontrol.wait), so the launch latency hides behind that kernel's tail.
+    // The backward's second and third kernels (and its first, above): they may start once every
+    // CTA of the kernel before has begun (griddepcontrol.launch_dependents; a kernel that never
+    // says so, at its end) and wait for its results themselves (griddepcontrol.wait), so the
+    // launch latency hides behind that kernel's tail.
     CUlaunchAttribute dependent{};
     dependent.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     dependent.value.programmaticStreamSerializationAllowed = 1;
@@ -468,6 +473,12 @@ const Kernel& Runtime::get(const Spec& spec) {
     return !(v && std::string_view(v) == "0");
   }();
   kernel->dependent_launch_ = target_.arch >= 90 && dependent_launch_allowed;
+  // NORMJIT_BWD_FIRST_DEPENDENT=0 launches the backward's first kernel plainly (for A/B timing).
+  static const bool first_dependent_allowed = [] {
+    const char* v = std::getenv("NORMJIT_BWD_FIRST_DEPENDENT");
+    return !(v && std::string_view(v) == "0");
+  }();
+  kernel->first_dependent_ = first_dependent_allowed;
   if (in_shared_memory(resolved.block->cache)) {
     const int64_t bytes = shared_row_bytes(resolved, *resolved.block);
     int optin = 0;

@@ -414,6 +414,20 @@ if [[ ,$STAGE, == *,slots,* ]]; then
   python3 bench/ab_rounds.py "capped partials" "one CTA per row block" "$OUT"/slots_cap_r{1,2}.json "$OUT"/slots_nocap_r{1,2}.json | tee "$OUT/table_slots.md"
   grep -iE "error|fail|exceed" "$OUT"/slots*.txt | head
 fi
+if [[ ,$STAGE, == *,pdlfirst,* ]]; then
+  # The backward's first kernel launched as a programmatic dependent of the stream's previous
+  # kernel (default) against a plain launch (NORMJIT_BWD_FIRST_DEPENDENT=0), alternating processes,
+  # two rounds: M = 32768, and the launch-bound shapes under CUDA-graph replay.
+  B=""; for n in 256 1024 2048 4096 7168 16384; do B="$B $LB.n$n.bias $RB.n$n"; done
+  G="layernorm.bwd.f16.n768.bias layernorm.bwd.bf16.n768.bias rmsnorm.bwd.f16.n128 rmsnorm.bwd.bf16.n128"
+  for round in 1 2; do for mode in 1 0; do
+    NORMJIT_BWD_FIRST_DEPENDENT=$mode build/normjit-bench --rows 32768 --json "$OUT/pdlfirst${mode}_r$round.json" $B > "$OUT/pdlfirst${mode}_r$round.txt" 2>&1
+    NORMJIT_BWD_FIRST_DEPENDENT=$mode build/normjit-bench --graph --rows 4096 --json "$OUT/pdlfirst${mode}_graph_r$round.json" $G 2>&1 \
+      | tee "$OUT/pdlfirst${mode}_graph_r$round.txt" | grep -E "bwd" | sed "s/^/mode=$mode round=$round /"
+  done; done
+  python3 bench/ab_rounds.py "first kernel dependent" plain "$OUT"/pdlfirst1_r{1,2}.json "$OUT"/pdlfirst0_r{1,2}.json | tee "$OUT/table_pdlfirst.md"
+  grep -iE "error|fail|exceed" "$OUT"/pdlfirst*.txt | head
+fi
 if [[ ,$STAGE, == *,csum,* ]]; then
   # Clustered rows: the row-sum exchange released by its one writer (default) against a release
   # arrive by every thread (-DNORMJIT_CLUSTER_RELEASE_ALL), alternating processes, two rounds.

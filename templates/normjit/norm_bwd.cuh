@@ -131,6 +131,9 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
       if (const int pack = i * S::kThreads + lane; pack < S::kVecs) store_pack<float, kVec>(shared_b + pack * kVec, zero);
   }
 
+  // The host may launch this kernel as a programmatic dependent of the stream's previous kernel
+  // (its launch then overlaps that kernel's tail): no global memory access before this.
+  wait_for_prerequisites();
   const long long row_blocks = (p.rows_per_group + kRows - 1) / kRows;
   // Pipelined rows: starts the copy of row block `block` (kRows == 1) into buffer `buffer`. Past
   // the last row, an empty group, so that every row's copies are exactly kStages - 1 groups
@@ -339,6 +342,7 @@ __device__ __forceinline__ void norm_bwd_rowsums(const NormParams& p) {
   static_assert(Cfg::kRowsPerCta == 1, "the split route streams one row per CTA");
   __shared__ float2 pair_scratch[S::kThreads > 32 ? S::kThreads / 32 : 1];
   allow_dependent_launch();  // the column tiles wait for the row sums themselves
+  wait_for_prerequisites();  // as the fused kernel: the stream's previous kernel
   const int lane = threadIdx.x;
   const long long row = blockIdx.x;
   const long long weight_offset = Cfg::kPerGroupWeights ? group_of_row(row, p.rows_per_group) * Cfg::kN : 0;
