@@ -383,20 +383,26 @@ if [[ ,$STAGE, == *,held,* ]]; then
   lbl $RF.n131072 t512_r1_v8_c8_pipe
   run_ab held
 fi
-if [[ ,$STAGE, == *,pdl,* ]]; then
-  # The backward's reduction launched as a programmatic dependent of the fused kernel (default)
-  # against a plain launch (NORMJIT_DEPENDENT_LAUNCH=0), alternating processes: M = 32768, and
-  # the launch-bound shapes under CUDA-graph replay.
-  B=""; for n in 256 1024 2048 4096 7168 16384; do B="$B $LB.n$n.bias $RB.n$n"; done
-  G="layernorm.bwd.f16.n768.bias layernorm.bwd.bf16.n768.bias rmsnorm.bwd.f16.n128 rmsnorm.bwd.bf16.n128"
+# A/B of a launch switch: `launch_ab VAR NAME LABEL` benches the backward at M = 32768 and the
+# launch-bound shapes under CUDA-graph replay with VAR=1 (default) and VAR=0 (LABEL "plain"),
+# alternating processes, two rounds, and tabulates NAME1 against NAME0.
+launch_ab() {
+  local var=$1 name=$2 label=$3
+  local B="" G="layernorm.bwd.f16.n768.bias layernorm.bwd.bf16.n768.bias rmsnorm.bwd.f16.n128 rmsnorm.bwd.bf16.n128"
+  for n in 256 1024 2048 4096 7168 16384; do B="$B $LB.n$n.bias $RB.n$n"; done
   for round in 1 2; do for mode in 1 0; do
-    NORMJIT_DEPENDENT_LAUNCH=$mode build/normjit-bench --rows 32768 --json "$OUT/pdl${mode}_r$round.json" $B > "$OUT/pdl${mode}_r$round.txt" 2>&1
-    NORMJIT_DEPENDENT_LAUNCH=$mode build/normjit-bench --graph --rows 4096 --json "$OUT/pdl${mode}_graph_r$round.json" $G 2>&1 \
-      | tee "$OUT/pdl${mode}_graph_r$round.txt" | grep -E "bwd" | sed "s/^/mode=$mode round=$round /"
+    env "$var=$mode" build/normjit-bench --rows 32768 --json "$OUT/$name${mode}_r$round.json" $B > "$OUT/$name${mode}_r$round.txt" 2>&1
+    env "$var=$mode" build/normjit-bench --graph --rows 4096 --json "$OUT/$name${mode}_graph_r$round.json" $G 2>&1 \
+      | tee "$OUT/$name${mode}_graph_r$round.txt" | grep -E "bwd" | sed "s/^/mode=$mode round=$round /"
   done; done
-  python3 bench/ab_rounds.py "dependent launch" plain "$OUT"/pdl1_r{1,2}.json "$OUT"/pdl0_r{1,2}.json | tee "$OUT/table_pdl.md"
-  grep -iE "error|fail|exceed" "$OUT"/pdl*.txt | head
-fi
+  python3 bench/ab_rounds.py "$label" plain "$OUT"/${name}1_r{1,2}.json "$OUT"/${name}0_r{1,2}.json | tee "$OUT/table_$name.md"
+  grep -iE "error|fail|exceed" "$OUT"/$name*.txt | head
+}
+# The backward's reduction (and the split route's column tiles) as programmatic dependents of the
+# kernel before, against plain launches.
+[[ ,$STAGE, == *,pdl,* ]] && launch_ab NORMJIT_DEPENDENT_LAUNCH pdl "dependent launch"
+# The backward's first kernel as a programmatic dependent of the stream's previous kernel.
+[[ ,$STAGE, == *,pdlfirst,* ]] && launch_ab NORMJIT_BWD_FIRST_DEPENDENT pdlfirst "first kernel dependent"
 if [[ ,$STAGE, == *,slots,* ]]; then
   # Fewer partial rows for small multi-row CTAs (default) against one CTA per row block up to the
   # resident count (NORMJIT_BWD_PARTIAL_CAP=0), alternating processes, two rounds: the
@@ -413,20 +419,6 @@ if [[ ,$STAGE, == *,slots,* ]]; then
   done; done
   python3 bench/ab_rounds.py "capped partials" "one CTA per row block" "$OUT"/slots_cap_r{1,2}.json "$OUT"/slots_nocap_r{1,2}.json | tee "$OUT/table_slots.md"
   grep -iE "error|fail|exceed" "$OUT"/slots*.txt | head
-fi
-if [[ ,$STAGE, == *,pdlfirst,* ]]; then
-  # The backward's first kernel launched as a programmatic dependent of the stream's previous
-  # kernel (default) against a plain launch (NORMJIT_BWD_FIRST_DEPENDENT=0), alternating processes,
-  # two rounds: M = 32768, and the launch-bound shapes under CUDA-graph replay.
-  B=""; for n in 256 1024 2048 4096 7168 16384; do B="$B $LB.n$n.bias $RB.n$n"; done
-  G="layernorm.bwd.f16.n768.bias layernorm.bwd.bf16.n768.bias rmsnorm.bwd.f16.n128 rmsnorm.bwd.bf16.n128"
-  for round in 1 2; do for mode in 1 0; do
-    NORMJIT_BWD_FIRST_DEPENDENT=$mode build/normjit-bench --rows 32768 --json "$OUT/pdlfirst${mode}_r$round.json" $B > "$OUT/pdlfirst${mode}_r$round.txt" 2>&1
-    NORMJIT_BWD_FIRST_DEPENDENT=$mode build/normjit-bench --graph --rows 4096 --json "$OUT/pdlfirst${mode}_graph_r$round.json" $G 2>&1 \
-      | tee "$OUT/pdlfirst${mode}_graph_r$round.txt" | grep -E "bwd" | sed "s/^/mode=$mode round=$round /"
-  done; done
-  python3 bench/ab_rounds.py "first kernel dependent" plain "$OUT"/pdlfirst1_r{1,2}.json "$OUT"/pdlfirst0_r{1,2}.json | tee "$OUT/table_pdlfirst.md"
-  grep -iE "error|fail|exceed" "$OUT"/pdlfirst*.txt | head
 fi
 if [[ ,$STAGE, == *,csum,* ]]; then
   # Clustered rows: the row-sum exchange released by its one writer (default) against a release
