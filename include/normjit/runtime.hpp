@@ -61,7 +61,8 @@ class Kernel {
   const std::string& name() const { return spec_string_; }
   // Validates every argument against the spec (naming the field and value), then launches:
   // one kernel forward, two or three backward (the last reduces dgamma/dbeta in fixed order; on
-  // sm_90+ each backward kernel is a programmatic dependent of the kernel before it in the stream).
+  // sm_90+ the backward's kernels, a clustered first one aside, are programmatic dependents of
+  // the kernel before them in the stream).
   // A thread with no current context gets the runtime's; another context is an error.
   void launch(const LaunchArgs& args, CUstream stream = nullptr) const;
   // Checks only; throws Error(kInvalidArgument) naming the field.
