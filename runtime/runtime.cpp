@@ -26,6 +26,12 @@ int access_bytes(int vec, DType d) { return std::min(16, vec * dtype_size(d)); }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// A launch behaviour that `NAME=0` turns off, for A/B timing; read once per process by the caller.
+bool enabled_unless_zero(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v && std::string_view(v) == "0");
+}
+
 // Every field of a spec in one word (n < 2^19, block fields < 2^11 each; stages 2-4). A spec without a block
 // config packs threads_per_row = 0, which no resolved spec has.
 uint64_t packed_key(const Spec& s) {
@@ -170,11 +176,7 @@ Kernel::BackwardPlan Kernel::plan(int64_t rows, int64_t rows_per_batch) const {
     // groups; one partial slot each.
     const int64_t row_blocks = ceil_div(p.rows_per_group, b.rows_per_cta);
     int64_t slots = resident_ctas_ / p.groups;
-    // NORMJIT_BWD_PARTIAL_CAP=0 lifts the cap below (for A/B timing).
-    static const bool partial_cap = [] {
-      const char* v = std::getenv("NORMJIT_BWD_PARTIAL_CAP");
-      return !(v && std::string_view(v) == "0");
-    }();
+    static const bool partial_cap = enabled_unless_zero("NORMJIT_BWD_PARTIAL_CAP");
     if (b.rows_per_cta > 1 && partial_cap) {
       // Small CTAs of several rows each: with few rows per CTA the partial rows (N fp32 sums each,
       // written and read back) weigh on short launches; keep them within 1/16 of the rows' own
@@ -270,19 +272,15 @@ void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
   auto run = [&](CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned threads, const char* what) {
     if (gx == 0 || gy == 0 || gz == 0) return;
     const unsigned smem = f == function_ ? dynamic_smem_bytes_ : 0;
-    // The backward's first kernel waits on the device too (griddepcontrol.wait before any global
-    // access), so it may be a programmatic dependent of whatever kernel precedes it in the stream;
-    // the forward kernels do not wait, and clusters keep the plain launch.
-    const bool first_dependent = f == function_ && backward && first_dependent_ && spec_.block->cluster == 1;
-    if (!dependent_launch_ || (f == function_ && !first_dependent)) {
+    if (f == function_ ? !first_dependent_ : !dependent_launch_) {
       NORMJIT_CU_CTX(cuLaunchKernel(f, gx, gy, gz, threads, 1, 1, smem, stream, params, nullptr),
                      std::string("launching ") + what + " of " + spec_string_);
       return;
     }
-    // The backward's second and third kernels (and its first, above): they may start once every
-    // CTA of the kernel before has begun (griddepcontrol.launch_dependents; a kernel that never
-    // says so, at its end) and wait for its results themselves (griddepcontrol.wait), so the
-    // launch latency hides behind that kernel's tail.
+    // The backward's second and third kernels, and its first where first_dependent_: they may start
+    // once every CTA of the kernel before has begun (griddepcontrol.launch_dependents; a kernel
+    // that never says so, at its end) and wait for its results themselves (griddepcontrol.wait),
+    // so the launch latency hides behind that kernel's tail.
     CUlaunchAttribute dependent{};
     dependent.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     dependent.value.programmaticStreamSerializationAllowed = 1;
@@ -467,18 +465,14 @@ const Kernel& Runtime::get(const Spec& spec) {
   kernel->threads_per_cta_ = binary.threads_per_cta;
   kernel->rows_per_cta_ = binary.rows_per_cta;
   kernel->sm_count_ = device_.sm_count;
-  // NORMJIT_DEPENDENT_LAUNCH=0 launches the backward's kernels plainly (for A/B timing).
-  static const bool dependent_launch_allowed = [] {
-    const char* v = std::getenv("NORMJIT_DEPENDENT_LAUNCH");
-    return !(v && std::string_view(v) == "0");
-  }();
+  // NORMJIT_DEPENDENT_LAUNCH=0 launches the backward's kernels plainly, NORMJIT_BWD_FIRST_DEPENDENT=0
+  // its first kernel (for A/B timing). Clusters and the forward keep the plain launch for the first
+  // kernel: only the backward's first kernels wait (griddepcontrol.wait) before any global access.
+  static const bool dependent_launch_allowed = enabled_unless_zero("NORMJIT_DEPENDENT_LAUNCH");
+  static const bool first_dependent_allowed = enabled_unless_zero("NORMJIT_BWD_FIRST_DEPENDENT");
   kernel->dependent_launch_ = target_.arch >= 90 && dependent_launch_allowed;
-  // NORMJIT_BWD_FIRST_DEPENDENT=0 launches the backward's first kernel plainly (for A/B timing).
-  static const bool first_dependent_allowed = [] {
-    const char* v = std::getenv("NORMJIT_BWD_FIRST_DEPENDENT");
-    return !(v && std::string_view(v) == "0");
-  }();
-  kernel->first_dependent_ = first_dependent_allowed;
+  kernel->first_dependent_ = kernel->dependent_launch_ && first_dependent_allowed &&
+                             resolved.phase == Phase::kBackward && resolved.block->cluster == 1;
   if (in_shared_memory(resolved.block->cache)) {
     const int64_t bytes = shared_row_bytes(resolved, *resolved.block);
     int optin = 0;

@@ -109,7 +109,8 @@ class Kernel {
   // sm_90+: the backward's later kernels are launched as programmatic dependents of the one
   // before, so their launch overlaps its tail; they wait for its results on the device.
   bool dependent_launch_ = false;
-  bool first_dependent_ = true;  // and the first, as a dependent of the stream's previous kernel
+  // The backward's first kernel (unclustered) too, as a dependent of the stream's previous kernel.
+  bool first_dependent_ = false;
   int local_memory_bytes_ = 0;
 };
 
