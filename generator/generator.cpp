@@ -96,6 +96,7 @@ GeneratedSource generate(const Spec& spec) {
       {"THREADS_PER_CTA", std::to_string(g.threads_per_cta)},
       {"CLUSTER", std::to_string(b.cluster)},
       {"STAGES", std::to_string(b.stages)},
+      {"BULK_COPY", b.bulk_copy ? "true" : "false"},
       // Compile-time cluster shape: a plain cuLaunchKernel then launches clusters.
       {"CLUSTER_DIMS", b.cluster > 1 ? " __cluster_dims__(" + std::to_string(b.cluster) + ", 1, 1)" : ""},
   };

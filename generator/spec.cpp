@@ -125,7 +125,7 @@ std::string Spec::str() const {
   if (block) {
     s += ".cfg_t" + std::to_string(block->threads_per_row) + "_r" + std::to_string(block->rows_per_cta) + "_v" +
          std::to_string(block->vec) + (block->cluster > 1 ? "_c" + std::to_string(block->cluster) : "") + "_" +
-         to_string(block->cache);
+         (block->bulk_copy ? "tma" : to_string(block->cache));
     if (block->cache == RowCache::kSharedPipelined && block->stages != 2) s += std::to_string(block->stages);
   }
   return s;
@@ -194,14 +194,24 @@ Spec Spec::parse(std::string_view text) {
     b.vec = static_cast<int>(field('v'));
     if (c.size() > 2 && c[1] == 'c' && c[2] >= '0' && c[2] <= '9') b.cluster = static_cast<int>(field('c'));
     std::string_view cache_name = c.size() > 1 ? c.substr(1) : std::string_view{};
+    // tma, tma3, tma4: a pipelined row filled by bulk copies; otherwise spelled like pipe.
+    std::string pipe_name;
+    if (cache_name.substr(0, 3) == "tma") {
+      b.bulk_copy = true;
+      pipe_name = "pipe" + std::string(cache_name.substr(3));
+      cache_name = pipe_name;
+    }
     // pipe3 / pipe4: a pipelined row with that many buffers (plain pipe: 2).
     if (cache_name.size() == 5 && cache_name.substr(0, 4) == "pipe" && cache_name[4] >= '0' && cache_name[4] <= '9') {
       b.stages = cache_name[4] - '0';
       cache_name = cache_name.substr(0, 4);
-      if (b.stages == 2) bad_spec(text, "a 2-buffer pipelined row is spelled 'pipe', not 'pipe2'");
+      if (b.stages == 2) {
+        const char* plain = b.bulk_copy ? "tma" : "pipe";
+        bad_spec(text, std::string("a 2-buffer pipelined row is spelled '") + plain + "', not '" + plain + "2'");
+      }
     }
     auto cache = cache_name.empty() ? std::nullopt : lookup(kRowCaches, cache_name);
-    if (!cache) bad_spec(text, "block config row cache must be one of " + choices(kRowCaches) + " (pipe3, pipe4: more buffers)");
+    if (!cache) bad_spec(text, "block config row cache must be one of " + choices(kRowCaches) + "|tma (pipe3, pipe4, tma3, tma4: more buffers)");
     b.cache = *cache;
     s.block = b;
     ++i;
@@ -253,6 +263,10 @@ void validate(const Spec& s) {
                                           (b.cache == RowCache::kSharedPipelined
                                                ? " must be 2-" + std::to_string(kMaxPipeStages) + " row buffers"
                                                : std::string(" applies to pipelined rows (pipe) only; keep 2")));
+  if (b.bulk_copy && (b.cache != RowCache::kSharedPipelined || b.vec * dtype_size(s.x_dtype) != 16))
+    throw Error(Status::kInvalidSpec, where() + "bulk_copy (tma) needs a pipelined row of 16-byte packs; vec=" +
+                                          std::to_string(b.vec) + " of " + to_string(s.x_dtype) + " is " +
+                                          std::to_string(b.vec * dtype_size(s.x_dtype)) + " bytes");
   if (in_shared_memory(b.cache)) {
     const int64_t bytes = shared_row_bytes(s, b);
     const std::string cache = to_string(b.cache);

@@ -28,8 +28,11 @@ std::vector<BlockConfig> candidate_configs(const Spec& spec, int sm, int max_vec
   const BlockConfig heuristic = *resolve(bare, max_vec, sm).block;
   std::vector<BlockConfig> grid;
   auto add = [&](int threads, int rows, int vec, RowCache cache, int cluster) {
-    const BlockConfig b{threads, rows, vec, cache, cluster};
+    BlockConfig b{threads, rows, vec, cache, cluster};
     if (valid(bare, b)) grid.push_back(b);
+    // Pipelined rows also by bulk copies (sm_90+, 16-byte packs).
+    b.bulk_copy = true;
+    if (cache == RowCache::kSharedPipelined && sm >= 90 && valid(bare, b)) grid.push_back(b);
   };
   // Vector widths: the widest that divides N and the caller's alignment, and two narrower.
   std::vector<int> vecs;

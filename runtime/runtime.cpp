@@ -32,7 +32,7 @@ bool enabled_unless_zero(const char* name) {
   return !(v && std::string_view(v) == "0");
 }
 
-// Every field of a spec in one word (n < 2^19, block fields < 2^11 each; stages 2-4). A spec without a block
+// Every field of a spec in one word (n < 2^19, block fields < 2^11 each, vec by its log2; stages 2-4). A spec without a block
 // config packs threads_per_row = 0, which no resolved spec has.
 uint64_t packed_key(const Spec& s) {
   const BlockConfig b = s.block.value_or(BlockConfig{});
@@ -45,11 +45,12 @@ uint64_t packed_key(const Spec& s) {
   k = k << 3 | static_cast<uint64_t>(s.epilogue);
   k = k << 11 | static_cast<uint64_t>(b.threads_per_row);
   k = k << 11 | static_cast<uint64_t>(b.rows_per_cta);
-  k = k << 5 | static_cast<uint64_t>(b.vec);
+  k = k << 3 | static_cast<uint64_t>(b.vec > 0 ? __builtin_ctz(static_cast<unsigned>(b.vec)) : 0);  // 1-16
   k = k << 2 | static_cast<uint64_t>(b.cache);
   k = k << 2 | static_cast<uint64_t>(b.cluster == 8 ? 3 : b.cluster / 2);  // 1, 2, 4, 8
   k = k << 2 | static_cast<uint64_t>(b.stages - 2);                          // 2, 3, 4
-  return k;  // 19 + 2+2+2+2+1+3 + 11+11+5+2+2+2 = 64 bits
+  k = k << 1 | static_cast<uint64_t>(b.bulk_copy);
+  return k;  // 19 + 2+2+2+2+1+3 + 11+11+3+2+2+2+1 = 63 bits
 }
 
 bool needs_pre_activation(Epilogue e) { return e == Epilogue::kGelu; }
@@ -409,6 +410,9 @@ const Kernel& Runtime::get(const Spec& spec) {
     throw Error(Status::kNotSupported, "spec '" + resolved.str() + "' uses a cluster of " +
                                            std::to_string(resolved.block->cluster) + " CTAs; " + target_.str() +
                                            " has no thread-block clusters (sm_90 or newer)");
+  if (resolved.block->bulk_copy && target_.arch < 90)
+    throw Error(Status::kNotSupported, "spec '" + resolved.str() + "' fills its rows by bulk copies (tma); " +
+                                           target_.str() + " has no cp.async.bulk (sm_90 or newer)");
   const uint64_t key = packed_key(resolved);
   std::lock_guard<std::mutex> lock(mutex_);
   if (auto it = kernels_.find(key); it != kernels_.end()) {

@@ -403,6 +403,22 @@ launch_ab() {
 [[ ,$STAGE, == *,pdl,* ]] && launch_ab NORMJIT_DEPENDENT_LAUNCH pdl "dependent launch"
 # The backward's first kernel as a programmatic dependent of the stream's previous kernel.
 [[ ,$STAGE, == *,pdlfirst,* ]] && launch_ab NORMJIT_BWD_FIRST_DEPENDENT pdlfirst "first kernel dependent"
+if [[ ,$STAGE, == *,tma,* ]]; then
+  # Pipelined rows filled by bulk copies (tma) against the heuristic's pick at the sizes where it
+  # is a pipelined or shared-memory row, forward (LN 57344-65536) and backward; same process.
+  X=""; Y=""
+  lb $LB.n4096.bias t256_r1_v8_tma t256_r1_v8_tma3; lb $LB.n7168.bias t448_r1_v8_tma
+  lb $LB.n12288.bias t768_r1_v8_tma t384_r1_v8_tma; lb $LB.n16384.bias t1024_r1_v8_tma t512_r1_v8_tma
+  lb $LB.n18432.bias t768_r1_v8_tma t576_r1_v8_tma; lb $LB.n28672.bias t896_r1_v8_c2_tma
+  lb $LB.n32768.bias t1024_r1_v8_c2_tma; lb $LB.n40960.bias t640_r1_v8_c4_tma
+  lb $RB.n4096 t256_r1_v8_tma t512_r1_v8_tma; lb $RB.n7168 t448_r1_v8_tma
+  lb $RB.n16384 t512_r1_v8_tma t1024_r1_v8_tma; lb $RB.n24576 t768_r1_v8_tma
+  lb $RB.n32768 t1024_r1_v8_c2_tma t512_r1_v8_c2_tma; lb $LF.n49152.bias t1024_r1_v8_tma
+  lbl $LB.n61440.bias t1024_r1_v8_c4_tma; lbl $RB.n61440 t1024_r1_v8_c4_tma
+  lbl $LF.n57344.bias t448_r1_v8_c2_tma; lbl $LF.n65536.bias t512_r1_v8_c2_tma t256_r1_v8_c4_tma t256_r1_v8_c4_tma3
+  lbl $RF.n65536 t256_r1_v8_c4_tma
+  run_ab tma
+fi
 if [[ ,$STAGE, == *,slots,* ]]; then
   # Fewer partial rows for small multi-row CTAs (default) against one CTA per row block up to the
   # resident count (NORMJIT_BWD_PARTIAL_CAP=0), alternating processes, two rounds: the

@@ -23,7 +23,9 @@ enum class Epilogue { kNone, kReluBitmask, kGelu };
 // (2 * N / cluster * sizeof(x) bytes per CTA); gmem = row sums, then a column-tiled dx/dgamma kernel.
 // Both: pipe = smem with two row buffers in a persistent grid; each thread copies its packs of the
 // next row in asynchronously (cp.async) while the CTA works on the current one. pipe3 / pipe4
-// keep three or four buffers: two or three rows in flight behind the current one.
+// keep three or four buffers: two or three rows in flight behind the current one. tma (tma3, tma4)
+// = pipe whose rows arrive by bulk copies (sm_90 cp.async.bulk, the TMA unit): one thread copies a
+// whole row segment and an mbarrier per buffer tells the CTA when its bytes have landed.
 enum class RowCache { kRegisters, kGlobal, kShared, kSharedPipelined };
 // smem and pipe: the row (segment) waits in dynamic shared memory.
 constexpr bool in_shared_memory(RowCache c) { return c == RowCache::kShared || c == RowCache::kSharedPipelined; }
@@ -40,16 +42,20 @@ struct BlockConfig {
   int cluster = 1;
   // Row buffers of a pipelined row (pipe): 2-4. Every other row cache keeps the default, 2.
   int stages = 2;
+  // Pipelined rows only: the rows arrive by bulk copies (spelled tma[3|4]) instead of each
+  // thread's cp.async of its packs. Needs 16-byte packs and sm_90.
+  bool bulk_copy = false;
   bool operator==(const BlockConfig& o) const {
     return threads_per_row == o.threads_per_row && rows_per_cta == o.rows_per_cta && vec == o.vec &&
-           cache == o.cache && cluster == o.cluster && stages == o.stages;
+           cache == o.cache && cluster == o.cluster && stages == o.stages && bulk_copy == o.bulk_copy;
   }
   bool operator!=(const BlockConfig& o) const { return !(*this == o); }
 };
 
 // Names one kernel. Canonical string (print/parse round-trip):
-//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.<epilogue>][.cfg_t<T>_r<R>_v<V>[_c<C>]_<reg|gmem|smem|pipe[3|4]>]
-// (_c<C> only for clusters of C > 1 CTAs per row; pipe3 / pipe4: a pipelined row of 3 / 4 buffers)
+//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.<epilogue>][.cfg_t<T>_r<R>_v<V>[_c<C>]_<reg|gmem|smem|pipe[3|4]|tma[3|4]>]
+// (_c<C> only for clusters of C > 1 CTAs per row; pipe3 / pipe4: a pipelined row of 3 / 4 buffers;
+// tma: a pipelined row filled by bulk copies)
 // e.g. "layernorm.fwd_train.bf16.w_f32.n4096.bias" or "rmsnorm.fwd_infer.f16.w_f16.n7.cfg_t1_r256_v1_reg".
 struct Spec {
   Norm norm = Norm::kLayerNorm;

@@ -124,6 +124,52 @@ __device__ __forceinline__ void copy_async(T* shared_dst, const T* global_src) {
       asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(global_src), "n"(kBytes) : "memory");
   }
 }
+// Bulk copies (sm_90 cp.async.bulk, executed by the TMA unit): one thread moves a whole row
+// segment into shared memory, and the copy counts its bytes off an mbarrier that every thread of
+// the CTA waits on. The buffer's readers must all be done (a CTA barrier) before the next copy into it.
+__device__ __forceinline__ void init_row_barrier(unsigned long long* bar) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(bar)) : "memory");
+  // Makes the initialised barrier visible to the async proxy that completes it.
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// The calling thread arrives on `bar`, announcing `bytes`, then issues the copies that deliver them.
+__device__ __forceinline__ void expect_bulk_bytes(unsigned long long* bar, unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)), "r"(bytes) : "memory");
+#endif
+}
+// bytes: a multiple of 16; both addresses 16-byte aligned.
+__device__ __forceinline__ void bulk_copy_to_shared(void* shared_dst, const void* global_src, unsigned bytes,
+                                                    unsigned long long* bar) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          shared_address(shared_dst)),
+      "l"(global_src), "r"(bytes), "r"(shared_address(bar))
+      : "memory");
+#endif
+}
+// Orders this thread's earlier generic-proxy accesses of shared memory before later bulk copies.
+__device__ __forceinline__ void fence_shared_for_bulk_copy() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+// Waits until the phase of `bar` with this parity has completed (all announced bytes landed).
+__device__ __forceinline__ void wait_row_barrier(unsigned long long* bar, unsigned parity) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{ .reg .pred done;\n"
+      "WAIT: mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n"
+      "}" ::"r"(shared_address(bar)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
 // Programmatic dependent launch (sm_90+; no-ops elsewhere, and when the host launched the next
 // kernel plainly). allow_dependent_launch: the next kernel in the stream may begin launching now.
 // wait_for_prerequisites: blocks until the kernels this one depends on have finished and their

@@ -88,6 +88,10 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   // loads never wait behind the row's barrier and the dx stores.
   constexpr bool kPipe = Cfg::kCache == RowCache::kSharedPipelined;
   constexpr int kBuffers = kPipe ? Cfg::kStages : 1;
+  // Pipelined rows filled by bulk copies: thread 0 copies each buffer's x and dy segments whole;
+  // row_ready[b] completes a phase each time buffer b has landed.
+  constexpr bool kBulk = kPipe && Cfg::kBulkCopy;
+  __shared__ unsigned long long row_ready[kBulk ? kBuffers : 1];
   constexpr bool kSmem = Cfg::kCache == RowCache::kShared || kPipe;
   constexpr int kHeld = kSmem ? 1 : S::kIters;  // packs per thread held in registers between passes
   static_assert(!kSmem || kRows == 1, "a shared-memory row fills its CTA (a cluster's CTA: its segment)");
@@ -131,6 +135,12 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
       if (const int pack = i * S::kThreads + lane; pack < S::kVecs) store_pack<float, kVec>(shared_b + pack * kVec, zero);
   }
 
+  if constexpr (kBulk) {
+    if (threadIdx.x == 0)
+#pragma unroll
+      for (int b = 0; b < kBuffers; ++b) init_row_barrier(&row_ready[b]);
+    __syncthreads();
+  }
   // The host may launch this kernel as a programmatic dependent of the stream's previous kernel
   // (its launch then overlaps that kernel's tail): no global memory access before this.
   wait_for_prerequisites();
@@ -139,6 +149,18 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   // the last row, an empty group, so that every row's copies are exactly kStages - 1 groups
   // behind the newest (wait_async below).
   auto prefetch = [&](long long block, int buffer) {
+    if constexpr (kBulk) {
+      if (threadIdx.x == 0 && block < row_blocks) {
+        constexpr unsigned kBytes = S::kSegment * sizeof(XT);
+        const long long offset = (group * p.rows_per_group + block) * p.row_stride + segment_col;
+        XT* const to_x = shared_rows + 2 * buffer * S::kSegment;
+        fence_shared_for_bulk_copy();
+        expect_bulk_bytes(&row_ready[buffer], 2 * kBytes);
+        bulk_copy_to_shared(to_x, static_cast<const XT*>(p.x) + offset, kBytes, &row_ready[buffer]);
+        bulk_copy_to_shared(to_x + S::kSegment, static_cast<const XT*>(p.dy) + offset, kBytes, &row_ready[buffer]);
+      }
+      return;
+    }
     if (block < row_blocks) {
       const long long offset = (group * p.rows_per_group + block) * p.row_stride + segment_col;
       XT* const to_x = shared_rows + 2 * buffer * S::kSegment;
@@ -159,6 +181,7 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   }
   int parity = 0;  // alternates per row: the cluster slot
   int buffer = 0;  // pipelined rows: this row's buffer
+  unsigned ready_phases = 0;  // bulk copies: bit b, the parity of buffer b's next phase
   for (long long block = slot; block < row_blocks; block += slots, parity ^= 1) {
     const long long local = block * kRows + row_in_cta;
     const bool active = local < p.rows_per_group;
@@ -170,9 +193,17 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
     XT* const shared_dy = shared_x + S::kSegment;
     Pack<XT, kVec> xs[kHeld], dys[kHeld];
     if constexpr (kPipe) {
-      // The buffer behind this one held the previous row, which this thread alone read: refill it.
+      // The buffer behind this one held the previous row. With per-thread copies this thread alone
+      // read its packs there; a bulk copy overwrites everyone's, so every thread must be done:
+      // the end-of-row barrier below, or for clusters (which skip it) one here.
+      if constexpr (kBulk && S::kCluster > 1) __syncthreads();
       prefetch(block + (kBuffers - 1) * slots, buffer == 0 ? kBuffers - 1 : buffer - 1);
-      wait_async<kBuffers - 1>();
+      if constexpr (kBulk) {
+        wait_row_barrier(&row_ready[buffer], ready_phases >> buffer & 1u);
+        ready_phases ^= 1u << buffer;
+      } else {
+        wait_async<kBuffers - 1>();
+      }
     } else {
 #pragma unroll
       for (int i = 0; i < S::kIters; ++i) {
@@ -270,7 +301,7 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
     // The next row's reduction reuses pair_scratch (the cluster barrier already orders it).
     if constexpr (S::kThreads > 32 && S::kCluster == 1) __syncthreads();
   }
-  if constexpr (kPipe) wait_async<0>();  // the trailing empty groups
+  if constexpr (kPipe && !kBulk) wait_async<0>();  // the trailing empty groups
   // Done reading the other CTAs' slots; the wait before exit keeps ours alive for theirs.
   if constexpr (S::kCluster > 1) cluster_arrive();
 

@@ -312,6 +312,16 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
   __shared__ float2 cluster_slots[2];  // alternate per row (see cluster_sum)
   extern __shared__ __align__(16) unsigned char dynamic_shared[];
   XT* const shared_rows = reinterpret_cast<XT*>(dynamic_shared);  // kStages buffers of kSegment
+  // Rows filled by bulk copies: thread 0 copies each buffer's segment whole; row_ready[b]
+  // completes a phase each time buffer b has landed.
+  constexpr bool kBulk = Cfg::kBulkCopy;
+  __shared__ unsigned long long row_ready[kBulk ? kStages : 1];
+  if constexpr (kBulk) {
+    if (threadIdx.x == 0)
+#pragma unroll
+      for (int b = 0; b < kStages; ++b) init_row_barrier(&row_ready[b]);
+    __syncthreads();
+  }
 
   const int lane = threadIdx.x;
   const int rank = blockIdx.x % S::kCluster;
@@ -338,6 +348,16 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
   // Starts the copy of `row` into `buffer`; past the last row, an empty group, so that every
   // row's copies are exactly kStages - 1 groups behind the newest (wait_async below).
   auto prefetch = [&](long long row, int buffer) {
+    if constexpr (kBulk) {
+      if (threadIdx.x == 0 && row < p.rows) {
+        constexpr unsigned kBytes = S::kSegment * sizeof(XT);
+        fence_shared_for_bulk_copy();
+        expect_bulk_bytes(&row_ready[buffer], kBytes);
+        bulk_copy_to_shared(shared_rows + buffer * S::kSegment,
+                            static_cast<const XT*>(p.x) + row * p.row_stride + segment_col, kBytes, &row_ready[buffer]);
+      }
+      return;
+    }
     if (row < p.rows) {
       const XT* x = static_cast<const XT*>(p.x) + row * p.row_stride + segment_col;
       XT* const to = shared_rows + buffer * S::kSegment;
@@ -351,8 +371,12 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) prefetch(first + s * stride, s);
   int buffer = 0, parity = 0;
+  unsigned ready_phases = 0;  // bulk copies: bit b, the parity of buffer b's next phase
   for (long long row = first; row < p.rows; row += stride, parity ^= 1) {
-    // The buffer behind this one held the previous row, which this thread alone read: refill it.
+    // The buffer behind this one held the previous row. With per-thread copies this thread alone
+    // read its packs there; a bulk copy overwrites everyone's, so every thread must be done: the
+    // end-of-row barrier below, or for clusters (which skip it) one here.
+    if constexpr (kBulk && S::kCluster > 1) __syncthreads();
     prefetch(row + (kStages - 1) * stride, buffer == 0 ? kStages - 1 : buffer - 1);
     const long long offset = row * p.row_stride + segment_col;
     const long long weight_offset =
@@ -362,7 +386,12 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
     XT* y = static_cast<XT*>(p.y) + offset;
     // Centered on the row's x[0], read from global memory: another thread copied it in.
     const float center = kLayerNorm ? to_float(static_cast<const XT*>(p.x)[row * p.row_stride]) : 0.f;
-    wait_async<kStages - 1>();
+    if constexpr (kBulk) {
+      wait_row_barrier(&row_ready[buffer], ready_phases >> buffer & 1u);
+      ready_phases ^= 1u << buffer;
+    } else {
+      wait_async<kStages - 1>();
+    }
     const XT* const row_x = shared_rows + buffer * S::kSegment;
     float dev = 0.f, sq = 0.f;
     for (int base = 0; base < S::kIters; base += S::kChunk) {
@@ -384,7 +413,7 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
     // The next row's reduction reuses the scratch (a cluster's barrier already orders it).
     if constexpr (S::kCluster == 1) __syncthreads();
   }
-  wait_async<0>();  // the trailing empty groups
+  if constexpr (!kBulk) wait_async<0>();  // the trailing empty groups
   // A CTA's cluster slots must outlive the other CTAs' reads of them.
   if constexpr (S::kCluster > 1) {
     cluster_arrive();

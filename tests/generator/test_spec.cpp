@@ -287,6 +287,32 @@ TEST_CASE("shared memory per CTA of a shared-memory row: x, dy in the backward, 
                        doctest::Contains("row cache must be one of"), Error);
   CHECK_THROWS_WITH_AS(Spec::parse("layernorm.fwd_train.bf16.n65536.cfg_t512_r1_v8_c2_pipe4"),
                        doctest::Contains("row cache 'pipe' would take 262144 bytes"), Error);
+  // tma[3|4]: pipelined rows filled by bulk copies; 16-byte packs only.
+  for (const char* text : {"layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t1024_r1_v8_tma",
+                           "rmsnorm.fwd_train.f32.w_f32.n4096.cfg_t256_r1_v4_c2_tma3",
+                           "layernorm.fwd_train.bf16.w_bf16.n65536.bias.cfg_t256_r1_v8_c4_tma4"}) {
+    CAPTURE(text);
+    const Spec s = Spec::parse(text);
+    CHECK(s.str() == text);
+    CHECK(s.block->bulk_copy);
+    CHECK(s.block->cache == RowCache::kSharedPipelined);
+  }
+  CHECK(Spec::parse("layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t1024_r1_v8_tma").block->stages == 2);
+  CHECK(Spec::parse("rmsnorm.fwd_train.f32.w_f32.n4096.cfg_t256_r1_v4_c2_tma3").block->stages == 3);
+  CHECK(Spec::parse("layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t1024_r1_v8_tma") !=
+        Spec::parse("layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t1024_r1_v8_pipe"));
+  CHECK(bytes("layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t1024_r1_v8_tma") == std::make_pair(int64_t(131072), false));
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.w_f32.n4096.cfg_t256_r1_v8_tma2"),
+                       doctest::Contains("spelled 'tma', not 'tma2'"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.w_f32.n4096.cfg_t256_r1_v4_tma"),
+                       doctest::Contains("needs a pipelined row of 16-byte packs; vec=4 of bf16 is 8 bytes"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.w_f32.n4096.cfg_t256_r1_v8_tmax"),
+                       doctest::Contains("row cache must be one of"), Error);
+  {
+    Spec s = Spec::parse("rmsnorm.bwd.bf16.w_f32.n16384.cfg_t512_r1_v8_smem");
+    s.block->bulk_copy = true;
+    CHECK_THROWS_WITH_AS(validate(s), doctest::Contains("bulk_copy (tma) needs a pipelined row"), Error);
+  }
   {
     Spec s = Spec::parse("rmsnorm.bwd.bf16.w_f32.n16384.cfg_t512_r1_v8_smem");
     s.block->stages = 3;  // only pipelined rows have buffers to count

@@ -17,6 +17,7 @@ struct Cfg {
   static constexpr int kRowsPerCta = 1;
   static constexpr int kCluster = 4;
   static constexpr int kStages = 2;  // row buffers of a pipelined row
+  static constexpr bool kBulkCopy = false;  // pipelined rows filled by cp.async.bulk
   static constexpr normjit::RowCache kCache = normjit::RowCache::kSharedPipelined;
   static constexpr bool kDbetaShared = false;
 };

@@ -18,6 +18,7 @@ struct Cfg {
   static constexpr int kRowsPerCta = 32;
   static constexpr int kCluster = 1;
   static constexpr int kStages = 2;  // row buffers of a pipelined row
+  static constexpr bool kBulkCopy = false;  // pipelined rows filled by cp.async.bulk
   static constexpr normjit::RowCache kCache = normjit::RowCache::kRegisters;
 };
 }  // namespace

@@ -124,7 +124,7 @@ TEST_CASE("dbeta sums in shared memory: one CTA, clusters, fp32 x; several rows 
   }
 }
 
-TEST_CASE("pipelined rows (pipe, pipe3, pipe4): later rows copied in while this one runs") {
+TEST_CASE("pipelined rows (pipe, pipe3, pipe4, tma): later rows copied in while this one runs") {
   // Rows well past the persistent grid (132 CTAs on an H100; clusters: fewer), so every CTA
   // refills its buffers several times and the dgamma/dbeta sums carry across rows.
   for (const char* text : {"layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t1024_r1_v8_pipe",
@@ -142,7 +142,16 @@ TEST_CASE("pipelined rows (pipe, pipe3, pipe4): later rows copied in while this 
                            "rmsnorm.bwd.bf16.w_f32.n8192.cfg_t512_r1_v8_pipe4",
                            "layernorm.bwd.bf16.w_f32.n12288.bias.cfg_t128_r1_v8_c2_pipe3",
                            "adalayernorm.bwd.bf16.w_f32.n4096.bias.cfg_t256_r1_v8_pipe3",
-                           "layernorm.bwd.f16.w_f16.n1000.bias.cfg_t64_r1_v2_pipe4"}) {
+                           "layernorm.bwd.f16.w_f16.n1000.bias.cfg_t64_r1_v2_pipe4",
+                           // Bulk copies: one thread fills the buffer, an mbarrier releases it.
+                           "layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t1024_r1_v8_tma",
+                           "rmsnorm.bwd.bf16.w_f32.n4096.cfg_t256_r1_v8_tma",
+                           "adalayernorm.bwd.f16.w_f32.n12288.bias.relu_bitmask.cfg_t512_r1_v8_tma",
+                           "rmsnorm.bwd.f32.w_f32.n4096.bias.gelu.cfg_t256_r1_v4_tma3",
+                           "layernorm.bwd.bf16.w_f32.n32768.bias.cfg_t1024_r1_v8_c2_tma",
+                           "rmsnorm.bwd.bf16.w_f32.n65536.cfg_t1024_r1_v8_c4_tma",
+                           "layernorm.bwd.bf16.w_f32.n12288.bias.cfg_t128_r1_v8_c2_tma3",
+                           "layernorm.bwd.f16.w_f16.n1000.bias.cfg_t64_r1_v8_tma4"}) {
     Case c = pinned_case(text);
     c.rows = c.spec.n >= 32768 ? 2 * 3 * 101 : 3 * 331;
     c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? c.rows / 3 : 0;

@@ -66,7 +66,7 @@ TEST_CASE("pinned shared-memory rows (smem), alone and across clusters, match th
   }
 }
 
-TEST_CASE("pipelined rows (pipe, pipe3, pipe4): a persistent grid of 2-4 row buffers matches the reference") {
+TEST_CASE("pipelined rows (pipe, pipe3, pipe4, tma): a persistent grid of 2-4 row buffers matches the reference") {
   for (const char* text : {"layernorm.fwd_train.bf16.w_bf16.n40960.bias.cfg_t1024_r1_v8_pipe",
                            "rmsnorm.fwd_train.bf16.w_f32.n49152.cfg_t1024_r1_v8_pipe",
                            "layernorm.fwd_infer.f16.w_f16.n8192.relu_bitmask.cfg_t256_r1_v8_pipe",
@@ -82,7 +82,14 @@ TEST_CASE("pipelined rows (pipe, pipe3, pipe4): a persistent grid of 2-4 row buf
                            "rmsnorm.fwd_train.bf16.w_bf16.n262144.cfg_t512_r1_v8_c8_pipe3",
                            // gamma and beta held in registers (<= 512 threads, <= 4 packs)
                            "layernorm.fwd_train.bf16.w_bf16.n65536.bias.cfg_t512_r1_v8_c4_pipe",
-                           "layernorm.fwd_train.f16.w_f16.n12288.bias.cfg_t384_r1_v8_pipe3"}) {
+                           "layernorm.fwd_train.f16.w_f16.n12288.bias.cfg_t384_r1_v8_pipe3",
+                           // Bulk copies: one thread fills the buffer, an mbarrier releases it.
+                           "layernorm.fwd_train.bf16.w_bf16.n40960.bias.cfg_t1024_r1_v8_tma",
+                           "rmsnorm.fwd_infer.f16.w_f16.n8192.relu_bitmask.cfg_t256_r1_v8_tma3",
+                           "adalayernorm.fwd_train.bf16.w_f32.n12288.bias.gelu.cfg_t384_r1_v8_tma",
+                           "layernorm.fwd_train.f32.w_f32.n4096.bias.cfg_t128_r1_v4_tma4",
+                           "layernorm.fwd_train.bf16.w_bf16.n65536.bias.cfg_t256_r1_v8_c4_tma",
+                           "rmsnorm.fwd_train.bf16.w_bf16.n262144.bias.relu_bitmask.cfg_t1024_r1_v8_c8_tma"}) {
     Case c = pinned_case(text, 100.0);
     // Several rows per CTA (cluster) of the persistent grid.
     c.rows = c.spec.n >= 131072 ? 3 * 67 : 3 * 331;
