@@ -60,6 +60,7 @@ constexpr int64_t kBackwardPipeBytes = 160 * 1024;
 // Fewest threads per CTA of the 2-CTA pipelined rows that replace one CTA keeping dbeta sums in
 // shared memory (see backward_large_row).
 constexpr int kDbetaClusterMinThreads = 896;
+constexpr int kBulkDbetaClusterMinThreads = 768;  // the same row filled by bulk copies
 // Clustered segments of more than 2 and at most 3 packs per thread keep one buffer (see
 // backward_large_row).
 constexpr int64_t kOneBufferMinPacks = 2;
@@ -72,6 +73,16 @@ constexpr int64_t kOneBufferMaxPacks = 3;
 bool backward_pipe_register_row(const Spec& s, int64_t threads) {
   if (s.has_bias) return threads == 224 || threads == 256 || threads == 448 || threads == 512;
   return threads == 512;
+}
+
+// - Of those 2-pack rows on sm_90, the thread counts where the same row filled by bulk copies with
+//   three buffers (tma3) measured faster still (bf16, M = 32768, H100, session 9, calls 1-3): LN
+//   with dbeta 4096 / 6144 / 7168 / 8192 89.5 / 78.9 / 85.5 / 93.4 -> 93.5 / 87.7 / 88.3 / 94.4 %,
+//   RMS 4096 / 8192 93.9 / 93.8 -> 96.0 / 95.2 %. Slower at LN t192 / t224 / t320 / t640 and RMS
+//   t192-t448 except t256 and t384 (level), t640, t768 (by 2-14 points).
+bool backward_bulk_register_row(const Spec& s, int64_t threads) {
+  if (s.has_bias) return threads == 256 || threads == 384 || threads == 448 || threads == 512;
+  return threads == 256 || threads == 512;
 }
 
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
@@ -119,13 +130,18 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
   // 2-CTA pipelined cluster of 2 packs per thread (both sums in registers) measured faster once the
   // cluster sums stopped waiting on every thread's stores (bf16, H100, session 6: 28672 c2 t896
   // 73.9 -> 84.5 %); at 768 threads it tied (24576: 79.9 -> 80.4 %) and at 640 lost (20480: 83.4
-  // -> 75.9 %), so from kDbetaClusterMinThreads on.
+  // -> 75.9 %), so from kDbetaClusterMinThreads on. Filled by bulk copies (tma, 16-byte packs) it
+  // gained again (session 9, call 3: 28672 85.3 -> 88.2 %), and from 768 threads on it beat the
+  // one-CTA row (24576 / 26624: 80.0 / 74.1 -> 83.3 / 82.0 %; 640 threads, 20480, still lost:
+  // 83.4 -> 78.7 %).
   if (s.has_bias && t <= 1024 && fits(b) && dbeta_sums_in_shared(s, b) && packs % 2 == 0) {
     BlockConfig pair = b;
     pair.cluster = 2;
     pair.cache = RowCache::kSharedPipelined;
+    pair.bulk_copy = sixteen_byte_packs(s, vec);
     pair.threads_per_row = static_cast<int>(round_up((packs / 2 + 1) / 2, 32));
-    if (pair.threads_per_row >= kDbetaClusterMinThreads && pair.threads_per_row <= kClusterThreads &&
+    const int min_threads = pair.bulk_copy ? kBulkDbetaClusterMinThreads : kDbetaClusterMinThreads;
+    if (pair.threads_per_row >= min_threads && pair.threads_per_row <= kClusterThreads &&
         !dbeta_sums_in_shared(s, pair) && pipe_fits(pair))
       return pair;
   }
@@ -269,9 +285,15 @@ Spec resolve(const Spec& spec, int max_vec, int sm) {
       b.threads_per_row = want <= kBackwardMaxFusedThreads ? static_cast<int>((want + 31) / 32 * 32) : 1024;
       // Past the fused limit the row-sum pass streams the row with 1024 threads.
       if (want > kBackwardMaxFusedThreads) b.cache = RowCache::kGlobal;
-      else if (sm >= 80 && dtype_size(s.x_dtype) == 2 && per_thread * b.vec == kBackwardElements &&
-               backward_pipe_register_row(s, b.threads_per_row))
+      else if (sm >= 90 && sixteen_byte_packs(s, b.vec) && dtype_size(s.x_dtype) == 2 &&
+               per_thread * b.vec == kBackwardElements && backward_bulk_register_row(s, b.threads_per_row)) {
         b.cache = RowCache::kSharedPipelined;
+        b.stages = 3;
+        b.bulk_copy = true;
+      } else if (sm >= 80 && dtype_size(s.x_dtype) == 2 && per_thread * b.vec == kBackwardElements &&
+                 backward_pipe_register_row(s, b.threads_per_row)) {
+        b.cache = RowCache::kSharedPipelined;
+      }
     }
   } else if (packs <= 32 * kWarpRowMaxPacks) {
     b.threads_per_row = 32;

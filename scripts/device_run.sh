@@ -62,17 +62,15 @@ if [[ $STAGE == all || ,$STAGE, == *,perf,* ]]; then
   L=""; for n in ${PERF_NS_LARGE:-73728 81920 98304 114688 131072 262144}; do
     L="$L layernorm.fwd_train.bf16.n$n.bias rmsnorm.fwd_train.bf16.n$n layernorm.bwd.bf16.w_f32.n$n.bias rmsnorm.bwd.bf16.w_f32.n$n"; done
   build/normjit-bench --rows 4096 --json "$OUT/normjit_perf_large.json" $L 2>&1 | tail -3
-  # The previous (session 6) heuristic's picks where this session's changed, pinned by cfg.
-  AB="$LF.n40960.bias.cfg_t1024_r1_v8_pipe $RF.n40960.cfg_t1024_r1_v8_pipe $LF.n49152.bias.cfg_t1024_r1_v8_pipe"
-  AB="$AB $RF.n49152.cfg_t1024_r1_v8_pipe $RF.n57344.cfg_t448_r1_v8_c2_smem $RB.n36864.cfg_t1024_r1_v8_c2_pipe"
-  AB="$AB $RB.n40960.cfg_t1024_r1_v8_c2_pipe"
+  # The previous (session 8) heuristic's picks where this session's changed, pinned by cfg.
+  AB="$LB.n4096.bias.cfg_t256_r1_v8_pipe $LB.n6144.bias.cfg_t384_r1_v8_reg $LB.n7168.bias.cfg_t448_r1_v8_pipe"
+  AB="$AB $LB.n8192.bias.cfg_t512_r1_v8_pipe $RB.n4096.cfg_t256_r1_v8_reg $RB.n8192.cfg_t512_r1_v8_pipe"
+  AB="$AB $LB.n24576.bias.cfg_t1024_r1_v8_smem $LB.n26624.bias.cfg_t832_r1_v8_smem $LB.n28672.bias.cfg_t896_r1_v8_c2_pipe"
   build/normjit-bench --rows 32768 --json "$OUT/normjit_perf_ab.json" $AB 2>&1 | tail -3
-  ABL="$LB.n81920.bias.cfg_t1024_r1_v8_c8_pipe $RB.n81920.cfg_t1024_r1_v8_c4_pipe"
-  ABL="$ABL $LF.n114688.bias.cfg_t448_r1_v8_c4_smem $LF.n131072.bias.cfg_t512_r1_v8_c4_smem"
-  build/normjit-bench --rows 4096 --json "$OUT/normjit_perf_ab_large.json" $ABL 2>&1 | tail -3
+  ABL=""
+  [[ -n $ABL ]] && build/normjit-bench --rows 4096 --json "$OUT/normjit_perf_ab_large.json" $ABL 2>&1 | tail -3
   python3 bench/summary.py "$OUT"/normjit_perf.json "$OUT"/normjit_perf_large.json "$OUT"/normjit_perf_ab.json \
-    "$OUT"/normjit_perf_ab_large.json \
-    | tee "$OUT/table_perf.md"
+    $(ls "$OUT"/normjit_perf_ab_large.json 2>/dev/null) | tee "$OUT/table_perf.md"
 fi
 if [[ ,$STAGE, == *,peers,* ]]; then
   # normjit and every peer (torch eager/compile, Liger, cuDNN, QuACK) in this one process tree.
@@ -418,6 +416,77 @@ if [[ ,$STAGE, == *,tma,* ]]; then
   lbl $LF.n57344.bias t448_r1_v8_c2_tma; lbl $LF.n65536.bias t512_r1_v8_c2_tma t256_r1_v8_c4_tma t256_r1_v8_c4_tma3
   lbl $RF.n65536 t256_r1_v8_c4_tma
   run_ab tma
+fi
+if [[ ,$STAGE, == *,tma2,* ]]; then
+  # Bulk-copied rows with 3-4 buffers (call 1: two buffers were one row of lead too little).
+  X=""; Y=""
+  lb $LB.n4096.bias t256_r1_v8_pipe t256_r1_v8_tma3 t256_r1_v8_tma4 t128_r1_v8_tma3 t128_r1_v8_tma4 t512_r1_v8_tma3
+  lb $LB.n7168.bias t448_r1_v8_tma t448_r1_v8_tma3 t448_r1_v8_tma4 t224_r1_v8_tma3
+  lb $LB.n12288.bias t768_r1_v8_tma3 t384_r1_v8_tma3; lb $LB.n16384.bias t1024_r1_v8_tma3
+  lb $LB.n18432.bias t768_r1_v8_tma3; lb $LB.n20480.bias t640_r1_v8_c2_tma t640_r1_v8_c2_tma3
+  lb $LB.n24576.bias t768_r1_v8_c2_tma t512_r1_v8_c2_tma3; lb $LB.n28672.bias t896_r1_v8_c2_tma t896_r1_v8_c2_tma3
+  lb $LB.n32768.bias t1024_r1_v8_c2_tma t1024_r1_v8_c2_tma3
+  lb $LB.n40960.bias t1024_r1_v8_c4_tma t640_r1_v8_c4_tma3; lb $LB.n49152.bias t768_r1_v8_c4_tma t768_r1_v8_c4_tma3
+  lb $RB.n4096 t256_r1_v8_tma3 t256_r1_v8_tma4 t128_r1_v8_tma4; lb $RB.n7168 t448_r1_v8_tma3
+  lb $RB.n16384 t512_r1_v8_tma3 t1024_r1_v8_tma3; lb $RB.n24576 t768_r1_v8_c2_tma t384_r1_v8_c2_tma3
+  lb $RB.n32768 t1024_r1_v8_c2_tma t1024_r1_v8_c2_tma3; lb $RB.n40960 t1024_r1_v8_c2_tma; lb $RB.n49152 t1024_r1_v8_c2_tma
+  lbl $LB.n61440.bias t1024_r1_v8_c4_tma3; lbl $RB.n61440 t1024_r1_v8_c4_tma3
+  lbl $LB.n65536.bias t1024_r1_v8_c4_tma t1024_r1_v8_c4_tma3; lbl $RB.n65536 t1024_r1_v8_c4_tma3
+  lbl $LF.n65536.bias t512_r1_v8_c4_tma t256_r1_v8_c8_tma
+  run_ab tma2
+fi
+if [[ ,$STAGE, == *,tmasweep,* ]]; then
+  # Backward, M = 32768, N = 2048-49152: each pick against its bulk-copy twin (one CTA: 3 buffers
+  # at the same threads; clusters: 2 buffers; one-CTA smem rows also a 2-CTA tma row of 2 packs
+  # per thread). Generated from the heuristic's picks (session 9).
+  X=""; Y=""
+  lb $LB.n1024.bias t64_r1_v8_tma3 t128_r1_v8_tma3; lb $RB.n1024 t64_r1_v8_tma3 t128_r1_v8_tma3
+  lb $LB.n2048.bias t128_r1_v8_tma3 t256_r1_v8_tma3
+  lb $LB.n2880.bias t192_r1_v8_tma3
+  lb $LB.n3072.bias t192_r1_v8_tma3
+  lb $LB.n3584.bias t224_r1_v8_tma3
+  lb $LB.n4096.bias t256_r1_v8_tma3
+  lb $LB.n5120.bias t320_r1_v8_tma3
+  lb $LB.n6144.bias t384_r1_v8_tma3
+  lb $LB.n7168.bias t448_r1_v8_tma3
+  lb $LB.n8192.bias t512_r1_v8_tma3
+  lb $LB.n10240.bias t640_r1_v8_tma3
+  lb $LB.n12288.bias t768_r1_v8_tma3 t384_r1_v8_c2_tma
+  lb $LB.n14336.bias t896_r1_v8_tma3 t448_r1_v8_c2_tma
+  lb $LB.n16384.bias t1024_r1_v8_tma3
+  lb $LB.n18432.bias t768_r1_v8_tma3 t576_r1_v8_c2_tma
+  lb $LB.n20480.bias t640_r1_v8_c2_tma
+  lb $LB.n24576.bias t768_r1_v8_c2_tma
+  lb $LB.n26624.bias t832_r1_v8_c2_tma
+  lb $LB.n28672.bias t896_r1_v8_c2_tma
+  lb $LB.n30720.bias t1024_r1_v8_c2_tma
+  lb $LB.n32768.bias t1024_r1_v8_c2_tma
+  lb $LB.n36864.bias t1024_r1_v8_c2_tma
+  lb $RB.n2048 t128_r1_v8_tma3 t256_r1_v8_tma3
+  lb $RB.n2880 t192_r1_v8_tma3
+  lb $RB.n3072 t192_r1_v8_tma3
+  lb $RB.n3584 t224_r1_v8_tma3
+  lb $RB.n4096 t256_r1_v8_tma3
+  lb $RB.n5120 t320_r1_v8_tma3
+  lb $RB.n6144 t384_r1_v8_tma3
+  lb $RB.n7168 t448_r1_v8_tma3
+  lb $RB.n8192 t512_r1_v8_tma3
+  lb $RB.n10240 t640_r1_v8_tma3
+  lb $RB.n12288 t768_r1_v8_tma3
+  lb $RB.n14336 t448_r1_v8_tma3 t448_r1_v8_c2_tma
+  lb $RB.n16384 t512_r1_v8_tma3 t512_r1_v8_c2_tma
+  lb $RB.n18432 t768_r1_v8_tma3 t576_r1_v8_c2_tma
+  lb $RB.n20480 t640_r1_v8_c2_tma
+  lb $RB.n24576 t768_r1_v8_c2_tma
+  lb $RB.n26624 t832_r1_v8_c2_tma
+  lb $RB.n28672 t896_r1_v8_c2_tma
+  lb $RB.n30720 t960_r1_v8_c2_tma
+  lb $RB.n32768 t1024_r1_v8_c2_tma
+  lb $RB.n36864 t1024_r1_v8_c2_tma
+  lb $RB.n40960 t1024_r1_v8_c2_tma
+  lb $RB.n45056 t1024_r1_v8_c2_tma
+  lb $RB.n49152 t1024_r1_v8_c2_tma
+  run_ab tmasweep
 fi
 if [[ ,$STAGE, == *,slots,* ]]; then
   # Fewer partial rows for small multi-row CTAs (default) against one CTA per row block up to the

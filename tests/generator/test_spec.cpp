@@ -188,12 +188,22 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.fwd_train.bf16.n262144", 16, 80).cache == RowCache::kGlobal);
   CHECK(block("layernorm.fwd_train.f32.n65536").cache == RowCache::kGlobal);
   // Backward: fewer elements per thread; past 512 threads the split route (sm_80).
-  // Two packs per thread at the thread counts where pipelined rows measured faster (sm_80+).
-  CHECK(block("layernorm.bwd.bf16.w_f32.n4096.bias") == BlockConfig{256, 1, 8, RowCache::kSharedPipelined});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n7168.bias") == BlockConfig{448, 1, 8, RowCache::kSharedPipelined});
+  // Two packs per thread at the thread counts where pipelined rows measured faster (sm_80+), on
+  // sm_90 filled by bulk copies with three buffers where that measured faster still.
+  const BlockConfig tma3_256{256, 1, 8, RowCache::kSharedPipelined, 1, 3, true};
+  CHECK(block("layernorm.bwd.bf16.w_f32.n4096.bias") == tma3_256);
+  CHECK(block("layernorm.bwd.bf16.w_f32.n4096.bias", 16, 80) == BlockConfig{256, 1, 8, RowCache::kSharedPipelined});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n7168.bias") == BlockConfig{448, 1, 8, RowCache::kSharedPipelined, 1, 3, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n6144.bias") == BlockConfig{384, 1, 8, RowCache::kSharedPipelined, 1, 3, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n6144.bias", 16, 80) == BlockConfig{384, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n3584.bias") == BlockConfig{224, 1, 8, RowCache::kSharedPipelined});
   CHECK(block("layernorm.bwd.bf16.w_f32.n5120.bias") == BlockConfig{320, 1, 8, RowCache::kRegisters});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n8192") == BlockConfig{512, 1, 8, RowCache::kSharedPipelined});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n4096") == BlockConfig{256, 1, 8, RowCache::kRegisters});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n8192") == BlockConfig{512, 1, 8, RowCache::kSharedPipelined, 1, 3, true});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n8192", 16, 80) == BlockConfig{512, 1, 8, RowCache::kSharedPipelined});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n4096") == tma3_256);
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n4096", 16, 80) == BlockConfig{256, 1, 8, RowCache::kRegisters});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n7168") == BlockConfig{448, 1, 8, RowCache::kRegisters});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n4096", 4).cache == RowCache::kRegisters);  // 8-byte packs: no bulk copies
   CHECK(block("layernorm.bwd.f32.w_f32.n4096.bias") == BlockConfig{256, 1, 4, RowCache::kRegisters});
   CHECK(block("layernorm.bwd.bf16.w_f32.n512.bias") == BlockConfig{32, 8, 8, RowCache::kRegisters});
   CHECK(block("rmsnorm.bwd.f32.n8192") == BlockConfig{512, 1, 4, RowCache::kRegisters});
@@ -222,12 +232,13 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n65536") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n262144") == BlockConfig{1024, 1, 8, RowCache::kShared, 8});
   // With dbeta, past 24 values per thread (16 above 768 threads) the dbeta sums join x and dy in
-  // shared memory: one CTA up to N = 26624 (832 threads), then a 2-CTA pipelined cluster of 2 packs
-  // per thread once that takes 896 threads or more, then clusters whose segments split evenly.
+  // shared memory: one CTA up to N = 22528, then a 2-CTA cluster of 2 packs per thread filled by
+  // bulk copies once that takes 768 threads or more (narrower packs: pipelined, from 896), then
+  // clusters whose segments split evenly.
   CHECK(block("layernorm.bwd.bf16.w_f32.n20480.bias") == BlockConfig{864, 1, 8, RowCache::kShared});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n24576.bias") == BlockConfig{1024, 1, 8, RowCache::kShared});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n26624.bias") == BlockConfig{832, 1, 8, RowCache::kShared});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n28672.bias") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 2});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n24576.bias") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n26624.bias") == BlockConfig{832, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n28672.bias") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n28672") == BlockConfig{896, 1, 8, RowCache::kShared});  // no dbeta sums
   CHECK(block("layernorm.bwd.bf16.w_f32.n49152.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
   CHECK(block("layernorm.bwd.bf16.w_f32.n98304.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});

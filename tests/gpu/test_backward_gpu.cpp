@@ -165,6 +165,36 @@ TEST_CASE("pipelined rows (pipe, pipe3, pipe4, tma): later rows copied in while 
   }
 }
 
+TEST_CASE("the heuristic's bulk-copy picks (sm_90) over many rows per CTA") {
+  // The sizes whose default became a tma row in session 9: 3-buffer one-CTA rows and 2-CTA rows.
+  const int arch = runtime().target().arch;
+  if (arch < 90) {
+    MESSAGE("SKIPPED: the heuristic picks bulk copies on sm_90 and newer only; this GPU is sm_" << arch);
+    return;
+  }
+  int bulk = 0;
+  for (const char* text : {"layernorm.bwd.bf16.w_f32.n4096.bias", "layernorm.bwd.f16.w_f16.n6144.bias",
+                           "layernorm.bwd.bf16.w_f32.n7168.bias", "adalayernorm.bwd.bf16.w_f32.n8192.bias",
+                           "layernorm.bwd.bf16.w_bf16.n24576.bias", "layernorm.bwd.f16.w_f32.n26624.bias",
+                           "layernorm.bwd.bf16.w_f32.n28672.bias.relu_bitmask", "rmsnorm.bwd.bf16.w_f32.n4096",
+                           "rmsnorm.bwd.f16.w_f16.n8192.gelu"}) {
+    Case c;
+    c.spec = Spec::parse(text);
+    const Spec resolved = resolve(c.spec, 16, arch);
+    const std::string name = resolved.str();
+    CAPTURE(name);
+    CHECK(resolved.block->bulk_copy);
+    bulk += resolved.block->bulk_copy;
+    for (int64_t rows : {int64_t(3 * 331), int64_t(5)}) {
+      c.rows = c.spec.n >= 24576 ? rows / 3 : rows;
+      c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? c.rows : 0;
+      CAPTURE(c.rows);
+      check_within_tolerance(run_backward(c));
+    }
+  }
+  MESSAGE(bulk << " heuristic picks filled by bulk copies checked");
+}
+
 TEST_CASE("unaligned and strided backward") {
   for (const char* text : {"layernorm.bwd.bf16.w_f32.n4096.bias", "rmsnorm.bwd.f16.w_f16.n768",
                            "layernorm.bwd.bf16.w_f32.n65536.bias"}) {
