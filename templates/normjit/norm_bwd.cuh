@@ -91,6 +91,9 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   // Pipelined rows filled by bulk copies: thread 0 copies each buffer's x and dy segments whole;
   // row_ready[b] completes a phase each time buffer b has landed.
   constexpr bool kBulk = kPipe && Cfg::kBulkCopy;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  static_assert(!kBulk, "bulk copies (tma) need sm_90 or newer");
+#endif
   __shared__ unsigned long long row_ready[kBulk ? kBuffers : 1];
   constexpr bool kSmem = Cfg::kCache == RowCache::kShared || kPipe;
   constexpr int kHeld = kSmem ? 1 : S::kIters;  // packs per thread held in registers between passes

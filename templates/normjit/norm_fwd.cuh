@@ -315,6 +315,9 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
   // Rows filled by bulk copies: thread 0 copies each buffer's segment whole; row_ready[b]
   // completes a phase each time buffer b has landed.
   constexpr bool kBulk = Cfg::kBulkCopy;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  static_assert(!kBulk, "bulk copies (tma) need sm_90 or newer");
+#endif
   __shared__ unsigned long long row_ready[kBulk ? kStages : 1];
   if constexpr (kBulk) {
     if (threadIdx.x == 0)

@@ -58,6 +58,8 @@ TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
                            "layernorm.fwd_train.bf16.w_bf16.n131072.bias.relu_bitmask.cfg_t512_r1_v8_c2_smem",
                            "adalayernorm.fwd_train.f16.w_f32.n98304.bias.cfg_t768_r1_v8_c2_smem",
                            "layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t512_r1_v8_smem",
+                           "layernorm.fwd_train.bf16.w_bf16.n65536.bias.cfg_t256_r1_v8_c4_tma",
+                           "rmsnorm.bwd.f32.w_f32.n4096.bias.gelu.cfg_t256_r1_v4_tma4",
                            "layernorm.bwd.bf16.w_f32.n18432.bias.cfg_t576_r1_v8_smem",
                            "adalayernorm.bwd.f16.w_f32.n12288.bias.relu_bitmask.cfg_t512_r1_v8_smem",
                            "rmsnorm.bwd.f32.w_f32.n8192.bias.gelu.cfg_t512_r1_v4_smem"})
@@ -170,6 +172,15 @@ TEST_CASE("a compile error carries the spec, the options and the NVRTC log") {
     CHECK(what.find("rmsnorm.fwd_infer.f32.w_f32.n64") != std::string::npos);
     CHECK(what.find("-arch=sm_90") != std::string::npos);
     CHECK(what.find("this_is_not_cuda") != std::string::npos);
+  }
+}
+
+TEST_CASE("bulk-copied rows (tma) refuse to compile below sm_90 rather than run without their copies") {
+  for (const char* text : {"rmsnorm.bwd.bf16.w_f32.n4096.cfg_t256_r1_v8_tma3",
+                           "layernorm.fwd_train.bf16.w_bf16.n8192.cfg_t256_r1_v8_tma"}) {
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS(compile(generate(Spec::parse(text)), Target{80}),
+                         doctest::Contains("bulk copies (tma) need sm_90 or newer"), Error);
   }
 }
 
