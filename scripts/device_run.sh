@@ -488,6 +488,47 @@ if [[ ,$STAGE, == *,tmasweep,* ]]; then
   lb $RB.n49152 t1024_r1_v8_c2_tma
   run_ab tmasweep
 fi
+if [[ ,$STAGE, == *,gap,* ]]; then
+  # RMS bwd against cuDNN: per-kernel durations with clocks and caches left as the bench has them
+  # (ncu --clock-control none --cache-control none), next to each provider's bench median.
+  bash scripts/peers_setup.sh >"$OUT/peers_setup.log" 2>&1; export PYTHONPATH=$PWD/.peers/site
+  M="gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size"
+  for n in ${GAP_NS:-4096 8192}; do
+    timeout 150 ncu --csv --clock-control none --cache-control none --metrics $M -k regex:ln_ -c 40 \
+      python3 bench/peers.py --providers cudnn --phase bwd --norms rmsnorm --ns $n --json /tmp/p.json \
+      > "$OUT/ncu_gap_cudnn_$n.csv" 2>&1
+    timeout 100 ncu --csv --clock-control none --cache-control none --metrics $M -k regex:normjit_.*bwd -c 40 \
+      build/normjit-bench --rows 32768 --no-verify --warmup 1 --reps 2 --batch 10 $RB.n$n \
+      > "$OUT/ncu_gap_normjit_$n.csv" 2>&1
+  done
+  python3 bench/ncu_table.py "$OUT"/ncu_gap_*.csv | tee "$OUT/table_gap.md"
+fi
+if [[ ,$STAGE, == *,gapfull,* ]]; then
+  # One launch of each main kernel (RMS bwd 4096: cuDNN's and normjit's) under ncu's full set,
+  # clocks and caches as the bench has them, for stall reasons and memory behaviour.
+  bash scripts/peers_setup.sh >"$OUT/peers_setup.log" 2>&1; export PYTHONPATH=$PWD/.peers/site
+  timeout 200 ncu --set full --clock-control none --cache-control none -k regex:ln_tma_bwd -s 3 -c 1 \
+    python3 bench/peers.py --providers cudnn --phase bwd --norms rmsnorm --ns 4096 --json /tmp/p.json \
+    > "$OUT/ncu_full_cudnn_4096.txt" 2>&1
+  timeout 200 ncu --set full --clock-control none --cache-control none -k regex:normjit_.*fused -s 3 -c 1 \
+    build/normjit-bench --rows 32768 --no-verify --warmup 1 --reps 1 --batch 4 $RB.n4096 \
+    > "$OUT/ncu_full_normjit_4096.txt" 2>&1
+  X=""; Y=""
+  lb $RB.n4096 t512_r1_v8_tma3 t512_r1_v8_tma4 t1024_r1_v8_tma4 t256_r1_v8_tma4 t128_r1_v8_tma3
+  lb $RB.n8192 t1024_r1_v8_tma3 t1024_r1_v8_tma4 t256_r1_v8_tma3
+  run_ab gapcfg
+fi
+if [[ ,$STAGE, == *,heldgamma,* ]]; then
+  # Backward shared-memory rows with gamma held in registers (default) against reloading it per
+  # pass (-DNORMJIT_BWD_NO_HELD_GAMMA), alternating processes, two rounds, M = 32768.
+  B="$RB.n4096 $RB.n8192"; for n in 3584 4096 6144 7168 8192; do B="$B $LB.n$n.bias"; done
+  for round in 1 2; do for mode in held reload; do
+    ( [[ $mode == reload ]] && export NORMJIT_NVRTC_EXTRA_OPTIONS=-DNORMJIT_BWD_NO_HELD_GAMMA
+      build/normjit-bench --rows 32768 --json "$OUT/gamma_${mode}_r$round.json" $B > "$OUT/gamma_${mode}_r$round.txt" 2>&1 )
+  done; done
+  python3 bench/ab_rounds.py "gamma held" "gamma reloaded" "$OUT"/gamma_held_r{1,2}.json "$OUT"/gamma_reload_r{1,2}.json | tee "$OUT/table_heldgamma.md"
+  grep -iE "error|fail|exceed" "$OUT"/gamma_*.txt | head
+fi
 if [[ ,$STAGE, == *,slots,* ]]; then
   # Fewer partial rows for small multi-row CTAs (default) against one CTA per row block up to the
   # resident count (NORMJIT_BWD_PARTIAL_CAP=0), alternating processes, two rounds: the

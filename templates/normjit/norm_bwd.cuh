@@ -148,6 +148,28 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   // (its launch then overlaps that kernel's tail): no global memory access before this.
   wait_for_prerequisites();
   const long long row_blocks = (p.rows_per_group + kRows - 1) / kRows;
+  // Shared-memory rows read gamma in both passes of every row; a CTA's columns never change, so
+  // LayerNorm rows of 384-512 threads keep it in registers (at most 16 of them) instead. H100,
+  // bf16, session 9 (call 8): LN 6144 / 7168 / 8192 87.6 / 88.2 / 94.1 -> 90.1 / 89.2 / 95.2 %;
+  // slower at LN 4096 (t256: 93.3 -> 90.1, one CTA per SM fewer) and RMS 4096 / 8192 (96.0 / 95.3 ->
+  // 92.1 / 93.1 at the same CTAs per SM). NORMJIT_BWD_NO_HELD_GAMMA (through
+  // NORMJIT_NVRTC_EXTRA_OPTIONS) reloads it everywhere, for A/B timing.
+#ifdef NORMJIT_BWD_NO_HELD_GAMMA
+  constexpr bool kHoldGamma = false;
+#else
+  constexpr bool kHoldGamma = kSmem && Cfg::kHasBias && !Cfg::kPerGroupWeights && S::kThreads >= 384 &&
+                              S::kThreads <= 512 && S::kIters * kVec * static_cast<int>(sizeof(WT)) <= 64;
+#endif
+  Pack<WT, kVec> held_gamma[kHoldGamma ? S::kIters : 1];
+  if constexpr (kHoldGamma) {
+#pragma unroll
+    for (int i = 0; i < S::kIters; ++i)
+      if (const int pack = i * S::kThreads + lane; pack < S::kVecs) held_gamma[i] = load_pack<WT, kVec>(gamma + pack * kVec);
+  }
+  auto gamma_pack = [&](int i, int col) {
+    if constexpr (kHoldGamma) return held_gamma[i];
+    else return load_pack<WT, kVec>(gamma + col);
+  };
   // Pipelined rows: starts the copy of row block `block` (kRows == 1) into buffer `buffer`. Past
   // the last row, an empty group, so that every row's copies are exactly kStages - 1 groups
   // behind the newest (wait_async below).
@@ -244,7 +266,7 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
       const int col = pack * kVec;
       const int h = kSmem ? 0 : i;
       if (active && pack < S::kVecs) {
-        const Pack<WT, kVec> g = load_pack<WT, kVec>(gamma + col);
+        const Pack<WT, kVec> g = gamma_pack(i, col);
         Pack<XT, kVec> xv, dyv;
         held(i, xv, dyv);
         float xhat[kVec], d[kVec];
@@ -282,7 +304,7 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
         float gdv[kVec];
         if constexpr (kSmem) {
           const int col = pack * kVec;
-          const Pack<WT, kVec> g = load_pack<WT, kVec>(gamma + col);
+          const Pack<WT, kVec> g = gamma_pack(i, col);
           float xhat[kVec], d[kVec];
           pack_xhat_grad<Cfg>(xv, dyv, g, beta, p, row, col, segment_col, mean, rstd, xhat, d);
 #pragma unroll
