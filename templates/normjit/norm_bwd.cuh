@@ -149,15 +149,16 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   wait_for_prerequisites();
   const long long row_blocks = (p.rows_per_group + kRows - 1) / kRows;
   // Shared-memory rows read gamma in both passes of every row; a CTA's columns never change, so
-  // LayerNorm rows of 384-512 threads keep it in registers (at most 16 of them) instead. H100,
-  // bf16, session 9 (call 8): LN 6144 / 7168 / 8192 87.6 / 88.2 / 94.1 -> 90.1 / 89.2 / 95.2 %;
-  // slower at LN 4096 (t256: 93.3 -> 90.1, one CTA per SM fewer) and RMS 4096 / 8192 (96.0 / 95.3 ->
-  // 92.1 / 93.1 at the same CTAs per SM). NORMJIT_BWD_NO_HELD_GAMMA (through
+  // bulk-copied LayerNorm rows of 384-512 threads keep it in registers (at most 16 of them)
+  // instead. H100, bf16, session 9 (call 8): LN 6144 / 7168 / 8192 87.6 / 88.2 / 94.1 -> 90.1 /
+  // 89.2 / 95.2 %; slower at LN 4096 (t256: 93.3 -> 90.1, one CTA per SM fewer), RMS 4096 / 8192
+  // (96.0 / 95.3 -> 92.1 / 93.1 at the same CTAs per SM) and cp.async rows (call 10: LN 7168 / 8192
+  // pipe 85.4 / 93.0 -> 73.9 / 83.5). NORMJIT_BWD_NO_HELD_GAMMA (through
   // NORMJIT_NVRTC_EXTRA_OPTIONS) reloads it everywhere, for A/B timing.
 #ifdef NORMJIT_BWD_NO_HELD_GAMMA
   constexpr bool kHoldGamma = false;
 #else
-  constexpr bool kHoldGamma = kSmem && Cfg::kHasBias && !Cfg::kPerGroupWeights && S::kThreads >= 384 &&
+  constexpr bool kHoldGamma = kBulk && Cfg::kHasBias && !Cfg::kPerGroupWeights && S::kThreads >= 384 &&
                               S::kThreads <= 512 && S::kIters * kVec * static_cast<int>(sizeof(WT)) <= 64;
 #endif
   Pack<WT, kVec> held_gamma[kHoldGamma ? S::kIters : 1];
