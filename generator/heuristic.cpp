@@ -145,8 +145,35 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
         !dbeta_sums_in_shared(s, pair) && pipe_fits(pair))
       return pair;
   }
+  // Bulk copies (16-byte packs) for one-CTA rows, where both the H100 and the H200 measured them
+  // level or faster (bf16, M = 32768, session 9, calls 1-3 and 15; H100 -> H200 figures):
+  // - the 1024-thread pipelined row (LN 16384): 88.5 -> 88.5 %, 69.8 -> 76.1 %;
+  // - LayerNorm's one-CTA rows with both sums in registers, three buffers, at 768 and 896 threads
+  //   (LN 12288 / 14336 / 18432: H100 85.7 / 87.7 / 85.3 -> 85.7 / 89.5 / 86.7 %; H200 12288 67.7 ->
+  //   74.2 %). Not at 704 / 736 / 832 / 960 threads: LN 13312 86.2 -> 84.3 %, and 11264 / 15360 /
+  //   17408 at 77-82 % (H100, call 16);
+  // - RMSNorm's full CTA of 1024 threads x 4 packs (N = 32768 bf16) as 2 CTAs of 2 packs:
+  //   87.6 -> 90.7 %, 65.3 -> 78.0 %. Narrower such rows lost on the H100 (24576-30720: 4-7 points).
+  const bool bulk = sixteen_byte_packs(s, vec);
+  auto bulk3_fits = [&](BlockConfig c) {
+    c.cache = RowCache::kSharedPipelined;
+    c.stages = 3;
+    return shared_row_bytes(s, c) <= kBackwardSharedBytesWithDbeta;
+  };
   if (t <= 1024 && fits(b)) {
-    if (b.threads_per_row == kClusterThreads && pipe_fits(b)) b.cache = RowCache::kSharedPipelined;
+    if (b.threads_per_row == kClusterThreads && pipe_fits(b)) {
+      b.cache = RowCache::kSharedPipelined;
+      b.bulk_copy = bulk;
+    } else if (bulk && s.has_bias && (b.threads_per_row == 768 || b.threads_per_row == 896) &&
+               !dbeta_sums_in_shared(s, b) && bulk3_fits(b)) {
+      b.cache = RowCache::kSharedPipelined;
+      b.stages = 3;
+      b.bulk_copy = true;
+    } else if (bulk && !s.has_bias && b.threads_per_row == kClusterThreads && packs == 4 * kClusterThreads) {
+      b.cluster = 2;
+      b.cache = RowCache::kSharedPipelined;
+      b.bulk_copy = true;
+    }
     return b;
   }
   // A cluster shares the row: the fewest 1024-thread CTAs that hold it in shared memory at up to
@@ -171,6 +198,10 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
       return b;
     if (pipe_fits(b)) {
       b.cache = RowCache::kSharedPipelined;
+      // 2-CTA rows by bulk copies: LN 32768 88.3 -> 89.2 % (H100), 71.1 -> 76.7 % (H200); LN 30720
+      // 86.9 -> 85.9 % (H100; not measured on the H200). At 4 CTAs they lost on the H100 (LN / RMS
+      // 61440, LN 65536: 1.7-2.1 points).
+      b.bulk_copy = bulk && c == 2;
       return b;
     }
     if (fits(b) && (packs / c) % kClusterThreads == 0) return b;

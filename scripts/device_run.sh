@@ -66,6 +66,8 @@ if [[ $STAGE == all || ,$STAGE, == *,perf,* ]]; then
   AB="$LB.n4096.bias.cfg_t256_r1_v8_pipe $LB.n6144.bias.cfg_t384_r1_v8_reg $LB.n7168.bias.cfg_t448_r1_v8_pipe"
   AB="$AB $LB.n8192.bias.cfg_t512_r1_v8_pipe $RB.n4096.cfg_t256_r1_v8_reg $RB.n8192.cfg_t512_r1_v8_pipe"
   AB="$AB $LB.n24576.bias.cfg_t1024_r1_v8_smem $LB.n26624.bias.cfg_t832_r1_v8_smem $LB.n28672.bias.cfg_t896_r1_v8_c2_pipe"
+  AB="$AB $LB.n12288.bias.cfg_t768_r1_v8_smem $LB.n14336.bias.cfg_t896_r1_v8_smem $LB.n16384.bias.cfg_t1024_r1_v8_pipe"
+  AB="$AB $LB.n18432.bias.cfg_t768_r1_v8_smem $LB.n32768.bias.cfg_t1024_r1_v8_c2_pipe $RB.n32768.cfg_t1024_r1_v8_smem"
   build/normjit-bench --rows 32768 --json "$OUT/normjit_perf_ab.json" $AB 2>&1 | tail -3
   ABL=""
   [[ -n $ABL ]] && build/normjit-bench --rows 4096 --json "$OUT/normjit_perf_ab_large.json" $ABL 2>&1 | tail -3
@@ -545,6 +547,20 @@ if [[ ,$STAGE, == *,firstget,* ]]; then
       --json "$OUT/firstget_${mode}_$i.json" $FS > /dev/null 2>&1
   done; echo "== bench $mode"; python3 bench/load_stats.py "$OUT"/firstget_${mode}_*.json; done | tee "$OUT/table_firstget.md"
   cat "$OUT/firstget_probe.txt" | head -60
+fi
+if [[ ,$STAGE, == *,h200tma,* ]]; then
+  # H200 (session 9): bulk-copied rows with 2-3 buffers against the H100-measured picks at the
+  # sizes past 8192, where the picks run at 62-89 % of copy; same process, M = 32768.
+  X=""; Y=""
+  lb $LF.n12288.bias t384_r1_v8_tma3 t768_r1_v8_tma3; lb $LF.n24576.bias t768_r1_v8_tma3 t384_r1_v8_tma3 t768_r1_v8_pipe
+  lb $LF.n32768.bias t1024_r1_v8_tma3 t512_r1_v8_tma3; lb $LF.n49152.bias t1024_r1_v8_tma t768_r1_v8_tma
+  lb $LF.n65536.bias t512_r1_v8_c2_tma3; lb $RF.n24576 t768_r1_v8_tma3; lb $RF.n32768 t1024_r1_v8_tma3
+  lb $LB.n12288.bias t768_r1_v8_tma3 t384_r1_v8_c2_tma; lb $LB.n16384.bias t1024_r1_v8_tma t1024_r1_v8_tma3
+  lb $LB.n24576.bias t768_r1_v8_c2_tma3 t384_r1_v8_c4_tma
+  lb $LB.n32768.bias t1024_r1_v8_c2_tma t1024_r1_v8_c2_tma3 t512_r1_v8_c4_tma3
+  lb $RB.n16384 t512_r1_v8_tma3 t1024_r1_v8_tma3 t512_r1_v8_c2_tma
+  lb $RB.n32768 t1024_r1_v8_c2_tma t1024_r1_v8_c2_tma3 t512_r1_v8_c2_tma3
+  run_ab h200tma
 fi
 if [[ ,$STAGE, == *,slots,* ]]; then
   # Fewer partial rows for small multi-row CTAs (default) against one CTA per row block up to the

@@ -212,15 +212,20 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   // memory, then a cluster of 1024-thread CTAs with whole iterations, else split.
   CHECK(block("layernorm.bwd.bf16.w_f32.n10240.bias") == BlockConfig{640, 1, 8, RowCache::kRegisters});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n12288") == BlockConfig{768, 1, 8, RowCache::kRegisters});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n12288.bias") == BlockConfig{768, 1, 8, RowCache::kShared});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined});
+  // LayerNorm's one-CTA rows by bulk copies (three buffers; at 1024 threads the pipelined row's two).
+  CHECK(block("layernorm.bwd.bf16.w_f32.n12288.bias") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 1, 3, true});
+  CHECK_FALSE(block("layernorm.bwd.bf16.w_f32.n12288.bias", 4).bulk_copy);  // 8-byte packs
+  CHECK(block("layernorm.bwd.bf16.w_f32.n13312.bias") == BlockConfig{832, 1, 8, RowCache::kShared});  // measured slower
+  CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 1, 2, true});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n16384") == BlockConfig{512, 1, 8, RowCache::kShared});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n18432.bias") == BlockConfig{768, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n18432.bias") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 1, 3, true});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n18432") == BlockConfig{768, 1, 8, RowCache::kShared});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n32768") == BlockConfig{1024, 1, 8, RowCache::kShared});
+  // RMSNorm's full 1024-thread CTA of 4 packs: a 2-CTA bulk-copied row; narrower ones stay.
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n32768") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n30720") == BlockConfig{960, 1, 8, RowCache::kShared});
   CHECK(block("rmsnorm.bwd.f32.n16384") == BlockConfig{1024, 1, 4, RowCache::kGlobal});
   // 1024-thread rows pipelined where two buffers take at most 160 KB per CTA.
-  CHECK(block("layernorm.bwd.bf16.w_f32.n32768.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 2});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n32768.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n65536.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4});
   // One buffer where the segments take 2-3 packs per thread (ragged here), pipelined below.
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n40960") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});

@@ -166,7 +166,7 @@ TEST_CASE("pipelined rows (pipe, pipe3, pipe4, tma): later rows copied in while 
 }
 
 TEST_CASE("the heuristic's bulk-copy picks (sm_90) over many rows per CTA") {
-  // The sizes whose default became a tma row in session 9: 3-buffer one-CTA rows and 2-CTA rows.
+  // The sizes whose default became a tma row in session 9: 2-3-buffer one-CTA rows and 2-CTA rows.
   const int arch = runtime().target().arch;
   if (arch < 90) {
     MESSAGE("SKIPPED: the heuristic picks bulk copies on sm_90 and newer only; this GPU is sm_" << arch);
@@ -177,7 +177,9 @@ TEST_CASE("the heuristic's bulk-copy picks (sm_90) over many rows per CTA") {
                            "layernorm.bwd.bf16.w_f32.n7168.bias", "adalayernorm.bwd.bf16.w_f32.n8192.bias",
                            "layernorm.bwd.bf16.w_bf16.n24576.bias", "layernorm.bwd.f16.w_f32.n26624.bias",
                            "layernorm.bwd.bf16.w_f32.n28672.bias.relu_bitmask", "rmsnorm.bwd.bf16.w_f32.n4096",
-                           "rmsnorm.bwd.f16.w_f16.n8192.gelu"}) {
+                           "rmsnorm.bwd.f16.w_f16.n8192.gelu", "layernorm.bwd.bf16.w_f32.n12288.bias",
+                           "layernorm.bwd.f16.w_f16.n16384.bias", "layernorm.bwd.bf16.w_f32.n18432.bias.gelu",
+                           "layernorm.bwd.bf16.w_f32.n32768.bias", "rmsnorm.bwd.bf16.w_f32.n32768"}) {
     Case c;
     c.spec = Spec::parse(text);
     const Spec resolved = resolve(c.spec, 16, arch);
