@@ -269,7 +269,7 @@ void validate(const Spec& s) {
                                           std::to_string(b.vec * dtype_size(s.x_dtype)) + " bytes");
   if (in_shared_memory(b.cache)) {
     const int64_t bytes = shared_row_bytes(s, b);
-    const std::string cache = to_string(b.cache);
+    const std::string cache = b.bulk_copy ? "tma" : to_string(b.cache);
     if (sub_warp)
       throw Error(Status::kInvalidSpec, where() + "row cache '" + cache + "' needs CTA-wide rows (threads_per_row > 32)");
     if (bytes > kMaxSharedRowBytes)

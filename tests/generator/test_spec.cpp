@@ -322,6 +322,8 @@ TEST_CASE("shared memory per CTA of a shared-memory row: x, dy in the backward, 
                        doctest::Contains("spelled 'tma', not 'tma2'"), Error);
   CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.w_f32.n4096.cfg_t256_r1_v4_tma"),
                        doctest::Contains("needs a pipelined row of 16-byte packs; vec=4 of bf16 is 8 bytes"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("layernorm.bwd.bf16.w_f32.n24576.bias.cfg_t1024_r1_v8_tma"),
+                       doctest::Contains("row cache 'tma' would take"), Error);
   CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.w_f32.n4096.cfg_t256_r1_v8_tmax"),
                        doctest::Contains("row cache must be one of"), Error);
   {
