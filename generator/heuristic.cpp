@@ -57,10 +57,9 @@ constexpr int kClusterThreads = 1024;
 //   from 81.9 to 62.9 %, and below 1024 threads it lost (LN 18432 t768, RMS 20480 t864, LN 24576
 //   c2 t768: 2-7 points).
 constexpr int64_t kBackwardPipeBytes = 160 * 1024;
-// Fewest threads per CTA of the 2-CTA pipelined rows that replace one CTA keeping dbeta sums in
+// Fewest threads per CTA of the 2-CTA bulk-copied rows that replace one CTA keeping dbeta sums in
 // shared memory (see backward_large_row).
-constexpr int kDbetaClusterMinThreads = 896;
-constexpr int kBulkDbetaClusterMinThreads = 768;  // the same row filled by bulk copies
+constexpr int kDbetaClusterMinThreads = 768;
 // Clustered segments of more than 2 and at most 3 packs per thread keep one buffer (see
 // backward_large_row).
 constexpr int64_t kOneBufferMinPacks = 2;
@@ -122,26 +121,26 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
   if (!s.has_bias && t > 512 && t < 768) t = threads_for(24);
   b.threads_per_row = static_cast<int>(std::min<int64_t>(t, 1024));
   // Pipelined rows as measured: 16-byte packs, two buffers within kBackwardPipeBytes.
+  const bool bulk = sixteen_byte_packs(s, vec);  // bulk copies (tma) need 16-byte packs
   auto pipe_fits = [&](BlockConfig c) {
     c.cache = RowCache::kSharedPipelined;
-    return sixteen_byte_packs(s, vec) && shared_row_bytes(s, c) <= kBackwardPipeBytes;
+    return bulk && shared_row_bytes(s, c) <= kBackwardPipeBytes;
   };
   // With dbeta, where one CTA of 896-1024 threads would keep the dbeta sums in shared memory, a
   // 2-CTA pipelined cluster of 2 packs per thread (both sums in registers) measured faster once the
   // cluster sums stopped waiting on every thread's stores (bf16, H100, session 6: 28672 c2 t896
   // 73.9 -> 84.5 %); at 768 threads it tied (24576: 79.9 -> 80.4 %) and at 640 lost (20480: 83.4
-  // -> 75.9 %), so from kDbetaClusterMinThreads on. Filled by bulk copies (tma, 16-byte packs) it
-  // gained again (session 9, call 3: 28672 85.3 -> 88.2 %), and from 768 threads on it beat the
-  // one-CTA row (24576 / 26624: 80.0 / 74.1 -> 83.3 / 82.0 %; 640 threads, 20480, still lost:
-  // 83.4 -> 78.7 %).
+  // -> 75.9 %). Filled by bulk copies (pipelined rows have 16-byte packs, so they always can be)
+  // it gained again (session 9, call 3: 28672 85.3 -> 88.2 %), and from kDbetaClusterMinThreads
+  // (768) on it beat the one-CTA row (24576 / 26624: 80.0 / 74.1 -> 83.3 / 82.0 %; 640 threads,
+  // 20480, still lost: 83.4 -> 78.7 %).
   if (s.has_bias && t <= 1024 && fits(b) && dbeta_sums_in_shared(s, b) && packs % 2 == 0) {
     BlockConfig pair = b;
     pair.cluster = 2;
     pair.cache = RowCache::kSharedPipelined;
-    pair.bulk_copy = sixteen_byte_packs(s, vec);
+    pair.bulk_copy = true;
     pair.threads_per_row = static_cast<int>(round_up((packs / 2 + 1) / 2, 32));
-    const int min_threads = pair.bulk_copy ? kBulkDbetaClusterMinThreads : kDbetaClusterMinThreads;
-    if (pair.threads_per_row >= min_threads && pair.threads_per_row <= kClusterThreads &&
+    if (pair.threads_per_row >= kDbetaClusterMinThreads && pair.threads_per_row <= kClusterThreads &&
         !dbeta_sums_in_shared(s, pair) && pipe_fits(pair))
       return pair;
   }
@@ -154,7 +153,6 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
   //   17408 at 77-82 % (H100, call 16);
   // - RMSNorm's full CTA of 1024 threads x 4 packs (N = 32768 bf16) as 2 CTAs of 2 packs:
   //   87.6 -> 90.7 %, 65.3 -> 78.0 %. Narrower such rows lost on the H100 (24576-30720: 4-7 points).
-  const bool bulk = sixteen_byte_packs(s, vec);
   auto bulk3_fits = [&](BlockConfig c) {
     c.cache = RowCache::kSharedPipelined;
     c.stages = 3;
@@ -163,7 +161,7 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
   if (t <= 1024 && fits(b)) {
     if (b.threads_per_row == kClusterThreads && pipe_fits(b)) {
       b.cache = RowCache::kSharedPipelined;
-      b.bulk_copy = bulk;
+      b.bulk_copy = true;
     } else if (bulk && s.has_bias && (b.threads_per_row == 768 || b.threads_per_row == 896) &&
                !dbeta_sums_in_shared(s, b) && bulk3_fits(b)) {
       b.cache = RowCache::kSharedPipelined;
@@ -201,7 +199,7 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
       // 2-CTA rows by bulk copies: LN 32768 88.3 -> 89.2 % (H100), 71.1 -> 76.7 % (H200); LN 30720
       // 86.9 -> 85.9 % (H100; not measured on the H200). At 4 CTAs they lost on the H100 (LN / RMS
       // 61440, LN 65536: 1.7-2.1 points).
-      b.bulk_copy = bulk && c == 2;
+      b.bulk_copy = c == 2;
       return b;
     }
     if (fits(b) && (packs / c) % kClusterThreads == 0) return b;
@@ -316,14 +314,15 @@ Spec resolve(const Spec& spec, int max_vec, int sm) {
       b.threads_per_row = want <= kBackwardMaxFusedThreads ? static_cast<int>((want + 31) / 32 * 32) : 1024;
       // Past the fused limit the row-sum pass streams the row with 1024 threads.
       if (want > kBackwardMaxFusedThreads) b.cache = RowCache::kGlobal;
-      else if (sm >= 90 && sixteen_byte_packs(s, b.vec) && dtype_size(s.x_dtype) == 2 &&
-               per_thread * b.vec == kBackwardElements && backward_bulk_register_row(s, b.threads_per_row)) {
-        b.cache = RowCache::kSharedPipelined;
-        b.stages = 3;
-        b.bulk_copy = true;
-      } else if (sm >= 80 && dtype_size(s.x_dtype) == 2 && per_thread * b.vec == kBackwardElements &&
-                 backward_pipe_register_row(s, b.threads_per_row)) {
-        b.cache = RowCache::kSharedPipelined;
+      else if (dtype_size(s.x_dtype) == 2 && per_thread * b.vec == kBackwardElements) {
+        // Rows of 2 packs per thread: pipelined, or filled by bulk copies, at the measured threads.
+        if (sm >= 90 && sixteen_byte_packs(s, b.vec) && backward_bulk_register_row(s, b.threads_per_row)) {
+          b.cache = RowCache::kSharedPipelined;
+          b.stages = 3;
+          b.bulk_copy = true;
+        } else if (sm >= 80 && backward_pipe_register_row(s, b.threads_per_row)) {
+          b.cache = RowCache::kSharedPipelined;
+        }
       }
     }
   } else if (packs <= 32 * kWarpRowMaxPacks) {

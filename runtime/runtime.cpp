@@ -406,13 +406,14 @@ Spec Runtime::tuned_choice(const Spec& spec) {
 
 const Kernel& Runtime::get(const Spec& spec) {
   const Spec resolved = spec.block || tuning_mode_ == TuningMode::kHeuristic ? choose(spec, 16) : tuned_choice(spec);
-  if (resolved.block->cluster > 1 && target_.arch < 90)
-    throw Error(Status::kNotSupported, "spec '" + resolved.str() + "' uses a cluster of " +
-                                           std::to_string(resolved.block->cluster) + " CTAs; " + target_.str() +
-                                           " has no thread-block clusters (sm_90 or newer)");
-  if (resolved.block->bulk_copy && target_.arch < 90)
-    throw Error(Status::kNotSupported, "spec '" + resolved.str() + "' fills its rows by bulk copies (tma); " +
-                                           target_.str() + " has no cp.async.bulk (sm_90 or newer)");
+  // Clusters and bulk copies are sm_90 features.
+  if (target_.arch < 90 && (resolved.block->cluster > 1 || resolved.block->bulk_copy))
+    throw Error(Status::kNotSupported,
+                "spec '" + resolved.str() + "' uses " +
+                    (resolved.block->cluster > 1
+                         ? "a cluster of " + std::to_string(resolved.block->cluster) + " CTAs"
+                         : std::string("bulk copies (tma)")) +
+                    "; " + target_.str() + " has neither thread-block clusters nor cp.async.bulk (sm_90 or newer)");
   const uint64_t key = packed_key(resolved);
   std::lock_guard<std::mutex> lock(mutex_);
   if (auto it = kernels_.find(key); it != kernels_.end()) {

@@ -238,7 +238,7 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n262144") == BlockConfig{1024, 1, 8, RowCache::kShared, 8});
   // With dbeta, past 24 values per thread (16 above 768 threads) the dbeta sums join x and dy in
   // shared memory: one CTA up to N = 22528, then a 2-CTA cluster of 2 packs per thread filled by
-  // bulk copies once that takes 768 threads or more (narrower packs: pipelined, from 896), then
+  // bulk copies once that takes 768 threads or more (pipelined rows need 16-byte packs), then
   // clusters whose segments split evenly.
   CHECK(block("layernorm.bwd.bf16.w_f32.n20480.bias") == BlockConfig{864, 1, 8, RowCache::kShared});
   CHECK(block("layernorm.bwd.bf16.w_f32.n24576.bias") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
