@@ -92,7 +92,7 @@ bool sixteen_byte_packs(const Spec& s, int vec) { return vec * dtype_size(s.x_dt
 
 // Backward rows too long for the fused register route (sm_90): the block config, or nullopt
 // for the split route. `packs` are 16-byte vectors of x.
-std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t packs) {
+std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t packs, int max_cluster) {
   BlockConfig b;
   b.vec = vec;
   b.rows_per_cta = 1;
@@ -175,10 +175,11 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
     return b;
   }
   // A cluster shares the row: the fewest 1024-thread CTAs that hold it in shared memory at up to
-  // 32 values per thread (with dbeta, past 16 its sums go to shared memory).
+  // 32 values per thread (with dbeta, past 16 its sums go to shared memory). 16 CTAs (non-portable)
+  // only where 8 cannot hold the row: LayerNorm 262144 with dbeta, which took the split route.
   const int64_t per_thread = std::max<int64_t>(1, 32 / vec);
   b.threads_per_row = kClusterThreads;
-  for (int c = 2; c <= kMaxCluster; c *= 2) {
+  for (int c = 2; c <= max_cluster; c *= 2) {
     b.cluster = c;
     b.cache = RowCache::kShared;
     if (packs % c != 0 || packs / c > per_thread * kClusterThreads) continue;
@@ -266,7 +267,7 @@ std::optional<BlockConfig> forward_large_row(const Spec& s, int vec, int64_t pac
   const int64_t limits[] = {kForwardClusterSegmentBytesLayerNorm, kForwardClusterSegmentBytes};
   for (int pass = layernorm ? 0 : 1; pass < 2; ++pass) {
     const int64_t limit = limits[pass];
-    for (int c = 2; c <= kMaxCluster; c *= 2) {
+    for (int c = 2; c <= kMaxPortableCluster; c *= 2) {
       b.cluster = c;
       if (packs % c != 0 || shared_row_bytes(s, b) > limit) continue;
       if (s.epilogue == Epilogue::kReluBitmask && (s.n / c) % 8 != 0) continue;
@@ -281,7 +282,7 @@ std::optional<BlockConfig> forward_large_row(const Spec& s, int vec, int64_t pac
 
 }  // namespace
 
-Spec resolve(const Spec& spec, int max_vec, int sm) {
+Spec resolve(const Spec& spec, int max_vec, int sm, int max_cluster) {
   validate(spec);
   if (spec.block) return spec;
   Spec s = spec;
@@ -305,7 +306,7 @@ Spec resolve(const Spec& spec, int max_vec, int sm) {
       b.threads_per_row = 32;
       b.rows_per_cta = 8;
     } else if (const auto large = packs > kBackwardMaxFusedThreads * per_thread && sm >= 90
-                                      ? backward_large_row(s, b.vec, packs)
+                                      ? backward_large_row(s, b.vec, packs, max_cluster)
                                       : std::nullopt) {
       b = *large;
     } else {

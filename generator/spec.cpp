@@ -248,7 +248,7 @@ void validate(const Spec& s) {
     const int64_t packs = s.n / b.vec;
     const char* why = nullptr;
     if (!is_pow2(b.cluster) || b.cluster > kMaxCluster)
-      why = "must be a power of two <= 8";
+      why = "must be a power of two <= 16";
     else if (sub_warp || b.cache == RowCache::kGlobal)
       why = "needs CTA-wide rows (threads_per_row > 32) held in registers or shared memory";
     else if (packs % b.cluster != 0)

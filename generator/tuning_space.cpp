@@ -55,7 +55,7 @@ std::vector<BlockConfig> candidate_configs(const Spec& spec, int sm, int max_vec
     }
     for (int t : threads)
       for (RowCache cache : caches) add(t, 1, vec, cache, 1);
-    // Clusters (sm_90+): 2-8 CTAs of 128-1024 threads share a row in registers or shared memory.
+    // Clusters (sm_90+): 2-16 CTAs of 128-1024 threads share a row in registers or shared memory.
     if (sm >= 90)
       for (int c = 2; c <= kMaxCluster; c *= 2)
         for (int t = 128; t <= 1024; t *= 2)

@@ -32,7 +32,8 @@ bool enabled_unless_zero(const char* name) {
   return !(v && std::string_view(v) == "0");
 }
 
-// Every field of a spec in one word (n < 2^19, block fields < 2^11 each, vec by its log2; stages 2-4). A spec without a block
+// Every field of a spec in one word (n < 2^19, block fields < 2^11 each, vec and cluster by their
+// log2; stages 2-4). A spec without a block
 // config packs threads_per_row = 0, which no resolved spec has.
 uint64_t packed_key(const Spec& s) {
   const BlockConfig b = s.block.value_or(BlockConfig{});
@@ -47,10 +48,10 @@ uint64_t packed_key(const Spec& s) {
   k = k << 11 | static_cast<uint64_t>(b.rows_per_cta);
   k = k << 3 | static_cast<uint64_t>(b.vec > 0 ? __builtin_ctz(static_cast<unsigned>(b.vec)) : 0);  // 1-16
   k = k << 2 | static_cast<uint64_t>(b.cache);
-  k = k << 2 | static_cast<uint64_t>(b.cluster == 8 ? 3 : b.cluster / 2);  // 1, 2, 4, 8
+  k = k << 3 | static_cast<uint64_t>(__builtin_ctz(static_cast<unsigned>(std::max(1, b.cluster))));  // 1-16
   k = k << 2 | static_cast<uint64_t>(b.stages - 2);                          // 2, 3, 4
   k = k << 1 | static_cast<uint64_t>(b.bulk_copy);
-  return k;  // 19 + 2+2+2+2+1+3 + 11+11+3+2+2+2+1 = 63 bits
+  return k;  // 19 + 2+2+2+2+1+3 + 11+11+3+2+3+2+1 = 64 bits
 }
 
 bool needs_pre_activation(Epilogue e) { return e == Epilogue::kGelu; }
@@ -383,7 +384,7 @@ Spec Runtime::choose(const Spec& spec, int max_vec) const {
       return tuned;
     }
   }
-  return resolve(spec, max_vec, target_.arch);
+  return resolve(spec, max_vec, target_.arch, max_cluster_);
 }
 
 Spec Runtime::tuned_choice(const Spec& spec) {
@@ -406,6 +407,28 @@ Spec Runtime::tuned_choice(const Spec& spec) {
 
 const Kernel& Runtime::get(const Spec& spec) {
   const Spec resolved = spec.block || tuning_mode_ == TuningMode::kHeuristic ? choose(spec, 16) : tuned_choice(spec);
+  return get_or_fall_back(spec, resolved, 16);
+}
+
+const Kernel& Runtime::get_or_fall_back(const Spec& spec, const Spec& resolved, int max_vec) {
+  try {
+    return get_resolved(resolved);
+  } catch (const Error& e) {
+    // A heuristic pick of a non-portable cluster that this GPU cannot co-schedule: from now on the
+    // heuristic keeps to portable clusters (where it took 16 CTAs, the split route).
+    if (spec.block || resolved.block->cluster <= kMaxPortableCluster || e.status() != Status::kNotSupported) throw;
+    max_cluster_ = kMaxPortableCluster;
+    {
+      std::lock_guard<std::mutex> lock(tuning_mutex_);
+      chosen_.clear();  // may hold the heuristic's 16-CTA picks
+    }
+    detail::log().warn("{}; the heuristic keeps to clusters of at most {} CTAs on this device", e.what(),
+                       kMaxPortableCluster);
+    return get_resolved(choose(spec, max_vec));
+  }
+}
+
+const Kernel& Runtime::get_resolved(const Spec& resolved) {
   // Clusters and bulk copies are sm_90 features.
   if (target_.arch < 90 && (resolved.block->cluster > 1 || resolved.block->bulk_copy))
     throw Error(Status::kNotSupported,
@@ -496,6 +519,9 @@ const Kernel& Runtime::get(const Spec& spec) {
     kernel->dynamic_smem_bytes_ = static_cast<unsigned>(bytes);
   }
   if (const int cluster = resolved.block->cluster; cluster > 1) {
+    if (cluster > kMaxPortableCluster)
+      NORMJIT_CU_CTX(cuFuncSetAttribute(kernel->function_, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                     "allowing a non-portable cluster of " + std::to_string(cluster) + " CTAs for " + name);
     // Clusters must fit inside one GPC, so SMs / cluster overestimates; ask the driver.
     CUlaunchConfig config{};
     config.gridDimX = static_cast<unsigned>(cluster);
@@ -505,7 +531,13 @@ const Kernel& Runtime::get(const Spec& spec) {
     config.sharedMemBytes = kernel->dynamic_smem_bytes_;  // shared-memory rows limit clusters per GPC
     int clusters = 0;
     NORMJIT_CU_CTX(cuOccupancyMaxActiveClusters(&clusters, kernel->function_, &config), "sizing the grid of " + name);
-    kernel->resident_ctas_ = std::max(1, clusters);
+    if (clusters < 1)
+      throw Error(Status::kNotSupported, "spec '" + name + "': device " + device_.name +
+                                             " cannot co-schedule a cluster of " + std::to_string(cluster) +
+                                             " CTAs of " + std::to_string(binary.threads_per_cta) + " threads and " +
+                                             std::to_string(kernel->dynamic_smem_bytes_) +
+                                             " bytes of dynamic shared memory; use a smaller cluster");
+    kernel->resident_ctas_ = clusters;
   } else {
     int per_sm = 0;
     NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel->function_, binary.threads_per_cta,
@@ -517,8 +549,8 @@ const Kernel& Runtime::get(const Spec& spec) {
 
 void Runtime::launch(const Spec& spec, const LaunchArgs& args, CUstream stream) {
   if (tuning_mode_ == TuningMode::kTuneOnMiss && !spec.block) (void)tuned_choice(spec);  // tunes on a miss
-  const Spec resolved = spec.block ? spec : choose(spec, max_vec_for(spec, args));
-  get(resolved).launch(args, stream);
+  const int max_vec = max_vec_for(spec, args);
+  get_or_fall_back(spec, spec.block ? spec : choose(spec, max_vec), max_vec).launch(args, stream);
 }
 
 RuntimeCounters Runtime::counters() const {

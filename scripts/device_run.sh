@@ -562,6 +562,32 @@ if [[ ,$STAGE, == *,h200tma,* ]]; then
   lb $RB.n32768 t1024_r1_v8_c2_tma t1024_r1_v8_c2_tma3 t512_r1_v8_c2_tma3
   run_ab h200tma
 fi
+if [[ ,$STAGE, == *,c16,* ]]; then
+  # Session 10: 16-CTA (non-portable) clusters against the picks before them (the split route, or
+  # 8 CTAs), M = 4096, pinned by cfg in one process.
+  X=""; Y=""
+  lbl $LB.n262144.bias t1024_r1_v8_c16_smem t1024_r1_v8_c16_tma t1024_r1_v8_gmem
+  lbl $RB.n262144 t1024_r1_v8_c16_pipe t1024_r1_v8_c16_smem t1024_r1_v8_c16_tma
+  lbl $LB.n204800.bias t1024_r1_v8_c16_smem t1024_r1_v8_gmem
+  lbl $RB.n204800 t1024_r1_v8_gmem
+  lbl $LB.n131072.bias t512_r1_v8_c16_pipe t512_r1_v8_c16_tma t1024_r1_v8_c16_smem
+  lbl $RB.n131072 t512_r1_v8_c16_pipe t1024_r1_v8_c16_smem
+  run_ab c16
+fi
+# The backward's reduction with 8 slots' loads in flight per lane (default) against 4
+# (-DNORMJIT_BWD_REDUCE_UNROLL4): launch-bound shapes under graph replay and M = 32768.
+if [[ ,$STAGE, == *,reduce,* ]]; then
+  B="" G="layernorm.bwd.f16.n768.bias layernorm.bwd.bf16.n768.bias rmsnorm.bwd.f16.n128 rmsnorm.bwd.bf16.n128"
+  for n in 256 1024 4096 16384; do B="$B $LB.n$n.bias $RB.n$n"; done
+  for round in 1 2; do for mode in 1 0; do
+    opt=$([[ $mode == 0 ]] && echo "-DNORMJIT_BWD_REDUCE_UNROLL4")
+    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 32768 --json "$OUT/reduce${mode}_r$round.json" $B > "$OUT/reduce${mode}_r$round.txt" 2>&1
+    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --graph --rows 4096 --json "$OUT/reduce${mode}_graph_r$round.json" $G 2>&1 \
+      | tee "$OUT/reduce${mode}_graph_r$round.txt" | grep -E "bwd" | sed "s/^/mode=$mode round=$round /"
+  done; done
+  python3 bench/ab_rounds.py "unroll 8" "unroll 4" "$OUT"/reduce1_r{1,2}.json "$OUT"/reduce0_r{1,2}.json | tee "$OUT/table_reduce.md"
+  grep -iE "error|fail|exceed" "$OUT"/reduce*.txt | head
+fi
 if [[ ,$STAGE, == *,slots,* ]]; then
   # Fewer partial rows for small multi-row CTAs (default) against one CTA per row block up to the
   # resident count (NORMJIT_BWD_PARTIAL_CAP=0), alternating processes, two rounds: the

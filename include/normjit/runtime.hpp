@@ -1,4 +1,5 @@
 #pragma once
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -162,6 +163,13 @@ class Runtime {
   Spec tune_on_miss(const Spec& spec);
   // get()'s choice for a spec without a block config outside heuristic mode (tuning on a miss).
   Spec tuned_choice(const Spec& spec);
+  // Loads a resolved spec's kernel (memoized).
+  const Kernel& get_resolved(const Spec& resolved);
+  // get_resolved(resolved), where `resolved` is choose(spec, max_vec) or spec itself; falls back to
+  // portable clusters where the heuristic's 16-CTA cluster cannot be co-scheduled.
+  const Kernel& get_or_fall_back(const Spec& spec, const Spec& resolved, int max_vec);
+  // The heuristic's largest cluster on this device.
+  std::atomic<int> max_cluster_{kMaxCluster};
 
   TuningMode tuning_mode_ = TuningMode::kHeuristic;
   std::filesystem::path tuning_db_path_;

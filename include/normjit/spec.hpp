@@ -100,14 +100,18 @@ constexpr int64_t kMaxRegisterPacks = 16;
 // a block config that breaks its rules, ...).
 void validate(const Spec& spec);
 
-// Largest cluster (CTAs per row) the heuristic uses: 8 is the portable cluster size limit.
-constexpr int kMaxCluster = 8;
+// Largest cluster (CTAs per row). Past 8, the portable limit, the runtime opts the kernel in to
+// non-portable cluster sizes (sm_90 allows 16) and fails with a clear error where the GPU cannot
+// co-schedule that many CTAs.
+constexpr int kMaxCluster = 16;
+constexpr int kMaxPortableCluster = 8;
 // Most row buffers a pipelined row keeps.
 constexpr int kMaxPipeStages = 4;
 
 // Fills spec.block with the heuristic's choice when absent. max_vec caps the vector width,
 // e.g. when a caller's pointers are less aligned than 16 bytes. sm is the target's compute
-// capability (90 for sm_90): clusters are chosen only from sm_90 on.
-Spec resolve(const Spec& spec, int max_vec = 16, int sm = 90);
+// capability (90 for sm_90): clusters are chosen only from sm_90 on. max_cluster caps the CTAs per
+// row (the runtime lowers it to kMaxPortableCluster on a GPU that cannot co-schedule 16).
+Spec resolve(const Spec& spec, int max_vec = 16, int sm = 90, int max_cluster = kMaxCluster);
 
 }  // namespace normjit

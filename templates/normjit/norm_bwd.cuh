@@ -517,7 +517,13 @@ __device__ __forceinline__ void norm_bwd_reduce(const NormParams& p) {
   if (col < Cfg::kN) {
     const float* in_g = bwd_partial<Cfg>(p, 0, group, 0) + col;
     const float* in_b = bwd_partial<Cfg>(p, 1, group, 0) + col;
+    // Eight slots' loads in flight per lane: up to 256 slots (the launch-bound shapes' grids) in
+    // one round trip to L2. NORMJIT_BWD_REDUCE_UNROLL4 restores the former four, for A/B timing.
+#ifdef NORMJIT_BWD_REDUCE_UNROLL4
 #pragma unroll 4
+#else
+#pragma unroll 8
+#endif
     for (int s = slot_lane; s < p.partial_slots; s += kSlotLanes) {
       sum_g += in_g[static_cast<long long>(s) * Cfg::kN];
       if constexpr (Cfg::kHasBias) sum_b += in_b[static_cast<long long>(s) * Cfg::kN];

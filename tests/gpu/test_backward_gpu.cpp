@@ -165,6 +165,35 @@ TEST_CASE("pipelined rows (pipe, pipe3, pipe4, tma): later rows copied in while 
   }
 }
 
+TEST_CASE("16-CTA clusters (non-portable): pinned, and the heuristic's picks past 8 CTAs' shared memory") {
+  const int arch = runtime().target().arch;
+  if (arch < 90) {
+    MESSAGE("SKIPPED: thread-block clusters need sm_90 or newer; this GPU is sm_" << arch);
+    return;
+  }
+  for (const char* text : {"rmsnorm.bwd.f16.w_f16.n8192.cfg_t64_r1_v8_c16_smem",
+                           "adalayernorm.bwd.bf16.w_f32.n16384.bias.relu_bitmask.cfg_t128_r1_v8_c16_tma",
+                           "layernorm.bwd.bf16.w_f32.n262144.bias.cfg_t1024_r1_v8_c16_smem",
+                           "layernorm.bwd.bf16.w_f32.n262144.bias.cfg_t1024_r1_v8_c16_tma",
+                           "layernorm.bwd.bf16.w_f32.n262144.bias", "rmsnorm.bwd.f16.w_f32.n204800.bias"}) {
+    Case c;
+    c.spec = Spec::parse(text);
+    const std::string name = runtime().choose(c.spec).str();
+    CAPTURE(name);
+    CHECK(runtime().choose(c.spec).block->cluster == 16);
+    // More rows than co-resident clusters (at most one per GPC), so each walks several rows.
+    for (int64_t rows : {int64_t(3 * 7), int64_t(5)}) {
+      c.rows = c.spec.n >= 131072 ? rows : 20 * rows;
+      c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? c.rows : 0;
+      CAPTURE(c.rows);
+      check_within_tolerance(run_backward(c));
+    }
+  }
+  CHECK(runtime().get(Spec::parse("rmsnorm.fwd_train.bf16.w_bf16.n65536.cfg_t512_r1_v8_c16_reg")).spec().block->cluster == 16);
+  Case f = pinned_case("rmsnorm.fwd_train.bf16.w_bf16.n65536.cfg_t512_r1_v8_c16_reg");
+  CHECK(run_forward(f).worst <= 1.0);
+}
+
 TEST_CASE("the heuristic's bulk-copy picks (sm_90) over many rows per CTA") {
   // The sizes whose default became a tma row in session 9: 2-3-buffer one-CTA rows and 2-CTA rows.
   const int arch = runtime().target().arch;

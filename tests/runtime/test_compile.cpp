@@ -62,7 +62,11 @@ TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
                            "rmsnorm.bwd.f32.w_f32.n4096.bias.gelu.cfg_t256_r1_v4_tma4",
                            "layernorm.bwd.bf16.w_f32.n18432.bias.cfg_t576_r1_v8_smem",
                            "adalayernorm.bwd.f16.w_f32.n12288.bias.relu_bitmask.cfg_t512_r1_v8_smem",
-                           "rmsnorm.bwd.f32.w_f32.n8192.bias.gelu.cfg_t512_r1_v4_smem"})
+                           "rmsnorm.bwd.f32.w_f32.n8192.bias.gelu.cfg_t512_r1_v4_smem",
+                           // 16-CTA (non-portable) clusters.
+                           "rmsnorm.bwd.f16.w_f16.n8192.cfg_t64_r1_v8_c16_smem",
+                           "layernorm.bwd.bf16.w_f32.n262144.bias.cfg_t1024_r1_v8_c16_tma",
+                           "rmsnorm.fwd_train.bf16.w_bf16.n65536.cfg_t512_r1_v8_c16_reg"})
     specs.push_back(Spec::parse(text));
 
   // And every spec of the default manifest, as the heuristic resolves it.
