@@ -176,13 +176,18 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
   }
   // A cluster shares the row: the fewest 1024-thread CTAs that hold it in shared memory at up to
   // 32 values per thread (with dbeta, past 16 its sums go to shared memory). 16 CTAs (non-portable)
-  // only where 8 cannot hold the row: LayerNorm 262144 with dbeta, which took the split route.
+  // only where 8 cannot hold the row and the segments are whole iterations (262144 with dbeta),
+  // which took the split route: at most one 16-CTA cluster per GPC is resident (7-8 on an H100),
+  // and wherever 8 CTAs fit they measured faster (bf16, H100, session 10: RMS 262144 78.5 % at c8
+  // against 59.5-67.6 % at c16; LN / RMS 131072 78.7 / 82.5 % against 37-60 %). Ragged 16-CTA
+  // segments (204800, 1.56 packs per thread) ran 1-2 points below the split route (calls 1-2).
   const int64_t per_thread = std::max<int64_t>(1, 32 / vec);
   b.threads_per_row = kClusterThreads;
   for (int c = 2; c <= max_cluster; c *= 2) {
     b.cluster = c;
     b.cache = RowCache::kShared;
     if (packs % c != 0 || packs / c > per_thread * kClusterThreads) continue;
+    if (c > kMaxPortableCluster && (packs / c) % kClusterThreads != 0) continue;
     if (s.epilogue == Epilogue::kReluBitmask && (s.n / c) % 8 != 0) continue;
     // Pipelined segments may be ragged (RMS 40960, 2 x 1024 threads of 2.5 packs: 81.1 % against
     // 57.6 % split); one-buffer ones only whole iterations (ragged: 40-55 % at N = 20480-49152)...
@@ -199,8 +204,9 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
       b.cache = RowCache::kSharedPipelined;
       // 2-CTA rows by bulk copies: LN 32768 88.3 -> 89.2 % (H100), 71.1 -> 76.7 % (H200); LN 30720
       // 86.9 -> 85.9 % (H100; not measured on the H200). At 4 CTAs they lost on the H100 (LN / RMS
-      // 61440, LN 65536: 1.7-2.1 points).
-      b.bulk_copy = c == 2;
+      // 61440, LN 65536: 1.7-2.1 points). 16-CTA rows, bf16, M = 4096, H100 (session 10, call 1):
+      // LN 262144 55.8 % split -> 59.6 % cp.async, 64.6 % bulk copies (RMS 61.7 -> 67.6 %).
+      b.bulk_copy = c == 2 || c == 16;
       return b;
     }
     if (fits(b) && (packs / c) % kClusterThreads == 0) return b;

@@ -588,6 +588,32 @@ if [[ ,$STAGE, == *,reduce,* ]]; then
   python3 bench/ab_rounds.py "unroll 8" "unroll 4" "$OUT"/reduce1_r{1,2}.json "$OUT"/reduce0_r{1,2}.json | tee "$OUT/table_reduce.md"
   grep -iE "error|fail|exceed" "$OUT"/reduce*.txt | head
 fi
+if [[ ,$STAGE, == *,c16b,* ]]; then
+  # 16-CTA rows by bulk copies (the pick) against the split route, ragged and whole.
+  X=""; Y=""
+  lbl $LB.n204800.bias t1024_r1_v8_c16_pipe t1024_r1_v8_gmem
+  lbl $RB.n204800 t1024_r1_v8_c16_pipe t1024_r1_v8_gmem
+  lbl $LB.n262144.bias t1024_r1_v8_gmem
+  run_ab c16b
+fi
+if [[ ,$STAGE, == *,csum2,* ]]; then
+  # Clustered rows: the cluster sum gathered by one lane per CTA and shuffled (default) against
+  # every thread reading every CTA's slot (-DNORMJIT_CLUSTER_SUM_PER_THREAD), alternating
+  # processes, two rounds.
+  X=""; Y=""
+  for n in 32768 40960 49152 61440 65536; do X="$X $LB.n$n.bias $RB.n$n"; done
+  X="$X $LF.n65536.bias.cfg_t512_r1_v8_c4_smem $RF.n65536.cfg_t512_r1_v8_c4_pipe"
+  for n in 81920 98304 131072 262144; do Y="$Y $LF.n$n.bias $RF.n$n $LB.n$n.bias $RB.n$n"; done
+  for round in 1 2; do for mode in new old; do
+    opt=$([[ $mode == old ]] && echo "-DNORMJIT_CLUSTER_SUM_PER_THREAD")
+    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 32768 --json "$OUT/csum2_${mode}_r$round.json" $X > "$OUT/csum2_${mode}_r$round.txt" 2>&1
+    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 4096 --json "$OUT/csum2_${mode}_large_r$round.json" $Y > "$OUT/csum2_${mode}_large_r$round.txt" 2>&1
+  done; done
+  python3 bench/ab_rounds.py warp-gathered per-thread "$OUT"/csum2_new_r1.json,"$OUT"/csum2_new_large_r1.json \
+    "$OUT"/csum2_new_r2.json,"$OUT"/csum2_new_large_r2.json "$OUT"/csum2_old_r1.json,"$OUT"/csum2_old_large_r1.json \
+    "$OUT"/csum2_old_r2.json,"$OUT"/csum2_old_large_r2.json | tee "$OUT/table_csum2.md"
+  grep -iE "error|fail|exceed" "$OUT"/csum2*.txt | head
+fi
 if [[ ,$STAGE, == *,slots,* ]]; then
   # Fewer partial rows for small multi-row CTAs (default) against one CTA per row block up to the
   # resident count (NORMJIT_BWD_PARTIAL_CAP=0), alternating processes, two rounds: the

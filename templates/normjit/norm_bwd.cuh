@@ -517,17 +517,33 @@ __device__ __forceinline__ void norm_bwd_reduce(const NormParams& p) {
   if (col < Cfg::kN) {
     const float* in_g = bwd_partial<Cfg>(p, 0, group, 0) + col;
     const float* in_b = bwd_partial<Cfg>(p, 1, group, 0) + col;
-    // Eight slots' loads in flight per lane: up to 256 slots (the launch-bound shapes' grids) in
-    // one round trip to L2. NORMJIT_BWD_REDUCE_UNROLL4 restores the former four, for A/B timing.
-#ifdef NORMJIT_BWD_REDUCE_UNROLL4
+#ifdef NORMJIT_BWD_REDUCE_UNROLL4  // the former loop, for A/B timing
 #pragma unroll 4
-#else
-#pragma unroll 8
-#endif
     for (int s = slot_lane; s < p.partial_slots; s += kSlotLanes) {
       sum_g += in_g[static_cast<long long>(s) * Cfg::kN];
       if constexpr (Cfg::kHasBias) sum_b += in_b[static_cast<long long>(s) * Cfg::kN];
     }
+#else
+    // Up to eight slots' loads in flight per lane, predicated rather than a remainder loop: the
+    // launch-bound grids (192-256 slots, 6-8 per lane) take one round trip to L2. Added in slot order.
+    constexpr int kInFlight = 8;
+    for (int base = slot_lane; base < p.partial_slots; base += kInFlight * kSlotLanes) {
+      float g[kInFlight], b[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) {
+        const long long s = base + u * kSlotLanes;
+        const bool have = s < p.partial_slots;
+        g[u] = have ? in_g[s * Cfg::kN] : 0.f;
+        if constexpr (Cfg::kHasBias) b[u] = have ? in_b[s * Cfg::kN] : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u)
+        if (base + u * kSlotLanes < p.partial_slots) {
+          sum_g += g[u];
+          if constexpr (Cfg::kHasBias) sum_b += b[u];
+        }
+    }
+#endif
   }
   fold[0][slot_lane][c] = sum_g;
   fold[1][slot_lane][c] = sum_b;

@@ -258,7 +258,7 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n114688") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 8});
   // Where 8 CTAs cannot hold the row with the dbeta sums, 16 (non-portable); the split route on a
   // GPU that cannot co-schedule them (the runtime lowers max_cluster).
-  CHECK(block("layernorm.bwd.bf16.w_f32.n262144.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 16});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n262144.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 16, 2, true});
   CHECK(*resolve(Spec::parse("layernorm.bwd.bf16.w_f32.n262144.bias"), 16, 90, kMaxPortableCluster).block ==
         BlockConfig{1024, 1, 8, RowCache::kGlobal});
   // Warp rows, 8 per CTA, up to 4 packs per lane.

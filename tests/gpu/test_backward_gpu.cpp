@@ -175,7 +175,7 @@ TEST_CASE("16-CTA clusters (non-portable): pinned, and the heuristic's picks pas
                            "adalayernorm.bwd.bf16.w_f32.n16384.bias.relu_bitmask.cfg_t128_r1_v8_c16_tma",
                            "layernorm.bwd.bf16.w_f32.n262144.bias.cfg_t1024_r1_v8_c16_smem",
                            "layernorm.bwd.bf16.w_f32.n262144.bias.cfg_t1024_r1_v8_c16_tma",
-                           "layernorm.bwd.bf16.w_f32.n262144.bias", "rmsnorm.bwd.f16.w_f32.n204800.bias"}) {
+                           "layernorm.bwd.bf16.w_f32.n262144.bias", "rmsnorm.bwd.f16.w_f32.n262144.bias"}) {
     Case c;
     c.spec = Spec::parse(text);
     const std::string name = runtime().choose(c.spec).str();
