@@ -614,6 +614,23 @@ if [[ ,$STAGE, == *,csum2,* ]]; then
     "$OUT"/csum2_old_r2.json,"$OUT"/csum2_old_large_r2.json | tee "$OUT/table_csum2.md"
   grep -iE "error|fail|exceed" "$OUT"/csum2*.txt | head
 fi
+if [[ ,$STAGE, == *,l1,* ]]; then
+  # Row tensors (x, dy) read past L1 (-DNORMJIT_ROW_L1_NO_ALLOCATE) against plain loads, so gamma
+  # and beta stay in L1 across rows; alternating processes, two rounds.
+  X=""; Y=""
+  for n in 16384 24576 32768 49152 57344 65536; do X="$X $LF.n$n.bias $RF.n$n"; done
+  for n in 1024 12288 20480; do X="$X $LB.n$n.bias $RB.n$n"; done
+  X="$X $RB.n6144"; Y="$LF.n131072.bias $RF.n131072"
+  for round in 1 2; do for mode in new old; do
+    opt=$([[ $mode == new ]] && echo "-DNORMJIT_ROW_L1_NO_ALLOCATE")
+    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 32768 --json "$OUT/l1_${mode}_r$round.json" $X > "$OUT/l1_${mode}_r$round.txt" 2>&1
+    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 4096 --json "$OUT/l1_${mode}_large_r$round.json" $Y > "$OUT/l1_${mode}_large_r$round.txt" 2>&1
+  done; done
+  python3 bench/ab_rounds.py "past L1" plain "$OUT"/l1_new_r1.json,"$OUT"/l1_new_large_r1.json \
+    "$OUT"/l1_new_r2.json,"$OUT"/l1_new_large_r2.json "$OUT"/l1_old_r1.json,"$OUT"/l1_old_large_r1.json \
+    "$OUT"/l1_old_r2.json,"$OUT"/l1_old_large_r2.json | tee "$OUT/table_l1.md"
+  grep -iE "error|fail|exceed" "$OUT"/l1*.txt | head
+fi
 if [[ ,$STAGE, == *,slots,* ]]; then
   # Fewer partial rows for small multi-row CTAs (default) against one CTA per row block up to the
   # resident count (NORMJIT_BWD_PARTIAL_CAP=0), alternating processes, two rounds: the
