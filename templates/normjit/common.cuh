@@ -69,7 +69,7 @@ __device__ __forceinline__ Pack<T, kVec> load_row_pack(const T* p) {
 #ifdef NORMJIT_ROW_L1_NO_ALLOCATE
   if constexpr (sizeof(Pack<T, kVec>) == 16) {
     unsigned w[4];
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm("{ .reg .u64 g; cvta.to.global.u64 g, %4; ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [g]; }"
         : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
         : "l"(p));
     Pack<T, kVec> v;
