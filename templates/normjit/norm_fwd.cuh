@@ -20,7 +20,7 @@ __device__ __forceinline__ void load_chunk(Pack<XT, kVec> (&packs)[kCount], cons
 #pragma unroll
   for (int i = 0; i < kCount; ++i)
     if (const int pack = (first_pack + i) * S::kThreads + lane; active && pack < S::kVecs)
-      packs[i] = load_row_pack<XT, kVec>(source + pack * kVec);
+      packs[i] = load_pack<XT, kVec>(source + pack * kVec);  // source: global or shared
 }
 
 // Σ (x - center) and Σ ((x - center) - shift)^2 over the valid elements of kCount packs.
