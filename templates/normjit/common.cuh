@@ -61,26 +61,6 @@ template <class T, int kVec>
 __device__ __forceinline__ Pack<T, kVec> load_pack(const T* p) {
   return *reinterpret_cast<const Pack<T, kVec>*>(p);
 }
-// A pack of a row tensor (x, dy), read once per row. NORMJIT_ROW_L1_NO_ALLOCATE (A/B switch) reads
-// 16-byte packs past L1 (ld.global.nc.L1::no_allocate), so the rows streaming through do not evict
-// gamma and beta, which every row of the CTA reads again.
-template <class T, int kVec>
-__device__ __forceinline__ Pack<T, kVec> load_row_pack(const T* p) {
-#ifdef NORMJIT_ROW_L1_NO_ALLOCATE
-  if constexpr (sizeof(Pack<T, kVec>) == 16) {
-    unsigned w[4];
-    asm("{ .reg .u64 g; cvta.to.global.u64 g, %4; ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [g]; }"
-        : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-        : "l"(p));
-    Pack<T, kVec> v;
-    unsigned* words = reinterpret_cast<unsigned*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) words[i] = w[i];
-    return v;
-  }
-#endif
-  return load_pack<T, kVec>(p);
-}
 template <class T, int kVec>
 __device__ __forceinline__ void store_pack(T* p, const Pack<T, kVec>& v) {
   *reinterpret_cast<Pack<T, kVec>*>(p) = v;

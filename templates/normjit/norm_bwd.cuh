@@ -236,8 +236,8 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
         const int pack = i * S::kThreads + lane;
         if (active && pack < S::kVecs) {
           const int h = kSmem ? 0 : i;
-          xs[h] = load_row_pack<XT, kVec>(x + pack * kVec);
-          dys[h] = load_row_pack<XT, kVec>(dy + pack * kVec);
+          xs[h] = load_pack<XT, kVec>(x + pack * kVec);
+          dys[h] = load_pack<XT, kVec>(dy + pack * kVec);
           if constexpr (kSmem) {
             store_pack<XT, kVec>(shared_x + pack * kVec, xs[0]);
             store_pack<XT, kVec>(shared_dy + pack * kVec, dys[0]);
@@ -419,8 +419,8 @@ __device__ __forceinline__ void norm_bwd_rowsums(const NormParams& p) {
     for (int i = 0; i < kChunk; ++i) {
       const int pack = (base + i) * S::kThreads + lane;
       if (pack < S::kVecs) {
-        xs[i] = load_row_pack<XT, kVec>(x + pack * kVec);
-        dys[i] = load_row_pack<XT, kVec>(dy + pack * kVec);
+        xs[i] = load_pack<XT, kVec>(x + pack * kVec);
+        dys[i] = load_pack<XT, kVec>(dy + pack * kVec);
       }
     }
 #pragma unroll
@@ -472,8 +472,8 @@ __device__ __forceinline__ void norm_bwd_tiles(const NormParams& p) {
   for (long long local = begin; local < end; ++local) {
     const long long row = group * p.rows_per_group + local;
     const long long offset = row * p.row_stride + col;
-    const Pack<XT, kVec> x = load_row_pack<XT, kVec>(static_cast<const XT*>(p.x) + offset);
-    const Pack<XT, kVec> dy = load_row_pack<XT, kVec>(static_cast<const XT*>(p.dy) + offset);
+    const Pack<XT, kVec> x = load_pack<XT, kVec>(static_cast<const XT*>(p.x) + offset);
+    const Pack<XT, kVec> dy = load_pack<XT, kVec>(static_cast<const XT*>(p.dy) + offset);
     const float mean = kLayerNorm ? p.mean[row] : 0.f;
     const float rstd = p.rstd[row];
     const float2 c = sums[row];

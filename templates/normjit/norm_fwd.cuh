@@ -20,7 +20,7 @@ __device__ __forceinline__ void load_chunk(Pack<XT, kVec> (&packs)[kCount], cons
 #pragma unroll
   for (int i = 0; i < kCount; ++i)
     if (const int pack = (first_pack + i) * S::kThreads + lane; active && pack < S::kVecs)
-      packs[i] = load_pack<XT, kVec>(source + pack * kVec);  // source: global or shared
+      packs[i] = load_pack<XT, kVec>(source + pack * kVec);
 }
 
 // Σ (x - center) and Σ ((x - center) - shift)^2 over the valid elements of kCount packs.
@@ -202,7 +202,7 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i) {
       const int pack = i * S::kThreads + lane;
-      if (active && pack < S::kVecs) cache[i] = load_row_pack<XT, kVec>(x + pack * kVec);
+      if (active && pack < S::kVecs) cache[i] = load_pack<XT, kVec>(x + pack * kVec);
     }
     if constexpr (kLayerNorm) {
       // Sums of deviations from a center and of their squares; the small deviation sum corrects
@@ -235,7 +235,7 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
       for (int i = 0; i < S::kChunk; ++i) {
         const int pack = (base + i) * S::kThreads + lane;
         if (active && pack < S::kVecs) {
-          chunk[i] = load_row_pack<XT, kVec>(x + pack * kVec);
+          chunk[i] = load_pack<XT, kVec>(x + pack * kVec);
           store_pack<XT, kVec>(shared_row + pack * kVec, chunk[i]);
         }
       }
