@@ -36,7 +36,7 @@ if [[ $STAGE == all || ,$STAGE, == *,tests,* ]]; then
   fi
   [[ ${CPU_TESTS:-1} == 1 ]] && (cd build && ctest --output-on-failure -E normjit_gpu_tests >"$OUT/cpu_tests.log" 2>&1; tail -8 "$OUT/cpu_tests.log")
   [[ ${MEMCHECK:-1} == 1 ]] && timeout ${MEMCHECK_S:-240} compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/normjit_gpu_tests \
-    -tc="strided*,variance*,unaligned*,seed*,epilogue backward*,pipelined*" \
+    -tc="${MEMCHECK_TC:-strided*,variance*,unaligned*,seed*,epilogue backward*,pipelined*}" \
     >"$OUT/memcheck.log" 2>&1; echo "== memcheck rc=$? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"; tail -3 "$OUT/memcheck.log"
 fi
 if [[ $STAGE == all || ,$STAGE, == *,launch,* ]]; then
