@@ -54,6 +54,7 @@ struct DeviceInfo {
   int sm_count = 0;
   int l2_bytes = 0;
   int driver_version = 0;
+  double dram_gb_per_s = 0;  // peak, from the memory clock and bus width (0: not reported)
 };
 
 class Kernel {
@@ -148,6 +149,8 @@ class Runtime {
   void launch(const Spec& spec, const LaunchArgs& args, CUstream stream = nullptr);
 
   const DeviceInfo& device() const { return device_; }
+  // The largest cluster the heuristic picks on this device (kMaxCluster or kMaxPortableCluster).
+  int max_cluster() const { return max_cluster_; }
   Target target() const { return target_; }
   RuntimeCounters counters() const;
   DiskCache& disk_cache() { return disk_cache_; }

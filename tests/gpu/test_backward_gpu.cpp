@@ -180,7 +180,8 @@ TEST_CASE("16-CTA clusters (non-portable): pinned, and the heuristic's picks pas
     c.spec = Spec::parse(text);
     const std::string name = runtime().choose(c.spec).str();
     CAPTURE(name);
-    CHECK(runtime().choose(c.spec).block->cluster == 16);
+    // The heuristic's picks take 16 CTAs only where the runtime allows them on this device.
+    CHECK(runtime().choose(c.spec).block->cluster == (c.spec.block || runtime().max_cluster() == 16 ? 16 : 1));
     // More rows than co-resident clusters (at most one per GPC), so each walks several rows.
     for (int64_t rows : {int64_t(3 * 7), int64_t(5)}) {
       c.rows = c.spec.n >= 131072 ? rows : 20 * rows;
@@ -189,6 +190,9 @@ TEST_CASE("16-CTA clusters (non-portable): pinned, and the heuristic's picks pas
       check_within_tolerance(run_backward(c));
     }
   }
+  MESSAGE("heuristic clusters up to " << runtime().max_cluster() << " CTAs on this device ("
+                                      << runtime().device().dram_gb_per_s << " GB/s peak DRAM, "
+                                      << runtime().device().sm_count << " SMs)");
   CHECK(runtime().get(Spec::parse("rmsnorm.fwd_train.bf16.w_bf16.n65536.cfg_t512_r1_v8_c16_reg")).spec().block->cluster == 16);
   Case f = pinned_case("rmsnorm.fwd_train.bf16.w_bf16.n65536.cfg_t512_r1_v8_c16_reg");
   CHECK(run_forward(f).worst <= 1.0);
