@@ -111,7 +111,9 @@ constexpr int kMaxPipeStages = 4;
 // Fills spec.block with the heuristic's choice when absent. max_vec caps the vector width,
 // e.g. when a caller's pointers are less aligned than 16 bytes. sm is the target's compute
 // capability (90 for sm_90): clusters are chosen only from sm_90 on. max_cluster caps the CTAs per
-// row (the runtime lowers it to kMaxPortableCluster on a GPU that cannot co-schedule 16).
+// row: the runtime passes kMaxPortableCluster on a GPU with more than 30 GB/s of DRAM bandwidth per
+// SM (an H200: 16-CTA rows measured slower than the split route there) or one that cannot
+// co-schedule 16 CTAs. Offline tools resolve with 16, as for an H100.
 Spec resolve(const Spec& spec, int max_vec = 16, int sm = 90, int max_cluster = kMaxCluster);
 
 }  // namespace normjit
