@@ -28,6 +28,20 @@ run_ab() {
   python3 bench/summary.py $files | tee "$OUT/table_$1.md"
   grep -iE "error|fail|exceed" "$OUT"/$1*.txt | head
 }
+# Compile-time A/B over X (M = 32768) and Y (M = 4096): `macro_ab NAME OPTS_NEW OPTS_OLD LABEL_NEW
+# LABEL_OLD` benches both builds (NVRTC options) in alternating processes, two rounds, and tabulates them.
+macro_ab() {
+  local name=$1 label_new=$4 label_old=$5 opt mode round
+  for round in 1 2; do for mode in new old; do
+    opt=$([[ $mode == new ]] && echo "$2" || echo "$3")
+    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 32768 --json "$OUT/${name}_${mode}_r$round.json" $X > "$OUT/${name}_${mode}_r$round.txt" 2>&1
+    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 4096 --json "$OUT/${name}_${mode}_large_r$round.json" $Y > "$OUT/${name}_${mode}_large_r$round.txt" 2>&1
+  done; done
+  local f=() r
+  for mode in new old; do for r in 1 2; do f+=("$OUT/${name}_${mode}_r$r.json,$OUT/${name}_${mode}_large_r$r.json"); done; done
+  python3 bench/ab_rounds.py "$label_new" "$label_old" "${f[@]}" | tee "$OUT/table_$name.md"
+  grep -iE "error|fail|exceed" "$OUT"/${name}_*.txt | head
+}
 if [[ $STAGE == all || ,$STAGE, == *,tests,* ]]; then
   if [[ -n ${GPU_TC:-} ]]; then  # a subset of the GPU cases (doctest -tc filters)
     build/tests/normjit_gpu_tests -tc="$GPU_TC" 2>&1 | tail -40 | tee "$OUT/gpu_tests.log" | tail -15
@@ -597,39 +611,23 @@ if [[ ,$STAGE, == *,c16b,* ]]; then
   run_ab c16b
 fi
 if [[ ,$STAGE, == *,csum2,* ]]; then
-  # Clustered rows: the cluster sum gathered by one lane per CTA and shuffled (default) against
-  # every thread reading every CTA's slot (-DNORMJIT_CLUSTER_SUM_PER_THREAD), alternating
-  # processes, two rounds.
+  # Clustered rows: the cluster sum gathered by one lane per CTA and shuffled against every thread
+  # reading every CTA's slot (-DNORMJIT_CLUSTER_SUM_PER_THREAD). Session 10, call 2; the gathered
+  # sum measured slower and was reverted, so both arms now build the same kernels.
   X=""; Y=""
   for n in 32768 40960 49152 61440 65536; do X="$X $LB.n$n.bias $RB.n$n"; done
   X="$X $LF.n65536.bias.cfg_t512_r1_v8_c4_smem $RF.n65536.cfg_t512_r1_v8_c4_pipe"
   for n in 81920 98304 131072 262144; do Y="$Y $LF.n$n.bias $RF.n$n $LB.n$n.bias $RB.n$n"; done
-  for round in 1 2; do for mode in new old; do
-    opt=$([[ $mode == old ]] && echo "-DNORMJIT_CLUSTER_SUM_PER_THREAD")
-    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 32768 --json "$OUT/csum2_${mode}_r$round.json" $X > "$OUT/csum2_${mode}_r$round.txt" 2>&1
-    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 4096 --json "$OUT/csum2_${mode}_large_r$round.json" $Y > "$OUT/csum2_${mode}_large_r$round.txt" 2>&1
-  done; done
-  python3 bench/ab_rounds.py warp-gathered per-thread "$OUT"/csum2_new_r1.json,"$OUT"/csum2_new_large_r1.json \
-    "$OUT"/csum2_new_r2.json,"$OUT"/csum2_new_large_r2.json "$OUT"/csum2_old_r1.json,"$OUT"/csum2_old_large_r1.json \
-    "$OUT"/csum2_old_r2.json,"$OUT"/csum2_old_large_r2.json | tee "$OUT/table_csum2.md"
-  grep -iE "error|fail|exceed" "$OUT"/csum2*.txt | head
+  macro_ab csum2 "" -DNORMJIT_CLUSTER_SUM_PER_THREAD warp-gathered per-thread
 fi
 if [[ ,$STAGE, == *,l1,* ]]; then
-  # Row tensors (x, dy) read past L1 (-DNORMJIT_ROW_L1_NO_ALLOCATE) against plain loads, so gamma
-  # and beta stay in L1 across rows; alternating processes, two rounds.
+  # Row tensors (x, dy) read past L1 (-DNORMJIT_ROW_L1_NO_ALLOCATE) against plain loads. Session
+  # 10, call 5; measured slower and reverted, so both arms now build the same kernels.
   X=""; Y=""
   for n in 16384 24576 32768 49152 57344 65536; do X="$X $LF.n$n.bias $RF.n$n"; done
   for n in 1024 12288 20480; do X="$X $LB.n$n.bias $RB.n$n"; done
   X="$X $RB.n6144"; Y="$LF.n131072.bias $RF.n131072"
-  for round in 1 2; do for mode in new old; do
-    opt=$([[ $mode == new ]] && echo "-DNORMJIT_ROW_L1_NO_ALLOCATE")
-    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 32768 --json "$OUT/l1_${mode}_r$round.json" $X > "$OUT/l1_${mode}_r$round.txt" 2>&1
-    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 4096 --json "$OUT/l1_${mode}_large_r$round.json" $Y > "$OUT/l1_${mode}_large_r$round.txt" 2>&1
-  done; done
-  python3 bench/ab_rounds.py "past L1" plain "$OUT"/l1_new_r1.json,"$OUT"/l1_new_large_r1.json \
-    "$OUT"/l1_new_r2.json,"$OUT"/l1_new_large_r2.json "$OUT"/l1_old_r1.json,"$OUT"/l1_old_large_r1.json \
-    "$OUT"/l1_old_r2.json,"$OUT"/l1_old_large_r2.json | tee "$OUT/table_l1.md"
-  grep -iE "error|fail|exceed" "$OUT"/l1*.txt | head
+  macro_ab l1 -DNORMJIT_ROW_L1_NO_ALLOCATE "" "past L1" plain
 fi
 if [[ ,$STAGE, == *,slots,* ]]; then
   # Fewer partial rows for small multi-row CTAs (default) against one CTA per row block up to the
@@ -660,15 +658,7 @@ if [[ ,$STAGE, == *,csum,* ]]; then
   X="$X $LB.n16384.bias.cfg_t512_r1_v8_c2_pipe3 $LB.n16384.bias.cfg_t512_r1_v8_c2_pipe $LB.n20480.bias.cfg_t640_r1_v8_c2_pipe3"
   X="$X $LB.n28672.bias.cfg_t896_r1_v8_c2_pipe $RB.n16384.cfg_t512_r1_v8_c2_pipe3"
   for n in 81920 98304 131072 262144; do Y="$Y $LF.n$n.bias $RF.n$n $LB.n$n.bias $RB.n$n"; done
-  for round in 1 2; do for mode in new old; do
-    opt=$([[ $mode == old ]] && echo "-DNORMJIT_CLUSTER_RELEASE_ALL")
-    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 32768 --json "$OUT/csum_${mode}_r$round.json" $X > "$OUT/csum_${mode}_r$round.txt" 2>&1
-    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 4096 --json "$OUT/csum_${mode}_large_r$round.json" $Y > "$OUT/csum_${mode}_large_r$round.txt" 2>&1
-  done; done
-  python3 bench/ab_rounds.py writer-released all-released "$OUT"/csum_new_r1.json,"$OUT"/csum_new_large_r1.json \
-    "$OUT"/csum_new_r2.json,"$OUT"/csum_new_large_r2.json "$OUT"/csum_old_r1.json,"$OUT"/csum_old_large_r1.json \
-    "$OUT"/csum_old_r2.json,"$OUT"/csum_old_large_r2.json | tee "$OUT/table_csum.md"
-  grep -iE "error|fail|exceed" "$OUT"/csum*.txt | head
+  macro_ab csum "" -DNORMJIT_CLUSTER_RELEASE_ALL writer-released all-released
 fi
 if [[ ,$STAGE, == *,clusters2,* ]]; then
   # After the writer-released cluster sums: 2-8-CTA pipelined rows of two packs per thread
