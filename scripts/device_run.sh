@@ -30,21 +30,41 @@ run_ab() {
 }
 # Compile-time A/B over X (M = 32768) and Y (M = 4096): `macro_ab NAME OPTS_NEW OPTS_OLD LABEL_NEW
 # LABEL_OLD` benches both builds (NVRTC options) in alternating processes, two rounds, and tabulates them.
+# OLD_BENCH (default build/normjit-bench) runs the old arm: a build of other templates (oldnew).
 macro_ab() {
-  local name=$1 label_new=$4 label_old=$5 opt mode round
+  local name=$1 label_new=$4 label_old=$5 opt mode round bench
   for round in 1 2; do for mode in new old; do
     opt=$([[ $mode == new ]] && echo "$2" || echo "$3")
-    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 32768 --json "$OUT/${name}_${mode}_r$round.json" $X > "$OUT/${name}_${mode}_r$round.txt" 2>&1
-    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" build/normjit-bench --rows 4096 --json "$OUT/${name}_${mode}_large_r$round.json" $Y > "$OUT/${name}_${mode}_large_r$round.txt" 2>&1
+    bench=$([[ $mode == new ]] && echo build/normjit-bench || echo "${OLD_BENCH:-build/normjit-bench}")
+    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" $bench --rows 32768 --json "$OUT/${name}_${mode}_r$round.json" $X > "$OUT/${name}_${mode}_r$round.txt" 2>&1
+    NORMJIT_NVRTC_EXTRA_OPTIONS="$opt" $bench --rows 4096 --json "$OUT/${name}_${mode}_large_r$round.json" $Y > "$OUT/${name}_${mode}_large_r$round.txt" 2>&1
   done; done
   local f=() r
   for mode in new old; do for r in 1 2; do f+=("$OUT/${name}_${mode}_r$r.json,$OUT/${name}_${mode}_large_r$r.json"); done; done
   python3 bench/ab_rounds.py "$label_new" "$label_old" "${f[@]}" | tee "$OUT/table_$name.md"
   grep -iE "error|fail|exceed" "$OUT"/${name}_*.txt | head
 }
+if [[ ,$STAGE, == *,oldnew,* ]]; then
+  # The working tree's templates against those carried in .old_templates (the last commit's), each
+  # embedded in its own build; LN / RMS forward and backward over OLDNEW_NS (M = 32768) and
+  # OLDNEW_NS_LARGE (M = 4096).
+  rm -rf /tmp/oldsrc && mkdir -p /tmp/oldsrc && tar cf - --exclude=./build --exclude=./.deps --exclude=./.whl . | tar xf - -C /tmp/oldsrc
+  rm -rf /tmp/oldsrc/templates && cp -r .old_templates /tmp/oldsrc/templates
+  cmake -S /tmp/oldsrc -B /tmp/oldsrc/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$DEPS" >"$OUT/configure_old.log" 2>&1 &&
+    cmake --build /tmp/oldsrc/build -j 16 --target normjit-bench >"$OUT/build_old.log" 2>&1 || { tail -20 "$OUT/build_old.log"; exit 1; }
+  X=""; Y=""
+  for n in ${OLDNEW_NS:-1024 4096 8192 12288 16384 20480 24576 32768 49152 57344 65536}; do
+    X="$X $LF.n$n.bias $RF.n$n $LB.n$n.bias $RB.n$n"; done
+  for n in ${OLDNEW_NS_LARGE:-131072 262144}; do Y="$Y $LF.n$n.bias $RF.n$n $LB.n$n.bias $RB.n$n"; done
+  OLD_BENCH=/tmp/oldsrc/build/normjit-bench macro_ab oldnew "" "" new old
+fi
+# Session 11, call 3 (split3) timed the shuffle fold, the word unpack and FFMA forms of xhat / y
+# each against the other two through -DNORMJIT_AB_* macros; the FFMA forms were reverted and the
+# macros removed with them (data: bench/data/2026-11-22/session11/call3_*).
 if [[ $STAGE == all || ,$STAGE, == *,tests,* ]]; then
   if [[ -n ${GPU_TC:-} ]]; then  # a subset of the GPU cases (doctest -tc filters)
-    build/tests/normjit_gpu_tests -tc="$GPU_TC" 2>&1 | tail -40 | tee "$OUT/gpu_tests.log" | tail -15
+    timeout ${GPU_TIMEOUT:-0} build/tests/normjit_gpu_tests -tc="$GPU_TC" 2>&1 | tail -40 | tee "$OUT/gpu_tests.log" | tail -15
+    echo "== gpu tests rc=${PIPESTATUS[0]} (124: past GPU_TIMEOUT)"
   else
     (cd build && ctest --output-on-failure -V -R normjit_gpu_tests 2>&1 | tail -40) | tee "$OUT/gpu_tests.log" | tail -15
   fi

@@ -66,6 +66,29 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, kVec>& v) {
   *reinterpret_cast<Pack<T, kVec>*>(p) = v;
 }
 
+// A pack's elements as floats. A bf16 pair shares one 32-bit word: its halves come out with one
+// instruction each (shift, mask), where to_float per element first extracts the upper half (two).
+// H200, session 11 (call 3): LN fwd 12288 / 262144 +10 / +13 %, RMS fwd 32768 +8 %.
+template <class T, int kVec>
+__device__ __forceinline__ void unpack(const Pack<T, kVec>& p, float (&out)[kVec]) {
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) out[j] = to_float(p.v[j]);
+}
+template <int kVec>
+__device__ __forceinline__ void unpack(const Pack<bf16, kVec>& p, float (&out)[kVec]) {
+#pragma unroll
+  for (int j = 0; j + 1 < kVec; j += 2) {
+    // In PTX: written in C++, the compiler splits the word into halves and shifts the upper one.
+    unsigned lo, hi;
+    asm("{ .reg .b32 w; mov.b32 w, {%2, %3}; shl.b32 %0, w, 16; and.b32 %1, w, 0xffff0000; }"
+        : "=r"(lo), "=r"(hi)
+        : "h"(p.v[j].bits), "h"(p.v[j + 1].bits));
+    out[j] = __uint_as_float(lo);
+    out[j + 1] = __uint_as_float(hi);
+  }
+  if constexpr (kVec % 2 == 1) out[kVec - 1] = to_float(p.v[kVec - 1]);
+}
+
 __device__ __forceinline__ unsigned element_bits(float v) { return __float_as_uint(v); }
 __device__ __forceinline__ unsigned element_bits(bf16 v) { return v.bits; }
 __device__ __forceinline__ unsigned element_bits(f16 v) { return v.bits; }
@@ -304,11 +327,18 @@ __device__ __forceinline__ Moments group_merge(Moments m) {
   return m;
 }
 
+// Past this many warps, each warp folds the per-warp partials by shuffles (one shared load per lane,
+// five steps) instead of every thread reading and adding all of them: at 1024 threads that was 16
+// shared loads and 64 adds per thread per row pair. Same order in every warp, so same bits.
+// H200, session 11 (call 3): LN fwd 32768 / 65536 +6 / +15 %, LN bwd 16384 +7 %; but clustered
+// backward rows lost 1-3 %, so the backward asks for the serial fold there (kShuffleFold).
+constexpr int kSerialFold = 8;
+
 // Row-wide reductions for a row spread over kThreads threads: a sub-warp group (kThreads <= 32,
 // power of two) or whole warps of one CTA (kThreads a multiple of 32, one row per CTA).
 // Every thread of the row gets the result. The CTA variants use `scratch` in shared memory
 // (kThreads / 32 slots) and have no trailing barrier: give each call its own scratch.
-template <int kThreads>
+template <int kThreads, bool kShuffleFold = (kThreads / 32 > kSerialFold)>
 __device__ __forceinline__ float row_sum(float v, float* scratch) {
   if constexpr (kThreads <= 32) {
     return group_sum<kThreads>(v);
@@ -317,6 +347,10 @@ __device__ __forceinline__ float row_sum(float v, float* scratch) {
     v = group_sum<32>(v);
     if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
     __syncthreads();
+    if constexpr (kShuffleFold) {
+      const int lane = threadIdx.x % 32;
+      return group_sum<32>(lane < kWarps ? scratch[lane] : 0.f);
+    }
     float total = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) total += scratch[w];
@@ -325,7 +359,7 @@ __device__ __forceinline__ float row_sum(float v, float* scratch) {
 }
 
 // Two sums at once (one barrier); scratch holds kThreads / 32 pairs.
-template <int kThreads>
+template <int kThreads, bool kShuffleFold = (kThreads / 32 > kSerialFold)>
 __device__ __forceinline__ void row_sum_pair(float& a, float& b, float2* scratch) {
   if constexpr (kThreads <= 32) {
     a = group_sum<kThreads>(a);
@@ -336,6 +370,13 @@ __device__ __forceinline__ void row_sum_pair(float& a, float& b, float2* scratch
     b = group_sum<32>(b);
     if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = make_float2(a, b);
     __syncthreads();
+    if constexpr (kShuffleFold) {
+      const int lane = threadIdx.x % 32;
+      const float2 part = lane < kWarps ? scratch[lane] : make_float2(0.f, 0.f);
+      a = group_sum<32>(part.x);
+      b = group_sum<32>(part.y);
+      return;
+    }
     a = 0.f;
     b = 0.f;
 #pragma unroll
@@ -346,7 +387,7 @@ __device__ __forceinline__ void row_sum_pair(float& a, float& b, float2* scratch
   }
 }
 
-template <int kThreads>
+template <int kThreads, bool kShuffleFold = (kThreads / 32 > kSerialFold)>
 __device__ __forceinline__ Moments row_merge(Moments m, Moments* scratch) {
   if constexpr (kThreads <= 32) {
     return group_merge<kThreads>(m);
@@ -355,6 +396,10 @@ __device__ __forceinline__ Moments row_merge(Moments m, Moments* scratch) {
     m = group_merge<32>(m);
     if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = m;
     __syncthreads();
+    if constexpr (kShuffleFold) {
+      const int lane = threadIdx.x % 32;
+      return group_merge<32>(lane < kWarps ? scratch[lane] : Moments{0.f, 0.f, 0.f});
+    }
     Moments total = scratch[0];
 #pragma unroll
     for (int w = 1; w < kWarps; ++w) total = merge(total, scratch[w]);

@@ -49,11 +49,11 @@ __device__ __forceinline__ void pack_xhat_grad(const Pack<XT, kVec>& x, const Pa
                                                const Pack<WT, kVec>& g, const WT* beta, const NormParams& p,
                                                long long row, int col, int segment_col, float mean, float rstd,
                                                float (&xhat)[kVec], float (&d)[kVec]) {
+  float xf[kVec];
+  unpack(x, xf);
+  unpack(dy, d);
 #pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    xhat[j] = (to_float(x.v[j]) - mean) * rstd;
-    d[j] = to_float(dy.v[j]);
-  }
+  for (int j = 0; j < kVec; ++j) xhat[j] = (xf[j] - mean) * rstd;
   float pre[kVec];
   if constexpr (Cfg::Epilogue::kNeedsPreActivation) {
     Pack<WT, kVec> b;
@@ -278,11 +278,13 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
           for (int j = 0; j < kVec; ++j) b.v[j] += d[j];
           store_pack<float, kVec>(shared_b + col, b);
         }
+        float gf[kVec];
+        unpack(g, gf);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           acc_g[i][j] += d[j] * xhat[j];
           if constexpr (!kDbetaShared) acc_b[i][j] += d[j];
-          gd[h][j] = d[j] * to_float(g.v[j]);
+          gd[h][j] = d[j] * gf[j];
           c1 += gd[h][j];
           c2 += gd[h][j] * xhat[j];
         }
@@ -291,7 +293,7 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
         for (int j = 0; j < kVec; ++j) gd[h][j] = 0.f;
       }
     }
-    row_sum_pair<S::kThreads>(c1, c2, pair_scratch);
+    row_sum_pair<S::kThreads, S::kCluster == 1 && (S::kThreads / 32 > kSerialFold)>(c1, c2, pair_scratch);
     const float2 sums = cluster_sum<S::kCluster>(make_float2(c1, c2), &cluster_slots[parity]);
     c1 = kLayerNorm ? sums.x * S::kInvN : 0.f;
     c2 = sums.y * S::kInvN;
@@ -308,18 +310,21 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
           const Pack<WT, kVec> g = gamma_pack(i, col);
           float xhat[kVec], d[kVec];
           pack_xhat_grad<Cfg>(xv, dyv, g, beta, p, row, col, segment_col, mean, rstd, xhat, d);
+          float gf[kVec];
+          unpack(g, gf);
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) gdv[j] = d[j] * to_float(g.v[j]);
+          for (int j = 0; j < kVec; ++j) gdv[j] = d[j] * gf[j];
         } else {
 #pragma unroll
           for (int j = 0; j < kVec; ++j) gdv[j] = gd[i][j];
         }
         Pack<XT, kVec> o;
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          const float xhat = (to_float(xv.v[j]) - mean) * rstd;
-          o.v[j] = Convert<XT>::from(rstd * (gdv[j] - c1 - xhat * c2));
-        }
+        float xf[kVec];
+        unpack(xv, xf);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j)
+          o.v[j] = Convert<XT>::from(rstd * (gdv[j] - c1 - (xf[j] - mean) * rstd * c2));
         store_output_pack<XT, kVec, (S::kCluster > 1)>(dx + pack * kVec, o);
       }
     }
@@ -431,9 +436,11 @@ __device__ __forceinline__ void norm_bwd_rowsums(const NormParams& p) {
         const Pack<WT, kVec> g = load_pack<WT, kVec>(gamma + col);
         float xhat[kVec], d[kVec];
         pack_xhat_grad<Cfg>(xs[i], dys[i], g, beta, p, row, col, 0, mean, rstd, xhat, d);
+        float gf[kVec];
+        unpack(g, gf);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          const float gd = d[j] * to_float(g.v[j]);
+          const float gd = d[j] * gf[j];
           c1 += gd;
           c2 += gd * xhat[j];
         }
@@ -462,6 +469,8 @@ __device__ __forceinline__ void norm_bwd_tiles(const NormParams& p) {
   const long long weight_offset = Cfg::kPerGroupWeights ? group * Cfg::kN : 0;
   const WT* beta = Cfg::kHasBias && p.beta ? static_cast<const WT*>(p.beta) + weight_offset : nullptr;
   const Pack<WT, kVec> g = load_pack<WT, kVec>(static_cast<const WT*>(p.gamma) + weight_offset + col);
+  float gf[kVec];
+  unpack(g, gf);
   const float2* sums = bwd_row_sums<Cfg>(p);
   const long long begin = static_cast<long long>(blockIdx.y) * p.row_chunk;
   const long long end = begin + p.row_chunk < p.rows_per_group ? begin + p.row_chunk : p.rows_per_group;
@@ -486,7 +495,7 @@ __device__ __forceinline__ void norm_bwd_tiles(const NormParams& p) {
     for (int j = 0; j < kVec; ++j) {
       acc_g[j] += d[j] * xhat[j];
       acc_b[j] += d[j];
-      o.v[j] = Convert<XT>::from(rstd * (d[j] * to_float(g.v[j]) - c1 - xhat[j] * c2));
+      o.v[j] = Convert<XT>::from(rstd * (d[j] * gf[j] - c1 - xhat[j] * c2));
     }
     store_pack<XT, kVec>(static_cast<XT*>(p.dx) + offset, o);
   }

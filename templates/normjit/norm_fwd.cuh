@@ -32,9 +32,12 @@ __device__ __forceinline__ float pack_sum(const Pack<XT, kVec> (&packs)[kCount],
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < kCount; ++i)
-    if ((first_pack + i) * S::kThreads + lane < S::kVecs)
+    if ((first_pack + i) * S::kThreads + lane < S::kVecs) {
+      float xf[kVec];
+      unpack(packs[i], xf);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) sum += to_float(packs[i].v[j]) - center;
+      for (int j = 0; j < kVec; ++j) sum += xf[j] - center;
+    }
   return sum;
 }
 
@@ -45,12 +48,15 @@ __device__ __forceinline__ float pack_sq_dev(const Pack<XT, kVec> (&packs)[kCoun
   float m2 = 0.f;
 #pragma unroll
   for (int i = 0; i < kCount; ++i)
-    if ((first_pack + i) * S::kThreads + lane < S::kVecs)
+    if ((first_pack + i) * S::kThreads + lane < S::kVecs) {
+      float xf[kVec];
+      unpack(packs[i], xf);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        const float d = (to_float(packs[i].v[j]) - center) - shift;
+        const float d = (xf[j] - center) - shift;
         m2 += d * d;
       }
+    }
   return m2;
 }
 
@@ -99,13 +105,16 @@ __device__ __forceinline__ void write_packs(const NormParams& p, const Pack<XT, 
         g = load_pack<WT, kVec>(gamma + col);
         if constexpr (Cfg::kHasBias) b = load_pack<WT, kVec>(beta + col);
       }
+      float xf[kVec], gf[kVec], bf[kVec];
+      unpack(packs[i], xf);
+      unpack(g, gf);
+      if constexpr (Cfg::kHasBias) unpack(b, bf);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         // The mean is center + shift, kept as two floats: one rounded fp32 mean would cost
         // up to half an ulp of |mean| in every output.
-        const float xhat = ((to_float(packs[i].v[j]) - center) - shift) * rstd;
-        out[j] = xhat * to_float(g.v[j]);
-        if constexpr (Cfg::kHasBias) out[j] += to_float(b.v[j]);
+        out[j] = ((xf[j] - center) - shift) * rstd * gf[j];
+        if constexpr (Cfg::kHasBias) out[j] += bf[j];
       }
     } else {
 #pragma unroll
