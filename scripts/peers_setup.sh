@@ -8,7 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGE=.peers/stage SITE=.peers/site
 mkdir -p "$STAGE" "$SITE"
-for d in .whl .whl/packA .whl/packB; do
+for d in .whl .whl/pack*; do  # packA + packB: every peer; packL: Liger and cuDNN only (no QuACK)
   [[ -d $d ]] && find "$d" -maxdepth 1 -type f \( -name '*.whl' -o -name '*.part_*' \) -exec cp --update=none {} "$STAGE"/ \;
 done
 for w in "$STAGE"/*.whl; do

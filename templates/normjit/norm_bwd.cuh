@@ -285,7 +285,7 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
           acc_g[i][j] += d[j] * xhat[j];
           if constexpr (!kDbetaShared) acc_b[i][j] += d[j];
           gd[h][j] = d[j] * gf[j];
-          c1 += gd[h][j];
+          if constexpr (kLayerNorm) c1 += gd[h][j];  // RMSNorm has no mean term
           c2 += gd[h][j] * xhat[j];
         }
       } else {
@@ -293,7 +293,9 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
         for (int j = 0; j < kVec; ++j) gd[h][j] = 0.f;
       }
     }
-    row_sum_pair<S::kThreads, S::kCluster == 1 && (S::kThreads / 32 > kSerialFold)>(c1, c2, pair_scratch);
+    constexpr bool kShuffleFold = S::kCluster == 1 && S::kThreads / 32 > kSerialFold;
+    if constexpr (kLayerNorm) row_sum_pair<S::kThreads, kShuffleFold>(c1, c2, pair_scratch);
+    else c2 = row_sum<S::kThreads, kShuffleFold>(c2, reinterpret_cast<float*>(pair_scratch));
     const float2 sums = cluster_sum<S::kCluster>(make_float2(c1, c2), &cluster_slots[parity]);
     c1 = kLayerNorm ? sums.x * S::kInvN : 0.f;
     c2 = sums.y * S::kInvN;
@@ -319,7 +321,6 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
           for (int j = 0; j < kVec; ++j) gdv[j] = gd[i][j];
         }
         Pack<XT, kVec> o;
-#pragma unroll
         float xf[kVec];
         unpack(xv, xf);
 #pragma unroll
@@ -441,13 +442,14 @@ __device__ __forceinline__ void norm_bwd_rowsums(const NormParams& p) {
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           const float gd = d[j] * gf[j];
-          c1 += gd;
+          if constexpr (kLayerNorm) c1 += gd;
           c2 += gd * xhat[j];
         }
       }
     }
   }
-  row_sum_pair<S::kThreads>(c1, c2, pair_scratch);
+  if constexpr (kLayerNorm) row_sum_pair<S::kThreads>(c1, c2, pair_scratch);
+  else c2 = row_sum<S::kThreads>(c2, reinterpret_cast<float*>(pair_scratch));
   if (lane == 0) bwd_row_sums<Cfg>(p)[row] = make_float2(c1, c2);
 }
 
