@@ -10,5 +10,7 @@ struct EmbeddedFile {
 };
 // Every file under templates/, embedded at build time (cmake/embed_templates.cmake).
 const std::vector<EmbeddedFile>& embedded_templates();
+// SHA-256 of every embedded file's path, length and contents, computed at build time.
+std::string_view embedded_templates_digest();
 
 }  // namespace normjit::detail

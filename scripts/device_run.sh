@@ -61,6 +61,25 @@ fi
 # Session 11, call 3 (split3) timed the shuffle fold, the word unpack and FFMA forms of xhat / y
 # each against the other two through -DNORMJIT_AB_* macros; the FFMA forms were reverted and the
 # macros removed with them (data: bench/data/2026-11-22/session11/call3_*).
+if [[ ,$STAGE, == *,firstgetab,* ]]; then
+  # Fresh processes' disk-cache hits, this tree against the tree in .old_src (carried: `git archive`
+  # of another commit), each precompiling into its own cache; 6 alternating rounds per build, LAZY.
+  rm -rf /tmp/oldsrc2 && cp -r .old_src /tmp/oldsrc2
+  cmake -S /tmp/oldsrc2 -B /tmp/oldsrc2/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$DEPS" >"$OUT/configure_oldsrc.log" 2>&1 &&
+    cmake --build /tmp/oldsrc2/build -j 16 --target normjit-bench normjit-precompile >"$OUT/build_oldsrc.log" 2>&1 || { tail -20 "$OUT/build_oldsrc.log"; exit 1; }
+  FS="$LF.n4096.bias $RF.n4096 $LB.n4096.bias $RB.n4096 $LF.n768.bias $RF.n768 $LB.n768.bias $RB.n768"
+  FS="$FS $LF.n12288.bias $RF.n12288 $LB.n12288.bias $RB.n12288 $LF.n1024.bias $RF.n1024 $LB.n1024.bias $RB.n1024"
+  for arm in new old; do
+    bin=$([[ $arm == new ]] && echo build || echo /tmp/oldsrc2/build)
+    $bin/normjit-precompile -q --cache-dir /tmp/fg_$arm -j 16 -- $FS 2>&1 | tail -1
+  done
+  for i in 1 2 3 4 5 6; do for arm in new old; do
+    bin=$([[ $arm == new ]] && echo build || echo /tmp/oldsrc2/build)
+    CUDA_MODULE_LOADING=LAZY $bin/normjit-bench --no-verify --reps 1 --warmup 0 --rows 4096 --cache-dir /tmp/fg_$arm \
+      --json "$OUT/firstgetab_${arm}_$i.json" $FS > /dev/null 2>&1
+  done; done
+  for arm in new old; do echo "== $arm"; python3 bench/load_stats.py "$OUT"/firstgetab_${arm}_*.json; done | tee "$OUT/table_firstgetab.md"
+fi
 if [[ $STAGE == all || ,$STAGE, == *,tests,* ]]; then
   if [[ -n ${GPU_TC:-} ]]; then  # a subset of the GPU cases (doctest -tc filters)
     timeout ${GPU_TIMEOUT:-0} build/tests/normjit_gpu_tests -tc="$GPU_TC" 2>&1 | tail -40 | tee "$OUT/gpu_tests.log" | tail -15

@@ -7,6 +7,7 @@
 #include <random>
 #include <sstream>
 
+#include "generator/embedded.hpp"
 #include "normjit/normjit.hpp"
 #include "tests/runtime/cache_test_util.hpp"
 
@@ -62,6 +63,28 @@ TEST_CASE("disk cache key covers source, arch and options") {
   CHECK(DiskCache::key(a, Target{90}) == DiskCache::key(a, Target{90}));
   CHECK(DiskCache::key(a, Target{90}) != DiskCache::key(b, Target{90}));
   CHECK(DiskCache::key(a, Target{90}) != DiskCache::key(a, Target{80}));
+}
+
+TEST_CASE("the cache key's template digest is the SHA-256 of the embedded templates") {
+  // The key takes the headers by a digest computed at build time (cmake/embed_templates.cmake); a
+  // stale digest would let entries compiled from other templates load. Recompute it here from the
+  // embedded files, the same concatenation, through `cmake -E sha256sum`.
+  const fs::path file = fs::temp_directory_path() / ("normjit-digest-" + std::to_string(std::random_device{}()));
+  {
+    std::ofstream out(file, std::ios::binary);
+    for (const auto& f : detail::embedded_templates())
+      out << f.path << '\n' << f.contents.size() << '\n' << f.contents;
+  }
+  std::string printed;
+  if (FILE* p = popen(("cmake -E sha256sum " + file.string()).c_str(), "r")) {
+    char buf[256];
+    while (std::fgets(buf, sizeof buf, p)) printed += buf;
+    pclose(p);
+  }
+  fs::remove(file);
+  REQUIRE(printed.size() >= 64);
+  CHECK(printed.substr(0, 64) == std::string(detail::embedded_templates_digest()));
+  CHECK(detail::embedded_templates().size() >= 7);
 }
 
 TEST_CASE("disk cache: corrupt, truncated and wrong-version entries are recompiled, never loaded") {
