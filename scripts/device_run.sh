@@ -44,14 +44,19 @@ macro_ab() {
   python3 bench/ab_rounds.py "$label_new" "$label_old" "${f[@]}" | tee "$OUT/table_$name.md"
   grep -iE "error|fail|exceed" "$OUT"/${name}_*.txt | head
 }
+# `build_tree DIR LOG TARGET...`: configures and builds another source tree (an old arm) in DIR/build.
+build_tree() {
+  local dir=$1 log=$2; shift 2
+  cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$DEPS" >"$OUT/configure_$log.log" 2>&1 &&
+    cmake --build "$dir/build" -j 16 --target "$@" >"$OUT/build_$log.log" 2>&1 || { tail -20 "$OUT/build_$log.log"; exit 1; }
+}
 if [[ ,$STAGE, == *,oldnew,* ]]; then
   # The working tree's templates against those carried in .old_templates (the last commit's), each
   # embedded in its own build; LN / RMS forward and backward over OLDNEW_NS (M = 32768) and
   # OLDNEW_NS_LARGE (M = 4096).
   rm -rf /tmp/oldsrc && mkdir -p /tmp/oldsrc && tar cf - --exclude=./build --exclude=./.deps --exclude=./.whl . | tar xf - -C /tmp/oldsrc
   rm -rf /tmp/oldsrc/templates && cp -r .old_templates /tmp/oldsrc/templates
-  cmake -S /tmp/oldsrc -B /tmp/oldsrc/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$DEPS" >"$OUT/configure_old.log" 2>&1 &&
-    cmake --build /tmp/oldsrc/build -j 16 --target normjit-bench >"$OUT/build_old.log" 2>&1 || { tail -20 "$OUT/build_old.log"; exit 1; }
+  build_tree /tmp/oldsrc old normjit-bench
   X=""; Y=""
   for n in ${OLDNEW_NS:-1024 4096 8192 12288 16384 20480 24576 32768 49152 57344 65536}; do
     X="$X $LF.n$n.bias $RF.n$n $LB.n$n.bias $RB.n$n"; done
@@ -65,8 +70,7 @@ if [[ ,$STAGE, == *,firstgetab,* ]]; then
   # Fresh processes' disk-cache hits, this tree against the tree in .old_src (carried: `git archive`
   # of another commit), each precompiling into its own cache; 6 alternating rounds per build, LAZY.
   rm -rf /tmp/oldsrc2 && cp -r .old_src /tmp/oldsrc2
-  cmake -S /tmp/oldsrc2 -B /tmp/oldsrc2/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$DEPS" >"$OUT/configure_oldsrc.log" 2>&1 &&
-    cmake --build /tmp/oldsrc2/build -j 16 --target normjit-bench normjit-precompile >"$OUT/build_oldsrc.log" 2>&1 || { tail -20 "$OUT/build_oldsrc.log"; exit 1; }
+  build_tree /tmp/oldsrc2 oldsrc normjit-bench normjit-precompile
   FS="$LF.n4096.bias $RF.n4096 $LB.n4096.bias $RB.n4096 $LF.n768.bias $RF.n768 $LB.n768.bias $RB.n768"
   FS="$FS $LF.n12288.bias $RF.n12288 $LB.n12288.bias $RB.n12288 $LF.n1024.bias $RF.n1024 $LB.n1024.bias $RB.n1024"
   for arm in new old; do
