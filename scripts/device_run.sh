@@ -73,13 +73,10 @@ if [[ ,$STAGE, == *,firstgetab,* ]]; then
   build_tree /tmp/oldsrc2 oldsrc normjit-bench normjit-precompile
   FS="$LF.n4096.bias $RF.n4096 $LB.n4096.bias $RB.n4096 $LF.n768.bias $RF.n768 $LB.n768.bias $RB.n768"
   FS="$FS $LF.n12288.bias $RF.n12288 $LB.n12288.bias $RB.n12288 $LF.n1024.bias $RF.n1024 $LB.n1024.bias $RB.n1024"
-  for arm in new old; do
-    bin=$([[ $arm == new ]] && echo build || echo /tmp/oldsrc2/build)
-    $bin/normjit-precompile -q --cache-dir /tmp/fg_$arm -j 16 -- $FS 2>&1 | tail -1
-  done
+  declare -A BIN=([new]=build [old]=/tmp/oldsrc2/build)
+  for arm in new old; do ${BIN[$arm]}/normjit-precompile -q --cache-dir /tmp/fg_$arm -j 16 -- $FS 2>&1 | tail -1; done
   for i in 1 2 3 4 5 6; do for arm in new old; do
-    bin=$([[ $arm == new ]] && echo build || echo /tmp/oldsrc2/build)
-    CUDA_MODULE_LOADING=LAZY $bin/normjit-bench --no-verify --reps 1 --warmup 0 --rows 4096 --cache-dir /tmp/fg_$arm \
+    CUDA_MODULE_LOADING=LAZY ${BIN[$arm]}/normjit-bench --no-verify --reps 1 --warmup 0 --rows 4096 --cache-dir /tmp/fg_$arm \
       --json "$OUT/firstgetab_${arm}_$i.json" $FS > /dev/null 2>&1
   done; done
   for arm in new old; do echo "== $arm"; python3 bench/load_stats.py "$OUT"/firstgetab_${arm}_*.json; done | tee "$OUT/table_firstgetab.md"
