@@ -58,9 +58,11 @@ if [[ ,$STAGE, == *,oldnew,* ]]; then
   rm -rf /tmp/oldsrc/templates && cp -r .old_templates /tmp/oldsrc/templates
   build_tree /tmp/oldsrc old normjit-bench
   X=""; Y=""
-  for n in ${OLDNEW_NS:-1024 4096 8192 12288 16384 20480 24576 32768 49152 57344 65536}; do
-    X="$X $LF.n$n.bias $RF.n$n $LB.n$n.bias $RB.n$n"; done
-  for n in ${OLDNEW_NS_LARGE:-131072 262144}; do Y="$Y $LF.n$n.bias $RF.n$n $LB.n$n.bias $RB.n$n"; done
+  # OLDNEW_PHASES: "fwd bwd" (default), or one of them where only one template changed.
+  on() { local n=$1 ph; for ph in ${OLDNEW_PHASES:-fwd bwd}; do
+    [[ $ph == fwd ]] && echo -n " $LF.n$n.bias $RF.n$n"; [[ $ph == bwd ]] && echo -n " $LB.n$n.bias $RB.n$n"; done; }
+  for n in ${OLDNEW_NS:-1024 4096 8192 12288 16384 20480 24576 32768 49152 57344 65536}; do X="$X $(on $n)"; done
+  for n in ${OLDNEW_NS_LARGE:-131072 262144}; do Y="$Y $(on $n)"; done
   OLD_BENCH=/tmp/oldsrc/build/normjit-bench macro_ab oldnew "" "" new old
 fi
 # Session 11, call 3 (split3) timed the shuffle fold, the word unpack and FFMA forms of xhat / y
@@ -80,6 +82,38 @@ if [[ ,$STAGE, == *,firstgetab,* ]]; then
       --json "$OUT/firstgetab_${arm}_$i.json" $FS > /dev/null 2>&1
   done; done
   for arm in new old; do echo "== $arm"; python3 bench/load_stats.py "$OUT"/firstgetab_${arm}_*.json; done | tee "$OUT/table_firstgetab.md"
+fi
+if [[ ,$STAGE, == *,fill,* ]]; then
+  # Session 12: one-buffer shared-memory rows filled by cp.async against the register-staged fill
+  # (NORMJIT_BWD_STAGED_FILL), at the sizes whose backward picks are smem rows.
+  X=""; Y=""
+  for n in 16384 18432 20480 24576 28672 36864 49152 65536; do X="$X $LB.n$n.bias $RB.n$n"; done
+  Y="$LB.n98304.bias $RB.n98304 $RB.n131072 $RB.n262144"
+  macro_ab fill "" "-DNORMJIT_BWD_STAGED_FILL" async staged
+fi
+if [[ ,$STAGE, == *,cands,* ]]; then
+  # Session 12: clustered register rows of 1-3 packs per thread (two or more CTAs per SM, so one
+  # CTA issues while another waits at its row's barriers) against the heuristic's one-CTA-per-SM
+  # backward picks; CANDS_NS at M = 32768, CANDS_NS_LARGE at M = 4096.
+  X=""; Y=""
+  cand() {  # cand N CLUSTER PACKS_PER_THREAD: the cfg of a v8 register row split over CLUSTER CTAs
+    local t=$(( ($1 / 8 / $2 + $3 - 1) / $3 )); t=$(( (t + 31) / 32 * 32 ))
+    (( t <= 1024 )) && echo -n " t${t}_r1_v8_c$2_reg"
+  }
+  for n in ${CANDS_NS:-16384 18432 20480 24576 28672 32768 36864 49152 65536}; do
+    C="$(cand $n 2 2)$(cand $n 2 3)$(cand $n 4 2)$(cand $n 4 1)"; (( n >= 32768 )) && C="$C$(cand $n 8 2)$(cand $n 8 1)"
+    lb $LB.n$n.bias $C; lb $RB.n$n $C; done
+  for n in ${CANDS_NS_LARGE:-98304 131072}; do C="$(cand $n 8 2)$(cand $n 8 1)$(cand $n 16 1)"; lbl $LB.n$n.bias $C; lbl $RB.n$n $C; done
+  run_ab cands
+fi
+if [[ ,$STAGE, == *,ncu,* ]]; then
+  # Where the backward's warps wait: Nsight Compute on one launch of each of NCU_SPECS (M = 32768).
+  for spec in ${NCU_SPECS:-$LB.n16384.bias $LB.n18432.bias $RB.n65536}; do
+    timeout 120 ncu --clock-control none -k regex:_fused --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+      --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+      build/normjit-bench --rows 32768 --reps 3 --warmup 1 --no-verify $spec > "$OUT/ncu_$spec.txt" 2>&1
+    echo "== ncu $spec rc=$?"; grep -E "Duration|Memory Throughput|Issued Ipc|No Eligible|Stall|Registers Per|Achieved Occ|Block Limit" "$OUT/ncu_$spec.txt" | head -24
+  done
 fi
 if [[ $STAGE == all || ,$STAGE, == *,tests,* ]]; then
   if [[ -n ${GPU_TC:-} ]]; then  # a subset of the GPU cases (doctest -tc filters)

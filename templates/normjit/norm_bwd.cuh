@@ -96,6 +96,18 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
 #endif
   __shared__ unsigned long long row_ready[kBulk ? kBuffers : 1];
   constexpr bool kSmem = Cfg::kCache == RowCache::kShared || kPipe;
+  // One-buffer shared rows of one CTA fill by cp.async (sm_80+): every pack's load in flight at
+  // once, no registers held for it. Staged through registers, ptxas issued them in two or three
+  // rounds, each waiting for the last one's stores, and where the rounds fell moved with unrelated
+  // changes. H200, session 12 (call 3), against the staged fill: RMS bwd 16384 t512 / 18432 t768 /
+  // 24576 t768 68.2 / 69.6 / 70.7 -> 92.8 / 77.5 / 81.4 %; slower at 896 threads (RMS 28672 80.2
+  // -> 77.0) and in every clustered row (2-10 points), so those keep the staged fill, as does
+  // NORMJIT_BWD_STAGED_FILL (for A/B timing).
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800) || defined(NORMJIT_BWD_STAGED_FILL)
+  constexpr bool kAsyncFill = false;
+#else
+  constexpr bool kAsyncFill = Cfg::kCache == RowCache::kShared && S::kCluster == 1 && S::kThreads < 896;
+#endif
   constexpr int kHeld = kSmem ? 1 : S::kIters;  // packs per thread held in registers between passes
   static_assert(!kSmem || kRows == 1, "a shared-memory row fills its CTA (a cluster's CTA: its segment)");
   // Past the registers' room for both sums (dbeta_sums_in_shared), the dbeta sums follow dy in
@@ -201,7 +213,19 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
     }
     commit_async();
   };
+  // mean and rstd of row block `block` (zero past the last row).
+  auto load_row_stats = [&](long long block, float& mean, float& rstd) {
+    const long long local = block * kRows + row_in_cta;
+    if (local < p.rows_per_group) {
+      if constexpr (kLayerNorm) mean = p.mean[group * p.rows_per_group + local];
+      rstd = p.rstd[group * p.rows_per_group + local];
+    }
+  };
+  // Pipelined rows load them one row ahead: taken at the row's start, after its data had
+  // landed, they were a DRAM round trip every row waited for (session 12).
+  float next_mean = 0.f, next_rstd = 0.f;
   if constexpr (kPipe) {
+    load_row_stats(slot, next_mean, next_rstd);
 #pragma unroll
     for (int s = 0; s < kBuffers - 1; ++s) prefetch(slot + s * slots, s);
   }
@@ -218,6 +242,15 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
     XT* const shared_x = shared_rows + 2 * buffer * S::kSegment;
     XT* const shared_dy = shared_x + S::kSegment;
     Pack<XT, kVec> xs[kHeld], dys[kHeld];
+    float mean = 0.f, rstd = 0.f;
+    if constexpr (kPipe) {
+      mean = next_mean;
+      rstd = next_rstd;
+      load_row_stats(block + slots, next_mean, next_rstd);
+    } else {
+      // Ahead of the row's fill, whose wait is an asm barrier to the compiler.
+      load_row_stats(block, mean, rstd);
+    }
     if constexpr (kPipe) {
       // The buffer behind this one held the previous row. With per-thread copies this thread alone
       // read its packs there; a bulk copy overwrites everyone's, so every thread must be done:
@@ -230,6 +263,17 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
       } else {
         wait_async<kBuffers - 1>();
       }
+    } else if constexpr (kAsyncFill) {
+#pragma unroll
+      for (int i = 0; i < S::kIters; ++i) {
+        const int pack = i * S::kThreads + lane;
+        if (active && pack < S::kVecs) {
+          copy_async<XT, kVec>(shared_x + pack * kVec, x + pack * kVec);
+          copy_async<XT, kVec>(shared_dy + pack * kVec, dy + pack * kVec);
+        }
+      }
+      commit_async();
+      wait_async<0>();  // this thread's packs only: each thread reads back its own
     } else {
 #pragma unroll
       for (int i = 0; i < S::kIters; ++i) {
@@ -256,8 +300,6 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
         dyv = dys[i];
       }
     };
-    const float mean = kLayerNorm && active ? p.mean[row] : 0.f;
-    const float rstd = active ? p.rstd[row] : 0.f;
 
     float gd[kHeld][kVec];  // gamma * d (registers only; shared-memory rows recompute it)
     float c1 = 0.f, c2 = 0.f;
@@ -299,6 +341,18 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
     const float2 sums = cluster_sum<S::kCluster>(make_float2(c1, c2), &cluster_slots[parity]);
     c1 = kLayerNorm ? sums.x * S::kInvN : 0.f;
     c2 = sums.y * S::kInvN;
+    // 16-bit x: dx = rstd*gd + (x*slope + intercept), the row's constants folded: two FFMA per
+    // element instead of five. The fold costs about |mean|/sigma fp32 ulps; a 16-bit row cannot
+    // spread less than its own spacing at the mean (|mean|/sigma < 2^8 bf16, 2^11 f16), which keeps
+    // that under the output's rounding. fp32 x keeps the exact form; so does
+    // NORMJIT_BWD_EXACT_DX, for A/B timing.
+#ifdef NORMJIT_BWD_EXACT_DX
+    constexpr bool kFoldedDx = false;
+#else
+    constexpr bool kFoldedDx = sizeof(XT) == 2;
+#endif
+    const float slope = -rstd * rstd * c2;
+    const float intercept = -rstd * c1 - slope * mean;
     XT* dx = static_cast<XT*>(p.dx) + offset;
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i) {
@@ -325,7 +379,8 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
         unpack(xv, xf);
 #pragma unroll
         for (int j = 0; j < kVec; ++j)
-          o.v[j] = Convert<XT>::from(rstd * (gdv[j] - c1 - (xf[j] - mean) * rstd * c2));
+          o.v[j] = Convert<XT>::from(kFoldedDx ? fmaf(rstd, gdv[j], fmaf(slope, xf[j], intercept))
+                                               : rstd * (gdv[j] - c1 - (xf[j] - mean) * rstd * c2));
         store_output_pack<XT, kVec, (S::kCluster > 1)>(dx + pack * kVec, o);
       }
     }

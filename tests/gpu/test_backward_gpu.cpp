@@ -249,6 +249,24 @@ TEST_CASE("unaligned and strided backward") {
   }
 }
 
+TEST_CASE("16-bit x far off zero: dx with the row's constants folded stays within tolerance") {
+  // dx = rstd*gd + (x*slope + intercept) cancels |mean|/sigma ulps; these centers hold about the
+  // largest |mean|/sigma each dtype can represent at unit spread (bf16 spacing 0.5 at 100, f16 0.5
+  // at 1000). Register, bulk-copied, clustered and split rows.
+  for (const char* dtype : {"bf16", "f16"})
+    for (const char* norm : {"layernorm", "adalayernorm"})
+      for (int64_t n : {1024, 4096, 16384, 65536, 262144}) {
+        Case c;
+        c.spec = Spec::parse(std::string(norm) + ".bwd." + dtype + ".w_f32.n" + std::to_string(n) + ".bias");
+        c.rows = n >= 65536 ? 5 : 67;
+        c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? c.rows : 0;
+        c.center = std::string(dtype) == "bf16" ? 100.0 : 1000.0;
+        const std::string name = c.spec.str();
+        CAPTURE(name);
+        check_within_tolerance(run_backward(c));
+      }
+}
+
 TEST_CASE("seed 000: AdaLayerNorm 4x1024x768 fp16, forward training and backward (atol 5e-3, rtol 3e-3)") {
   Case c;
   c.spec = Spec::parse("adalayernorm.bwd.f16.w_f16.n768.bias");
