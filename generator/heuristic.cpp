@@ -59,7 +59,9 @@ constexpr int kClusterThreads = 1024;
 constexpr int64_t kBackwardPipeBytes = 160 * 1024;
 // Fewest threads per CTA of the 2-CTA bulk-copied rows that replace one CTA keeping dbeta sums in
 // shared memory (see backward_large_row).
-constexpr int kDbetaClusterMinThreads = 768;
+// 640: LN 20480 t864 smem -> c2 t640 tma 84.2 -> 89.6 % (H100), 65.6 -> 76.9 % (H200), session 12;
+// at 576 threads (LN 18432) the H100 lost 2.4 points.
+constexpr int kDbetaClusterMinThreads = 640;
 // Clustered segments of more than 2 and at most 3 packs per thread keep one buffer (see
 // backward_large_row).
 constexpr int64_t kOneBufferMinPacks = 2;
@@ -182,6 +184,20 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
   // against 59.5-67.6 % at c16; LN / RMS 131072 78.7 / 82.5 % against 37-60 %). Ragged 16-CTA
   // segments (204800, 1.56 packs per thread) ran 1-2 points below the split route (calls 1-2).
   const int64_t per_thread = std::max<int64_t>(1, 32 / vec);
+  // Where 2 CTAs would take 3-4 packs per thread, 4 CTAs of 2 packs by bulk copies (two buffers,
+  // gamma held in registers). bf16, session 12 (calls 5 / 6), H100 / H200, against the former picks:
+  // LN 49152 c2 smem 81.7 / 61.7 -> c4 t768 tma 88.0 / 74.5 %, RMS 49152 89.5 / 71.7 -> 88.7 / 75.2,
+  // LN 65536 c4 pipe 86.4 / 64.6 -> c4 t1024 tma 86.5 / 69.3, RMS 65536 c2 smem 89.0 (session 11) /
+  // 69.6 -> 95.9 / 81.8. At 2.25 packs (36864, c4 t576) it lost 5 points on both.
+  if (bulk && max_cluster >= 4 && packs % 4 == 0 && packs / 2 >= 3 * kClusterThreads && packs / 2 <= 4 * kClusterThreads &&
+      (s.epilogue != Epilogue::kReluBitmask || (s.n / 4) % 8 == 0)) {
+    BlockConfig four = b;
+    four.cluster = 4;
+    four.cache = RowCache::kSharedPipelined;
+    four.bulk_copy = true;
+    four.threads_per_row = static_cast<int>(round_up(packs / 4 / 2, 32));
+    if (pipe_fits(four) && !dbeta_sums_in_shared(s, four)) return four;
+  }
   b.threads_per_row = kClusterThreads;
   for (int c = 2; c <= max_cluster; c *= 2) {
     b.cluster = c;

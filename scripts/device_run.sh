@@ -91,6 +91,25 @@ if [[ ,$STAGE, == *,fill,* ]]; then
   Y="$LB.n98304.bias $RB.n98304 $RB.n131072 $RB.n262144"
   macro_ab fill "" "-DNORMJIT_BWD_STAGED_FILL" async staged
 fi
+if [[ ,$STAGE, == *,gamma12,* ]]; then
+  # Session 12: gamma held in registers in bulk-copied rows whose packs fit 64 bytes a thread
+  # (except LayerNorm rows of 1024 threads) against the session-9 rule (NORMJIT_BWD_HOLD_GAMMA_NARROW:
+  # LayerNorm rows of 384-512 threads). Call 4 (H200) timed a first form held in every such row.
+  # GAMMA_CANDS: further specs (cfgs pinned) timed in both arms.
+  X=""; Y=""
+  for n in 4096 8192 12288 16384 18432 24576 28672 32768; do X="$X $LB.n$n.bias $RB.n$n"; done
+  X="$X ${GAMMA_CANDS:-}"; Y="$LB.n131072.bias $RB.n131072"
+  macro_ab gamma12 "" "-DNORMJIT_BWD_HOLD_GAMMA_NARROW" wide narrow
+fi
+if [[ ,$STAGE, == *,ncusrc,* ]]; then
+  # Per-instruction stall samples (SASS) of NCU_SPECS, one launch each at M = 32768.
+  for spec in ${NCU_SPECS:-$LB.n12288.bias $LB.n18432.bias}; do
+    timeout 150 ncu --clock-control none -k regex:_fused --launch-skip 2 --launch-count 1 --section WarpStateStats \
+      --section SourceCounters -o "$OUT/src_$spec" -f build/normjit-bench --rows 32768 --reps 3 --warmup 1 --no-verify $spec >/dev/null 2>&1
+    ncu -i "$OUT/src_$spec.ncu-rep" --page source --csv --print-source sass > "$OUT/src_$spec.csv" 2>&1
+    echo "== ncusrc $spec rc=$? $(wc -l < "$OUT/src_$spec.csv") lines"; rm -f "$OUT/src_$spec.ncu-rep"
+  done
+fi
 if [[ ,$STAGE, == *,cands,* ]]; then
   # Session 12: clustered register rows of 1-3 packs per thread (two or more CTAs per SM, so one
   # CTA issues while another waits at its row's barriers) against the heuristic's one-CTA-per-SM

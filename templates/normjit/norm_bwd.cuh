@@ -161,17 +161,26 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   wait_for_prerequisites();
   const long long row_blocks = (p.rows_per_group + kRows - 1) / kRows;
   // Shared-memory rows read gamma in both passes of every row; a CTA's columns never change, so
-  // bulk-copied LayerNorm rows of 384-512 threads keep it in registers (at most 16 of them)
-  // instead. H100, bf16, session 9 (call 8): LN 6144 / 7168 / 8192 87.6 / 88.2 / 94.1 -> 90.1 /
-  // 89.2 / 95.2 %; slower at LN 4096 (t256: 93.3 -> 90.1, one CTA per SM fewer), RMS 4096 / 8192
-  // (96.0 / 95.3 -> 92.1 / 93.1 at the same CTAs per SM) and cp.async rows (call 10: LN 7168 / 8192
-  // pipe 85.4 / 93.0 -> 73.9 / 83.5). NORMJIT_BWD_NO_HELD_GAMMA (through
-  // NORMJIT_NVRTC_EXTRA_OPTIONS) reloads it everywhere, for A/B timing.
+  // bulk-copied rows keep it in registers (at most 16 of them) instead. Reloaded, it came from L2
+  // whenever the row buffers left L1 too small for it, and each pass waited on it (H200, session
+  // 12, Nsight Compute: 40 % of LN bwd 18432's stall samples). H200, session 12 (call 4), against
+  // the session-9 rule (LayerNorm rows of 384-512 threads): LN 12288 t768 tma3 77.7 -> 93.4 %, LN
+  // 24576 / 28672 c2 tma 70.1 / 77.3 -> 81.1 / 83.6, RMS 32768 c2 tma 80.6 -> 88.3, RMS 4096 / 8192 +1-2
+  // points; but LayerNorm rows of 1024 threads (64 registers, with the dbeta sums) fell 84.6 -> 68.0
+  // (LN 16384) and keep reloading it. Not in cp.async rows (session 9, H100: LN 7168 / 8192 pipe
+  // 85.4 / 93.0 -> 73.9 / 83.5). NORMJIT_BWD_NO_HELD_GAMMA reloads it everywhere, and
+  // NORMJIT_BWD_HOLD_GAMMA_NARROW takes the session-9 rule, for A/B timing.
+  constexpr bool kNarrowHold = kBulk && Cfg::kHasBias && !Cfg::kPerGroupWeights && S::kThreads >= 384 &&
+                               S::kThreads <= 512 && S::kIters * kVec * static_cast<int>(sizeof(WT)) <= 64;
 #ifdef NORMJIT_BWD_NO_HELD_GAMMA
   constexpr bool kHoldGamma = false;
+#elif defined(NORMJIT_BWD_HOLD_GAMMA_NARROW)
+  constexpr bool kHoldGamma = kNarrowHold;
 #else
-  constexpr bool kHoldGamma = kBulk && Cfg::kHasBias && !Cfg::kPerGroupWeights && S::kThreads >= 384 &&
-                              S::kThreads <= 512 && S::kIters * kVec * static_cast<int>(sizeof(WT)) <= 64;
+  // The wider rule for fp32 weights only, where it was measured; with 16-bit weights it spilled
+  // (LN 18432 t768, LN 28672 c2 t896).
+  constexpr bool kHoldGamma = kNarrowHold || (kBulk && sizeof(WT) == 4 && !Cfg::kPerGroupWeights &&
+                                              !(Cfg::kHasBias && S::kThreads >= 1024) && S::kIters * kVec <= 16);
 #endif
   Pack<WT, kVec> held_gamma[kHoldGamma ? S::kIters : 1];
   if constexpr (kHoldGamma) {
@@ -247,7 +256,7 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
       mean = next_mean;
       rstd = next_rstd;
       load_row_stats(block + slots, next_mean, next_rstd);
-    } else {
+    } else if constexpr (kAsyncFill) {
       // Ahead of the row's fill, whose wait is an asm barrier to the compiler.
       load_row_stats(block, mean, rstd);
     }
@@ -300,6 +309,12 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
         dyv = dys[i];
       }
     };
+    // After a register-staged fill, as before session 12: ahead of it, ptxas split the fill's
+    // loads into four or five rounds (RMS bwd 65536 c2 smem, H100: 89.0 -> 77.5 %).
+    if constexpr (!kPipe && !kAsyncFill) {
+      mean = kLayerNorm && active ? p.mean[row] : 0.f;
+      rstd = active ? p.rstd[row] : 0.f;
+    }
 
     float gd[kHeld][kVec];  // gamma * d (registers only; shared-memory rows recompute it)
     float c1 = 0.f, c2 = 0.f;

@@ -65,7 +65,7 @@ TEST_CASE("epilogues are a template slot: the norm kernels are the same text for
   CHECK(generate(resolve(Spec::parse("rmsnorm.bwd.bf16.n4096"))).source.find("#if 1") != std::string::npos);
   const std::string clustered = generate(resolve(Spec::parse("rmsnorm.bwd.bf16.n65536"))).source;
   CHECK(clustered.find("#if 1") != std::string::npos);
-  CHECK(clustered.find("__cluster_dims__(2, 1, 1)") != std::string::npos);
+  CHECK(clustered.find("__cluster_dims__(4, 1, 1)") != std::string::npos);
   CHECK(generate(resolve(Spec::parse("rmsnorm.bwd.bf16.n65536"), 16, 80)).source.find("#if 0") != std::string::npos);
   CHECK(generate(resolve(Spec::parse("layernorm.bwd.bf16.n262144.bias"), 16, 90, kMaxPortableCluster))
             .source.find("#if 0") != std::string::npos);

@@ -229,26 +229,28 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("rmsnorm.bwd.f32.n16384") == BlockConfig{1024, 1, 4, RowCache::kGlobal});
   // 1024-thread rows pipelined where two buffers take at most 160 KB per CTA.
   CHECK(block("layernorm.bwd.bf16.w_f32.n32768.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n65536.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4});
+  // Where 2 CTAs would take 3-4 packs per thread: 4 CTAs of 2 packs by bulk copies (session 12).
+  CHECK(block("layernorm.bwd.bf16.w_f32.n65536.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
   // One buffer where the segments take 2-3 packs per thread (ragged here), pipelined below.
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n40960") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n34816") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n57344") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n57344") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n36864.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n57344.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n57344.bias") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n98304") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n65536") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n65536") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n262144") == BlockConfig{1024, 1, 8, RowCache::kShared, 8});
   // With dbeta, past 24 values per thread (16 above 768 threads) the dbeta sums join x and dy in
-  // shared memory: one CTA up to N = 22528, then a 2-CTA cluster of 2 packs per thread filled by
-  // bulk copies once that takes 768 threads or more (pipelined rows need 16-byte packs), then
+  // shared memory: one CTA up to N = 18432, then a 2-CTA cluster of 2 packs per thread filled by
+  // bulk copies once that takes 640 threads or more (pipelined rows need 16-byte packs), then
   // clusters whose segments split evenly.
-  CHECK(block("layernorm.bwd.bf16.w_f32.n20480.bias") == BlockConfig{864, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n18432.bias") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 1, 3, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n20480.bias") == BlockConfig{640, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n24576.bias") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n26624.bias") == BlockConfig{832, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n28672.bias") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n28672") == BlockConfig{896, 1, 8, RowCache::kShared});  // no dbeta sums
-  CHECK(block("layernorm.bwd.bf16.w_f32.n49152.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n49152.bias") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n98304.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
   CHECK(block("layernorm.bwd.bf16.w_f32.n40960.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
   CHECK(block("layernorm.bwd.bf16.w_f32.n131072.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 8});

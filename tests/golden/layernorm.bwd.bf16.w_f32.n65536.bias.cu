@@ -1,4 +1,4 @@
-// normjit kernel layernorm.bwd.bf16.w_f32.n65536.bias.cfg_t1024_r1_v8_c4_pipe
+// normjit kernel layernorm.bwd.bf16.w_f32.n65536.bias.cfg_t1024_r1_v8_c4_tma
 // Generated from templates/norm_bwd.cu.in: parameter binding only; the logic is in norm_bwd.cuh.
 #include "normjit/norm_bwd.cuh"
 #include "normjit/epilogue_none.cuh"
@@ -17,7 +17,7 @@ struct Cfg {
   static constexpr int kRowsPerCta = 1;
   static constexpr int kCluster = 4;
   static constexpr int kStages = 2;  // row buffers of a pipelined row
-  static constexpr bool kBulkCopy = false;  // pipelined rows filled by cp.async.bulk
+  static constexpr bool kBulkCopy = true;  // pipelined rows filled by cp.async.bulk
   static constexpr normjit::RowCache kCache = normjit::RowCache::kSharedPipelined;
   static constexpr bool kDbetaShared = false;
 };
@@ -25,20 +25,20 @@ struct Cfg {
 
 #if 1
 extern "C" __global__ void NORMJIT_LAUNCH_BOUNDS(1024) __cluster_dims__(4, 1, 1)
-normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_pipe_fused(const normjit::NormParams params) {
+normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_tma_fused(const normjit::NormParams params) {
   normjit::norm_bwd_fused<Cfg>(params);
 }
 #else
 extern "C" __global__ void NORMJIT_LAUNCH_BOUNDS(1024)
-normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_pipe_rowsums(const normjit::NormParams params) {
+normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_tma_rowsums(const normjit::NormParams params) {
   normjit::norm_bwd_rowsums<Cfg>(params);
 }
 extern "C" __global__ void __launch_bounds__(256)
-normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_pipe_tiles(const normjit::NormParams params) {
+normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_tma_tiles(const normjit::NormParams params) {
   normjit::norm_bwd_tiles<Cfg>(params);
 }
 #endif
 extern "C" __global__ void __launch_bounds__(1024)
-normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_pipe_reduce(const normjit::NormParams params) {
+normjit_layernorm_bwd_bf16_w_f32_n65536_bias_cfg_t1024_r1_v8_c4_tma_reduce(const normjit::NormParams params) {
   normjit::norm_bwd_reduce<Cfg>(params);
 }
