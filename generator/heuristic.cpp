@@ -133,9 +133,9 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
   // cluster sums stopped waiting on every thread's stores (bf16, H100, session 6: 28672 c2 t896
   // 73.9 -> 84.5 %); at 768 threads it tied (24576: 79.9 -> 80.4 %) and at 640 lost (20480: 83.4
   // -> 75.9 %). Filled by bulk copies (pipelined rows have 16-byte packs, so they always can be)
-  // it gained again (session 9, call 3: 28672 85.3 -> 88.2 %), and from kDbetaClusterMinThreads
-  // (768) on it beat the one-CTA row (24576 / 26624: 80.0 / 74.1 -> 83.3 / 82.0 %; 640 threads,
-  // 20480, still lost: 83.4 -> 78.7 %).
+  // it gained again (session 9, call 3: 28672 85.3 -> 88.2 %), and from 768 threads on it beat the
+  // one-CTA row (24576 / 26624: 80.0 / 74.1 -> 83.3 / 82.0 %); at 640 threads (20480) it lost
+  // until gamma was held in registers (session 12; see kDbetaClusterMinThreads).
   if (s.has_bias && t <= 1024 && fits(b) && dbeta_sums_in_shared(s, b) && packs % 2 == 0) {
     BlockConfig pair = b;
     pair.cluster = 2;
@@ -176,14 +176,6 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
     }
     return b;
   }
-  // A cluster shares the row: the fewest 1024-thread CTAs that hold it in shared memory at up to
-  // 32 values per thread (with dbeta, past 16 its sums go to shared memory). 16 CTAs (non-portable)
-  // only where 8 cannot hold the row and the segments are whole iterations (262144 with dbeta),
-  // which took the split route: at most one 16-CTA cluster per GPC is resident (7-8 on an H100),
-  // and wherever 8 CTAs fit they measured faster (bf16, H100, session 10: RMS 262144 78.5 % at c8
-  // against 59.5-67.6 % at c16; LN / RMS 131072 78.7 / 82.5 % against 37-60 %). Ragged 16-CTA
-  // segments (204800, 1.56 packs per thread) ran 1-2 points below the split route (calls 1-2).
-  const int64_t per_thread = std::max<int64_t>(1, 32 / vec);
   // Where 2 CTAs would take 3-4 packs per thread, 4 CTAs of 2 packs by bulk copies (two buffers,
   // gamma held in registers). bf16, session 12 (calls 5 / 6), H100 / H200, against the former picks:
   // LN 49152 c2 smem 81.7 / 61.7 -> c4 t768 tma 88.0 / 74.5 %, RMS 49152 89.5 / 71.7 -> 88.7 / 75.2,
@@ -198,6 +190,14 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
     four.threads_per_row = static_cast<int>(round_up(packs / 4 / 2, 32));
     if (pipe_fits(four) && !dbeta_sums_in_shared(s, four)) return four;
   }
+  // A cluster shares the row: the fewest 1024-thread CTAs that hold it in shared memory at up to
+  // 32 values per thread (with dbeta, past 16 its sums go to shared memory). 16 CTAs (non-portable)
+  // only where 8 cannot hold the row and the segments are whole iterations (262144 with dbeta),
+  // which took the split route: at most one 16-CTA cluster per GPC is resident (7-8 on an H100),
+  // and wherever 8 CTAs fit they measured faster (bf16, H100, session 10: RMS 262144 78.5 % at c8
+  // against 59.5-67.6 % at c16; LN / RMS 131072 78.7 / 82.5 % against 37-60 %). Ragged 16-CTA
+  // segments (204800, 1.56 packs per thread) ran 1-2 points below the split route (calls 1-2).
+  const int64_t per_thread = std::max<int64_t>(1, 32 / vec);
   b.threads_per_row = kClusterThreads;
   for (int c = 2; c <= max_cluster; c *= 2) {
     b.cluster = c;

@@ -163,7 +163,7 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   // Shared-memory rows read gamma in both passes of every row; a CTA's columns never change, so
   // bulk-copied rows keep it in registers (at most 16 of them) instead. Reloaded, it came from L2
   // whenever the row buffers left L1 too small for it, and each pass waited on it (H200, session
-  // 12, Nsight Compute: 40 % of LN bwd 18432's stall samples). H200, session 12 (call 4), against
+  // 12, Nsight Compute: 31 % of LN bwd 18432's stall samples on its first use). H200, session 12 (call 4), against
   // the session-9 rule (LayerNorm rows of 384-512 threads): LN 12288 t768 tma3 77.7 -> 93.4 %, LN
   // 24576 / 28672 c2 tma 70.1 / 77.3 -> 81.1 / 83.6, RMS 32768 c2 tma 80.6 -> 88.3, RMS 4096 / 8192 +1-2
   // points; but LayerNorm rows of 1024 threads (64 registers, with the dbeta sums) fell 84.6 -> 68.0
@@ -309,8 +309,9 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
         dyv = dys[i];
       }
     };
-    // After a register-staged fill, as before session 12: ahead of it, ptxas split the fill's
-    // loads into four or five rounds (RMS bwd 65536 c2 smem, H100: 89.0 -> 77.5 %).
+    // After a register-staged fill and in this predicated form, as before session 12: ahead of it,
+    // ptxas split the fill's loads into four or five rounds (RMS bwd 65536 c2 smem, H100: 89.0 ->
+    // 77.5 %), and load_row_stats's branch here still left three (SASS, this machine).
     if constexpr (!kPipe && !kAsyncFill) {
       mean = kLayerNorm && active ? p.mean[row] : 0.f;
       rstd = active ? p.rstd[row] : 0.f;
