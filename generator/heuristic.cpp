@@ -62,6 +62,13 @@ constexpr int64_t kBackwardPipeBytes = 160 * 1024;
 // 640: LN 20480 t864 smem -> c2 t640 tma 84.2 -> 89.6 % (H100), 65.6 -> 76.9 % (H200), session 12;
 // at 576 threads (LN 18432) the H100 lost 2.4 points.
 constexpr int kDbetaClusterMinThreads = 640;
+// One-CTA rows of 2 packs per thread filled by bulk copies (see backward_large_row): threads.
+constexpr int64_t kBulkRowMinThreads = 640;
+constexpr int64_t kBulkRowMaxThreads = 896;
+// RMSNorm rows of 4 packs a thread split over 2 CTAs of 2 packs: at least this many threads.
+constexpr int kRmsPairMinThreads = 768;
+// RMSNorm's 4-8-CTA bulk rows (see backward_large_row): at least this many threads.
+constexpr int kRmsManyMinThreads = 768;
 // Clustered segments of more than 2 and at most 3 packs per thread keep one buffer (see
 // backward_large_row).
 constexpr int64_t kOneBufferMinPacks = 2;
@@ -88,6 +95,10 @@ bool backward_bulk_register_row(const Spec& s, int64_t threads) {
 
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
+// Bulk-copied backward rows of 672-736 threads (21-23 warps) measured below their neighbours on both
+// GPUs (session 13: 704 threads at 11264 and 45056); the cause was not found.
+bool odd_warp_pair(int64_t threads) { return threads > 640 && threads < 768; }
+
 // Pipelined rows were measured with 16-byte packs only; odd N takes narrower ones (2-byte packs are
 // copied synchronously).
 bool sixteen_byte_packs(const Spec& s, int vec) { return vec * dtype_size(s.x_dtype) == 16; }
@@ -104,6 +115,34 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
     const int64_t per_thread = std::max<int64_t>(1, elements / vec);
     return round_up((packs + per_thread - 1) / per_thread, 32);
   };
+  // Pipelined rows as measured: 16-byte packs (bulk copies need them), two buffers within
+  // kBackwardPipeBytes, or three within the shared memory a CTA has.
+  const bool bulk = sixteen_byte_packs(s, vec);
+  auto pipe_fits = [&](BlockConfig c) {
+    c.cache = RowCache::kSharedPipelined;
+    return bulk && shared_row_bytes(s, c) <= kBackwardPipeBytes;
+  };
+  auto bulk3_fits = [&](BlockConfig c) {
+    c.cache = RowCache::kSharedPipelined;
+    c.stages = 3;
+    return bulk && shared_row_bytes(s, c) <= kBackwardSharedBytesWithDbeta;
+  };
+  // Rows of 2 packs a thread at 640-896 threads: filled by bulk copies, three buffers, gamma held
+  // in registers. bf16, M = 32768, session 13 (calls 3 / 4), H200 / H100, against the register
+  // rows (640-768 threads) or the one-CTA shared rows: LN 10240 83.0 / 94.2 -> 94.7 / 93.3 %, LN
+  // 11264 59.1 / 77.4 -> 81.0 / 84.2, LN 13312 61.8 / 80.2 -> 92.3 / 93.4, RMS 10240 84.1 / 95.3 ->
+  // 95.4 / 95.1, RMS 12288 88.2 / 97.2 -> 94.6 / 94.9, RMS 13312 / 14336 80 / 87 -> 93-94 / 94-95.
+  // RMSNorm at 704 threads lost (11264: 82.0 / 85.0 against t352 smem 83.9 / 92.2, calls 5 / 6); at
+  // 576 both lost on the H100 (9216: 83.7-84.7 against 89.7-90.9 %, +2.5-2.8 on the H200).
+  if (const int64_t t = threads_for(16); dtype_size(s.x_dtype) == 2 && t >= kBulkRowMinThreads &&
+                                          t <= kBulkRowMaxThreads && (s.has_bias || !odd_warp_pair(t))) {
+    BlockConfig row = b;
+    row.threads_per_row = static_cast<int>(t);
+    row.cache = RowCache::kSharedPipelined;
+    row.stages = 3;
+    row.bulk_copy = true;
+    if (bulk3_fits(row) && !dbeta_sums_in_shared(s, row)) return row;
+  }
   if (const int64_t t = threads_for(16); t <= (s.has_bias ? kBackwardRegThreadsWithBias : kBackwardRegThreads)) {
     b.threads_per_row = static_cast<int>(t);
     b.cache = RowCache::kRegisters;
@@ -122,12 +161,6 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
   if (s.has_bias && t > 1024) t = threads_for(24) <= 1024 ? threads_for(24) : threads_for(32);
   if (!s.has_bias && t > 512 && t < 768) t = threads_for(24);
   b.threads_per_row = static_cast<int>(std::min<int64_t>(t, 1024));
-  // Pipelined rows as measured: 16-byte packs, two buffers within kBackwardPipeBytes.
-  const bool bulk = sixteen_byte_packs(s, vec);  // bulk copies (tma) need 16-byte packs
-  auto pipe_fits = [&](BlockConfig c) {
-    c.cache = RowCache::kSharedPipelined;
-    return bulk && shared_row_bytes(s, c) <= kBackwardPipeBytes;
-  };
   // With dbeta, where one CTA of 896-1024 threads would keep the dbeta sums in shared memory, a
   // 2-CTA pipelined cluster of 2 packs per thread (both sums in registers) measured faster once the
   // cluster sums stopped waiting on every thread's stores (bf16, H100, session 6: 28672 c2 t896
@@ -149,46 +182,52 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
   // Bulk copies (16-byte packs) for one-CTA rows, where both the H100 and the H200 measured them
   // level or faster (bf16, M = 32768, session 9, calls 1-3 and 15; H100 -> H200 figures):
   // - the 1024-thread pipelined row (LN 16384): 88.5 -> 88.5 %, 69.8 -> 76.1 %;
-  // - LayerNorm's one-CTA rows with both sums in registers, three buffers, at 768 and 896 threads
-  //   (LN 12288 / 14336 / 18432: H100 85.7 / 87.7 / 85.3 -> 85.7 / 89.5 / 86.7 %; H200 12288 67.7 ->
-  //   74.2 %). Not at 704 / 736 / 832 / 960 threads: LN 13312 86.2 -> 84.3 %, and 11264 / 15360 /
-  //   17408 at 77-82 % (H100, call 16);
-  // - RMSNorm's full CTA of 1024 threads x 4 packs (N = 32768 bf16) as 2 CTAs of 2 packs:
-  //   87.6 -> 90.7 %, 65.3 -> 78.0 %. Narrower such rows lost on the H100 (24576-30720: 4-7 points).
-  auto bulk3_fits = [&](BlockConfig c) {
-    c.cache = RowCache::kSharedPipelined;
-    c.stages = 3;
-    return shared_row_bytes(s, c) <= kBackwardSharedBytesWithDbeta;
-  };
+  // - RMSNorm's CTA of 768-1024 threads x 4 packs as 2 CTAs of 2 packs (gamma held): 32768 t1024
+  //   87.6 -> 90.7 %, 65.3 -> 78.0 % (session 9); session 13 (calls 3 / 4, H200 / H100): 28672 t896
+  //   70.6 / 88.1 -> 88.0 / 97.7 %, 24576 t768 81.2 / 92.7 -> 81.7 / 94.4 %. Before gamma was held
+  //   these narrower rows lost on the H100 (24576-30720: 4-7 points, session 9).
+  // LayerNorm's 3-pack rows at 768 threads (18432) took three bulk-copied buffers from session 9 to
+  // 12; with gamma reloaded (24 values a thread) they fell behind the one-buffer row: 61.1 / 84.7
+  // against 74.2 / 88.7 % (session 13, calls 3 / 4).
   if (t <= 1024 && fits(b)) {
     if (b.threads_per_row == kClusterThreads && pipe_fits(b)) {
       b.cache = RowCache::kSharedPipelined;
       b.bulk_copy = true;
-    } else if (bulk && s.has_bias && (b.threads_per_row == 768 || b.threads_per_row == 896) &&
-               !dbeta_sums_in_shared(s, b) && bulk3_fits(b)) {
-      b.cache = RowCache::kSharedPipelined;
-      b.stages = 3;
-      b.bulk_copy = true;
-    } else if (bulk && !s.has_bias && b.threads_per_row == kClusterThreads && packs == 4 * kClusterThreads) {
+    } else if (bulk && !s.has_bias && b.threads_per_row >= kRmsPairMinThreads && packs == 4 * b.threads_per_row) {
       b.cluster = 2;
       b.cache = RowCache::kSharedPipelined;
       b.bulk_copy = true;
     }
     return b;
   }
-  // Where 2 CTAs would take 3-4 packs per thread, 4 CTAs of 2 packs by bulk copies (two buffers,
-  // gamma held in registers). bf16, session 12 (calls 5 / 6), H100 / H200, against the former picks:
-  // LN 49152 c2 smem 81.7 / 61.7 -> c4 t768 tma 88.0 / 74.5 %, RMS 49152 89.5 / 71.7 -> 88.7 / 75.2,
-  // LN 65536 c4 pipe 86.4 / 64.6 -> c4 t1024 tma 86.5 / 69.3, RMS 65536 c2 smem 89.0 (session 11) /
-  // 69.6 -> 95.9 / 81.8. At 2.25 packs (36864, c4 t576) it lost 5 points on both.
-  if (bulk && max_cluster >= 4 && packs % 4 == 0 && packs / 2 >= 3 * kClusterThreads && packs / 2 <= 4 * kClusterThreads &&
-      (s.epilogue != Epilogue::kReluBitmask || (s.n / 4) % 8 == 0)) {
-    BlockConfig four = b;
-    four.cluster = 4;
-    four.cache = RowCache::kSharedPipelined;
-    four.bulk_copy = true;
-    four.threads_per_row = static_cast<int>(round_up(packs / 4 / 2, 32));
-    if (pipe_fits(four) && !dbeta_sums_in_shared(s, four)) return four;
+  // Where 2 CTAs would take more than 2 packs per thread, 4 or 8 CTAs of at most 2 packs by bulk
+  // copies (two buffers, gamma held in registers), from 640 threads. bf16, H100 / H200, against the
+  // former picks: session 12 (calls 5 / 6): LN 49152 c2 smem 81.7 / 61.7 -> c4 t768 tma 88.0 /
+  // 74.5 %, RMS 49152 89.5 / 71.7 -> 88.7 / 75.2, LN 65536 c4 pipe 86.4 / 64.6 -> c4 t1024 tma 86.5 /
+  // 69.3, RMS 65536 c2 smem 89.0 (session 11) / 69.6 -> 95.9 / 81.8; session 13 (calls 3 / 4): LN
+  // 40960 c2 smem 83.1 / 63.2 -> c4 t640 84.1 / 69.5; M = 4096: LN 98304 c4 smem 72.9 / 54.1 -> c8
+  // t768 81.4 / 63.3, LN 131072 c8 pipe 78.9 / 57.3 -> c8 t1024 79.3 / 60.6, RMS 131072 c4 smem
+  // 81.7 / 60.9 -> c8 t1024 92.2 / 72.3; (call 5, H200) LN / RMS 114688 c8 pipe 54.7 / 58.9 -> c8
+  // t896 71.2 / 73.8, LN 81920 c4 smem 54.9 -> c8 t640 59.6. Below 640 threads they lost: 36864 c4
+  // t576 (5 points on both), 73728 c8 t576 (LN 7 / 3, RMS 7 / 5); RMSNorm below 768 too (H200, call
+  // 5: 40960 c4 t640 70.3, 45056 c4 t704 60.4, 81920 c8 t640 60.9 against c2 / c4 smem 78.9 / 76.5 /
+  // 69.4), and LayerNorm at 704 (45056: 61.3 / 80.5 against c2 smem 61.4 / 81.5, calls 5 / 6).
+  for (int c = 4; bulk && c <= std::min(max_cluster, kMaxPortableCluster); c *= 2) {
+    BlockConfig many = b;
+    many.cluster = c;
+    many.cache = RowCache::kSharedPipelined;
+    many.bulk_copy = true;
+    many.threads_per_row = static_cast<int>(round_up((packs / c + 1) / 2, 32));
+    // LayerNorm rows past 896 threads cannot hold gamma (kHoldGamma): a full CTA's ragged
+    // segment measured faster (61440 c4 t960 63.1 / 76.0 against t1024 66.9 / 84.6 %, calls 5 / 6).
+    if (s.has_bias && many.threads_per_row > kBulkRowMaxThreads && many.threads_per_row < kClusterThreads)
+      many.threads_per_row = kClusterThreads;
+    if (packs % c != 0 || packs / 2 <= 2 * kClusterThreads || many.threads_per_row > kClusterThreads) continue;
+    if (odd_warp_pair(many.threads_per_row)) break;
+    if (s.epilogue == Epilogue::kReluBitmask && (s.n / c) % 8 != 0) continue;
+    const int min_threads = s.has_bias ? kDbetaClusterMinThreads : kRmsManyMinThreads;
+    if (many.threads_per_row >= min_threads && pipe_fits(many) && !dbeta_sums_in_shared(s, many)) return many;
+    break;
   }
   // A cluster shares the row: the fewest 1024-thread CTAs that hold it in shared memory at up to
   // 32 values per thread (with dbeta, past 16 its sums go to shared memory). 16 CTAs (non-portable)
@@ -234,10 +273,45 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
 // shared memory. Against one buffer or streaming the row twice (bf16, H100, session 5): LN 40960
 // 72.7 -> 86.9 %, 49152 83.9 -> 89.1 %; RMS 40960 86.2 -> 94.9 %, 49152 95.8 -> 95.1 %.
 constexpr int64_t kForwardSharedBytes = 200 * 1024;
-// Streaming measured faster at exactly this N (LN / RMS 85.0 / 94.9 % against 70-81 % for 2- and
-// 4-CTA clusters in shared memory and 76-88 % pipelined); every other size past registers takes
-// shared memory (unmeasured ones included).
+// Streaming measured faster at exactly this N for RMSNorm (LN / RMS 85.0 / 94.9 % against 70-81 %
+// for 2- and 4-CTA clusters in shared memory and 76-88 % pipelined, H100, session 5); every other
+// size past registers takes shared memory (unmeasured ones included). LayerNorm since session 13:
+// 2 CTAs of 512 threads x 8 packs in shared memory, 72.8 / 90.7 -> 83.5 / 95.1 % (H200 / H100,
+// calls 3 / 4), with 40 registers a CTA where the streaming row has 64.
 constexpr int64_t kForwardStreamingN = 65536;
+// LayerNorm's one-CTA shared-memory rows of 8 packs a thread (one buffer, 40 registers: two CTAs
+// per SM where shared memory allows), bf16, M = 32768, session 13 (calls 3 / 4), H200 / H100:
+// - 576-640 threads against 1024-thread register rows of 4-element packs: 36864 79.6 / 95.8 ->
+//   84.6 / 96.3 %, 40960 84.2 / 96.3 -> 87.0 / 94.5; at 768 threads (49152) they lost 6 / 5 points;
+// - 4-pack rows at 704-768 threads: see kForwardShared4MinThreads;
+// - 896 threads (57344) against 2 CTAs of 448: 73.4 / 89.3 -> 77.1 / 92.3 %; H200, call 5: 61440
+//   t960 81.0 against c2 t480 76.3. Not at 736 (46080: 74.1 against the pipelined row's 78.2) or
+//   832 (53248: 76.8 against c2 t416 84.3).
+constexpr int64_t kForwardSharedRowMinThreads = 576;
+constexpr int64_t kForwardSharedRowWideMaxThreads = 640;
+constexpr int64_t kForwardSharedRowLongMinThreads = 896;
+constexpr int64_t kForwardSharedRowMaxThreads = 960;
+// ...and of 4 packs at these threads, against the register row (one CTA per SM at 85 registers):
+// 24576 t768 78.0 / 96.2 -> 91.8 / 100.1 %, 22528 t704 (H200, call 5) 72.0 -> 91.9; at 896 (28672)
+// and 1024 (32768) registers stayed ahead
+// (82.2 / 98.2 against 80.1 / 94.7 %; 83.0 / 100.0 against 75.4 / 90.4).
+constexpr int64_t kForwardShared4MinThreads = 704;
+constexpr int64_t kForwardShared4MaxThreads = 768;
+
+// LayerNorm rows of 2-byte x in 16-byte packs, one CTA of 8 packs per thread in shared memory,
+// where its threads fall in [min_threads, max_threads].
+std::optional<BlockConfig> forward_layernorm_shared_row(const Spec& s, int vec, int64_t packs, int64_t min_threads,
+                                                        int64_t max_threads) {
+  if (s.norm == Norm::kRMSNorm || !sixteen_byte_packs(s, vec) || dtype_size(s.x_dtype) != 2) return std::nullopt;
+  const int64_t threads = round_up((packs + 7) / 8, 32);
+  if (threads < min_threads || threads > max_threads) return std::nullopt;
+  BlockConfig b;
+  b.vec = vec;
+  b.rows_per_cta = 1;
+  b.threads_per_row = static_cast<int>(threads);
+  b.cache = RowCache::kShared;
+  return b;
+}
 // Past one CTA: a cluster whose CTAs take this much of the row each, 8 packs per thread
 // (bf16, H100, session 5: N = 98304, 4 x 384 threads, LN / RMS 90.2 / 94.3 % against 72.4 / 79.3 %
 // for one CTA; 131072 4 x 512: 88.0 / 98.0 %; 262144 8 x 512: 84.9 / 97.3 %).
@@ -272,11 +346,15 @@ std::optional<BlockConfig> forward_wide_register_row(const Spec& s, int vec) {
 std::optional<BlockConfig> forward_large_row(const Spec& s, int vec, int64_t packs) {
   const bool pipelined = sixteen_byte_packs(s, vec);
   // RMSNorm rows of narrower packs (odd N) keep streaming below 65536, as measured before pipelining.
-  if (s.n == kForwardStreamingN || (!pipelined && s.norm == Norm::kRMSNorm && s.n < kForwardStreamingN))
+  if ((s.n == kForwardStreamingN && (s.norm == Norm::kRMSNorm || dtype_size(s.x_dtype) != 2)) ||
+      (!pipelined && s.norm == Norm::kRMSNorm && s.n < kForwardStreamingN))
     return std::nullopt;
   BlockConfig b;
   b.vec = vec;
   b.rows_per_cta = 1;
+  if (const auto shared = forward_layernorm_shared_row(s, vec, packs, kForwardSharedRowLongMinThreads,
+                                                        kForwardSharedRowMaxThreads))
+    return shared;
   b.threads_per_row = 1024;
   b.cache = pipelined ? RowCache::kSharedPipelined : RowCache::kShared;
   if (shared_row_bytes(s, b) <= kForwardSharedBytes) return b;
@@ -376,6 +454,14 @@ Spec resolve(const Spec& spec, int max_vec, int sm, int max_cluster) {
         two_cta_row || (per_thread * b.vec <= kRegisterMaxElements && per_thread <= kMaxRegisterPacks);
     b.cache = fits_registers ? RowCache::kRegisters : RowCache::kGlobal;
     if (two_cta_shared_row) b.cache = RowCache::kShared;
+    if (b.cache == RowCache::kRegisters && sm >= 90 && s.norm != Norm::kRMSNorm && dtype_size(s.x_dtype) == 2 &&
+        sixteen_byte_packs(s, b.vec) && b.threads_per_row >= kForwardShared4MinThreads &&
+        b.threads_per_row <= kForwardShared4MaxThreads)
+      b.cache = RowCache::kShared;
+    if (b.cache == RowCache::kGlobal && sm >= 90)
+      if (const auto shared = forward_layernorm_shared_row(s, b.vec, packs, kForwardSharedRowMinThreads,
+                                                            kForwardSharedRowWideMaxThreads))
+        b = *shared;
     if (b.cache == RowCache::kGlobal && sm >= 90)
       if (const auto wide = forward_wide_register_row(s, b.vec)) b = *wide;
     if (b.cache == RowCache::kGlobal && sm >= 90)

@@ -125,6 +125,55 @@ if [[ ,$STAGE, == *,cands,* ]]; then
   for n in ${CANDS_NS_LARGE:-98304 131072}; do C="$(cand $n 8 2)$(cand $n 8 1)$(cand $n 16 1)"; lbl $LB.n$n.bias $C; lbl $RB.n$n $C; done
   run_ab cands
 fi
+if [[ ,$STAGE, == *,picks13,* ]]; then
+  # Session 13: pinned configs against the heuristic's picks where session 12's tables left the
+  # H200 (and some H100 shapes) under the goals: 2-pack tma3 rows at 640-960 threads, pipe / smem
+  # at LN 16384 / 18432, 4-8-CTA bulk-copied rows of 2 packs, LN forward past 20480.
+  X=""; Y=""
+  lb $LB.n10240.bias t640_r1_v8_tma3 t640_r1_v8_pipe; lb $LB.n11264.bias t704_r1_v8_tma3
+  lb $LB.n13312.bias t832_r1_v8_tma3; lb $LB.n15360.bias t960_r1_v8_tma3; lb $LB.n16384.bias t1024_r1_v8_pipe
+  lb $LB.n18432.bias t768_r1_v8_smem; lb $LB.n36864.bias t1024_r1_v8_c2_tma
+  lb $LB.n40960.bias t640_r1_v8_c4_tma; lb $LB.n61440.bias t1024_r1_v8_c4_tma t480_r1_v8_c8_tma t960_r1_v8_c4_pipe
+  lb $RB.n10240 t640_r1_v8_tma3; lb $RB.n12288 t768_r1_v8_tma3; lb $RB.n13312 t832_r1_v8_tma3; lb $RB.n14336 t896_r1_v8_tma3
+  lb $RB.n18432 t576_r1_v8_c2_tma; lb $RB.n24576 t768_r1_v8_c2_tma; lb $RB.n28672 t896_r1_v8_c2_tma
+  ${PICKS_FWD:-true} && {
+    lb $LF.n24576.bias t1024_r1_v8_pipe t768_r1_v8_smem t384_r1_v8_c2_reg; lb $LF.n32768.bias t1024_r1_v8_pipe t512_r1_v8_c2_reg
+    lb $LF.n49152.bias t1024_r1_v8_pipe t768_r1_v8_c2_reg t384_r1_v8_c4_reg
+    lb $LF.n65536.bias t1024_r1_v8_c2_reg t512_r1_v8_c4_reg t1024_r1_v8_c2_pipe t512_r1_v8_c2_pipe
+    # one-buffer shared rows (40 registers: two CTAs per SM where shared memory allows)
+    lb $LF.n28672.bias t896_r1_v8_smem t448_r1_v8_smem; lb $LF.n32768.bias t1024_r1_v8_smem t512_r1_v8_smem
+    lb $LF.n36864.bias t576_r1_v8_smem t768_r1_v8_smem; lb $LF.n40960.bias t640_r1_v8_smem; lb $LF.n49152.bias t768_r1_v8_smem
+    lb $LF.n57344.bias t896_r1_v8_smem; lb $LF.n65536.bias t1024_r1_v8_smem t512_r1_v8_c2_smem; }
+  lb $LB.n15360.bias t480_r1_v8_c2_tma; lb $LB.n36864.bias t576_r1_v8_c4_tma t288_r1_v8_c8_tma
+  ${PICKS_LARGE:-true} && lbl $LB.n73728.bias t576_r1_v8_c8_tma && lbl $LB.n98304.bias t768_r1_v8_c8_tma && lbl $LB.n131072.bias t1024_r1_v8_c8_tma &&
+    lbl $LB.n262144.bias && lbl $RB.n73728 t576_r1_v8_c8_tma && lbl $RB.n131072 t1024_r1_v8_c8_tma && lbl $RB.n262144 t1024_r1_v8_c16_tma
+  X="$X ${PICKS_EXTRA:-}"; Y="$Y ${PICKS_EXTRA_LARGE:-}"
+  run_ab picks13
+fi
+if [[ ,$STAGE, == *,picks13b,* ]]; then
+  # Session 13: the new heuristic's picks (first of each group) against the session-12 picks and
+  # untried neighbours, pinned, in one process; then the LayerNorm 832-896-thread held-gamma rows
+  # with mean/rstd one row ahead (NORMJIT_BWD_STATS_AHEAD_ALWAYS, 4-8 bytes spilled) against the
+  # row's own loaded at its start, alternating processes.
+  X=""; Y=""
+  lb $LB.n9216.bias t576_r1_v8_tma3; lb $RB.n9216 t576_r1_v8_tma3; lb $LB.n10000.bias t640_r1_v8_reg
+  lb $LB.n10240.bias t640_r1_v8_reg; lb $LB.n11264.bias t704_r1_v8_smem; lb $LB.n18432.bias t768_r1_v8_tma3
+  lb $LB.n40960.bias t1024_r1_v8_c2_smem; lb $LB.n45056.bias t1024_r1_v8_c2_smem; lb $LB.n61440.bias t1024_r1_v8_c4_tma t960_r1_v8_c4_pipe
+  lb $RB.n10240 t640_r1_v8_reg; lb $RB.n11264 t352_r1_v8_smem; lb $RB.n12288 t768_r1_v8_reg; lb $RB.n13312 t416_r1_v8_smem
+  lb $RB.n14336 t448_r1_v8_smem; lb $RB.n24576 t768_r1_v8_smem; lb $RB.n26624 t832_r1_v8_smem; lb $RB.n28672 t896_r1_v8_smem
+  lb $RB.n30720 t960_r1_v8_smem; lb $RB.n40960 t640_r1_v8_c4_tma; lb $RB.n45056 t704_r1_v8_c4_tma
+  lb $LF.n22528.bias t704_r1_v8_reg; lb $LF.n24576.bias t768_r1_v8_reg; lb $LF.n36864.bias t1024_r1_v4_reg
+  lb $LF.n40960.bias t1024_r1_v4_reg; lb $LF.n46080.bias t736_r1_v8_smem; lb $LF.n53248.bias t832_r1_v8_smem
+  lb $LF.n57344.bias t448_r1_v8_c2_smem; lb $LF.n61440.bias t960_r1_v8_smem; lb $LF.n65536.bias t1024_r1_v8_gmem
+  lb $RF.n65536 t512_r1_v8_c2_smem
+  for n in 81920 98304 114688; do lbl $LB.n$n.bias; lbl $RB.n$n; done
+  Y="$Y $LB.n81920.bias.cfg_t1024_r1_v8_c4_smem $RB.n81920.cfg_t640_r1_v8_c8_tma $RB.n98304.cfg_t1024_r1_v8_c4_smem"
+  Y="$Y $LB.n114688.bias.cfg_t1024_r1_v8_c8_pipe $RB.n114688.cfg_t1024_r1_v8_c8_pipe"
+  run_ab picks13b
+  X=""; Y=""
+  for n in 13312 14336 26624 28672 57344; do X="$X $LB.n$n.bias"; done; Y="$LB.n114688.bias"
+  macro_ab ahead "" "-DNORMJIT_BWD_STATS_AHEAD_ALWAYS" own ahead
+fi
 if [[ ,$STAGE, == *,ncu,* ]]; then
   # Where the backward's warps wait: Nsight Compute on one launch of each of NCU_SPECS (M = 32768).
   for spec in ${NCU_SPECS:-$LB.n16384.bias $LB.n18432.bias $RB.n65536}; do

@@ -212,6 +212,10 @@ __device__ __forceinline__ void wait_for_prerequisites() {
 
 // Closes the group of copies issued since the last commit.
 __device__ __forceinline__ void commit_async() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Warms the line holding `address` into L2; no register waits on it.
+__device__ __forceinline__ void prefetch_l2(const void* address) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
+}
 // Waits until at most kPending committed groups of this thread are still in flight.
 template <int kPending>
 __device__ __forceinline__ void wait_async() {

@@ -178,9 +178,10 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
   constexpr bool kHoldGamma = kNarrowHold;
 #else
   // The wider rule for fp32 weights only, where it was measured; with 16-bit weights it spilled
-  // (LN 18432 t768, LN 28672 c2 t896).
+  // (LN 18432 t768, LN 28672 c2 t896), and so did LayerNorm rows of 960 threads (64 registers:
+  // 48-byte stack, LN 15360 t960 tma3 and 61440 c4 t960 tma, 10-15 points under t1024 unheld).
   constexpr bool kHoldGamma = kNarrowHold || (kBulk && sizeof(WT) == 4 && !Cfg::kPerGroupWeights &&
-                                              !(Cfg::kHasBias && S::kThreads >= 1024) && S::kIters * kVec <= 16);
+                                              !(Cfg::kHasBias && S::kThreads > 896) && S::kIters * kVec <= 16);
 #endif
   Pack<WT, kVec> held_gamma[kHoldGamma ? S::kIters : 1];
   if constexpr (kHoldGamma) {
@@ -231,10 +232,17 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
     }
   };
   // Pipelined rows load them one row ahead: taken at the row's start, after its data had
-  // landed, they were a DRAM round trip every row waited for (session 12).
+  // landed, they were a DRAM round trip every row waited for (session 12). LayerNorm rows of
+  // 832-896 threads that hold gamma have no two registers to spare for that (ptxas spilled 4-8
+  // bytes at 72 registers): they load the row's own at its start, the next row's warmed into L2.
+#ifdef NORMJIT_BWD_STATS_AHEAD_ALWAYS
+  constexpr bool kStatsAhead = kPipe;
+#else
+  constexpr bool kStatsAhead = kPipe && !(kHoldGamma && Cfg::kHasBias && S::kThreads > 768);
+#endif
   float next_mean = 0.f, next_rstd = 0.f;
+  if constexpr (kStatsAhead) load_row_stats(slot, next_mean, next_rstd);
   if constexpr (kPipe) {
-    load_row_stats(slot, next_mean, next_rstd);
 #pragma unroll
     for (int s = 0; s < kBuffers - 1; ++s) prefetch(slot + s * slots, s);
   }
@@ -252,10 +260,16 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
     XT* const shared_dy = shared_x + S::kSegment;
     Pack<XT, kVec> xs[kHeld], dys[kHeld];
     float mean = 0.f, rstd = 0.f;
-    if constexpr (kPipe) {
+    if constexpr (kStatsAhead) {
       mean = next_mean;
       rstd = next_rstd;
       load_row_stats(block + slots, next_mean, next_rstd);
+    } else if constexpr (kPipe) {
+      load_row_stats(block, mean, rstd);
+      if (const long long next = (block + slots) * kRows + row_in_cta; lane == 0 && next < p.rows_per_group) {
+        if constexpr (kLayerNorm) prefetch_l2(p.mean + group * p.rows_per_group + next);
+        prefetch_l2(p.rstd + group * p.rows_per_group + next);
+      }
     } else if constexpr (kAsyncFill) {
       // Ahead of the row's fill, whose wait is an asm barrier to the compiler.
       load_row_stats(block, mean, rstd);

@@ -163,11 +163,24 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.fwd_train.bf16.n18432", 16, 80) == BlockConfig{576, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n19456", 16, 80) == BlockConfig{608, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.f32.n10240") == BlockConfig{640, 1, 4, RowCache::kRegisters});
-  CHECK(block("layernorm.fwd_train.bf16.n65536") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
+  // LayerNorm at 65536 (2-byte x): 2 CTAs of 512 threads in shared memory; RMSNorm streams.
+  CHECK(block("layernorm.fwd_train.bf16.n65536") == BlockConfig{512, 1, 8, RowCache::kShared, 2});
   // Past 4 packs of 8 per thread, 2-byte rows whose 4-element packs split evenly over 1024 threads
   // stay in registers up to 12 per thread (LayerNorm) or 15 (RMSNorm) on sm_90.
-  CHECK(block("layernorm.fwd_train.bf16.n40960") == BlockConfig{1024, 1, 4, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n49152") == BlockConfig{1024, 1, 4, RowCache::kRegisters});
+  CHECK(block("rmsnorm.fwd_train.bf16.n40960") == BlockConfig{1024, 1, 4, RowCache::kRegisters});
+  // ...except LayerNorm rows of 9-10 such packs: one CTA of 8-element packs in shared memory
+  // (576-640 threads), and 8-pack rows at 896-960 threads past the register rows.
+  CHECK(block("layernorm.fwd_train.bf16.n36864") == BlockConfig{576, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.fwd_train.bf16.n40960") == BlockConfig{640, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.fwd_train.bf16.n57344") == BlockConfig{896, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.fwd_train.bf16.n61440") == BlockConfig{960, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.fwd_train.bf16.n40960", 16, 80).cache == RowCache::kGlobal);
+  // LayerNorm's 4-pack rows of 704-768 threads in shared memory; 896 stays in registers.
+  CHECK(block("layernorm.fwd_train.bf16.n24576") == BlockConfig{768, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.fwd_train.bf16.n22528") == BlockConfig{704, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.fwd_train.bf16.n28672") == BlockConfig{896, 1, 8, RowCache::kRegisters});
+  CHECK(block("rmsnorm.fwd_train.bf16.n24576") == BlockConfig{768, 1, 8, RowCache::kRegisters});
   CHECK(block("adalayernorm.fwd_infer.f16.n49152.bias") == BlockConfig{1024, 1, 4, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n53248") == BlockConfig{416, 1, 8, RowCache::kShared, 2});
   CHECK(block("rmsnorm.fwd_train.bf16.n61440") == BlockConfig{1024, 1, 4, RowCache::kRegisters});
@@ -211,53 +224,71 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.bwd.bf16.w_f32.n512.bias") == BlockConfig{32, 8, 8, RowCache::kRegisters});
   CHECK(block("rmsnorm.bwd.f32.n8192") == BlockConfig{512, 1, 4, RowCache::kRegisters});
   CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias", 16, 80) == BlockConfig{1024, 1, 8, RowCache::kGlobal});
-  // Backward on sm_90: registers up to 640 threads (768 without dbeta), then x and dy in shared
-  // memory, then a cluster of 1024-thread CTAs with whole iterations, else split.
-  CHECK(block("layernorm.bwd.bf16.w_f32.n10240.bias") == BlockConfig{640, 1, 8, RowCache::kRegisters});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n12288") == BlockConfig{768, 1, 8, RowCache::kRegisters});
+  // Backward on sm_90: 2-pack rows of 640-896 threads by bulk copies (three buffers; RMSNorm not at
+  // 672-736), registers below, then x and dy in shared memory, then clusters, else split.
+  const BlockConfig tma3_640{640, 1, 8, RowCache::kSharedPipelined, 1, 3, true};
+  CHECK(block("layernorm.bwd.bf16.w_f32.n10240.bias") == tma3_640);
+  CHECK(block("layernorm.bwd.bf16.w_f32.n10000.bias") == tma3_640);  // ragged
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n10240") == tma3_640);
+  CHECK(block("layernorm.bwd.bf16.w_f32.n9216.bias") == BlockConfig{576, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n11264.bias") == BlockConfig{704, 1, 8, RowCache::kSharedPipelined, 1, 3, true});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n11264") == BlockConfig{704, 1, 8, RowCache::kRegisters});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n12288") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 1, 3, true});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n14336") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 1, 3, true});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n12288", 4) == BlockConfig{768, 1, 4, RowCache::kRegisters});  // 8-byte packs
   // LayerNorm's one-CTA rows by bulk copies (three buffers; at 1024 threads the pipelined row's two).
   CHECK(block("layernorm.bwd.bf16.w_f32.n12288.bias") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 1, 3, true});
   CHECK_FALSE(block("layernorm.bwd.bf16.w_f32.n12288.bias", 4).bulk_copy);  // 8-byte packs
-  CHECK(block("layernorm.bwd.bf16.w_f32.n13312.bias") == BlockConfig{832, 1, 8, RowCache::kShared});  // measured slower
+  CHECK(block("layernorm.bwd.bf16.w_f32.n13312.bias") == BlockConfig{832, 1, 8, RowCache::kSharedPipelined, 1, 3, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n15360.bias") == BlockConfig{960, 1, 8, RowCache::kShared});
   CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 1, 2, true});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n16384") == BlockConfig{512, 1, 8, RowCache::kShared});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n18432.bias") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 1, 3, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n18432.bias") == BlockConfig{768, 1, 8, RowCache::kShared});  // 3 packs
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n18432") == BlockConfig{768, 1, 8, RowCache::kShared});
-  // RMSNorm's full 1024-thread CTA of 4 packs: a 2-CTA bulk-copied row; narrower ones stay.
+  // RMSNorm's CTA of 768-1024 threads x 4 packs: a 2-CTA bulk-copied row of 2 packs.
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n32768") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n30720") == BlockConfig{960, 1, 8, RowCache::kShared});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n30720") == BlockConfig{960, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n24576") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("rmsnorm.bwd.f32.n16384") == BlockConfig{1024, 1, 4, RowCache::kGlobal});
   // 1024-thread rows pipelined where two buffers take at most 160 KB per CTA.
   CHECK(block("layernorm.bwd.bf16.w_f32.n32768.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
-  // Where 2 CTAs would take 3-4 packs per thread: 4 CTAs of 2 packs by bulk copies (session 12).
+  // Where 2 CTAs would take more than 2 packs per thread: 4 or 8 CTAs of 2 packs by bulk copies,
+  // from 640 threads (768 for RMSNorm; not at 672-736; LayerNorm past 896 at 1024, ragged).
   CHECK(block("layernorm.bwd.bf16.w_f32.n65536.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n61440.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n61440") == BlockConfig{960, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n45056.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n114688.bias") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
   // One buffer where the segments take 2-3 packs per thread (ragged here), pipelined below.
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n40960") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n34816") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n57344") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n36864.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
   CHECK(block("layernorm.bwd.bf16.w_f32.n57344.bias") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n98304") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n98304") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n65536") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n262144") == BlockConfig{1024, 1, 8, RowCache::kShared, 8});
   // With dbeta, past 24 values per thread (16 above 768 threads) the dbeta sums join x and dy in
   // shared memory: one CTA up to N = 18432, then a 2-CTA cluster of 2 packs per thread filled by
   // bulk copies once that takes 640 threads or more (pipelined rows need 16-byte packs), then
   // clusters whose segments split evenly.
-  CHECK(block("layernorm.bwd.bf16.w_f32.n18432.bias") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 1, 3, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n18432.bias") == BlockConfig{768, 1, 8, RowCache::kShared});
   CHECK(block("layernorm.bwd.bf16.w_f32.n20480.bias") == BlockConfig{640, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n24576.bias") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n26624.bias") == BlockConfig{832, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n28672.bias") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n28672") == BlockConfig{896, 1, 8, RowCache::kShared});  // no dbeta sums
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n28672") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n49152.bias") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n98304.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n40960.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n131072.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 8});
-  // Past 65536, 4-CTA one-buffer segments of up to 3 packs per thread, ragged or not.
-  CHECK(block("layernorm.bwd.bf16.w_f32.n81920.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n98304.bias") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n40960.bias") == BlockConfig{640, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n131072.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n81920.bias") == BlockConfig{640, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
+  // Past 65536 where those lost (576 threads; RMSNorm below 768), 4-CTA one-buffer segments of up
+  // to 3 packs per thread, ragged or not.
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n81920") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n73728") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n114688") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 8});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n73728.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n114688") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
   // Where 8 CTAs cannot hold the row with the dbeta sums, 16 (non-portable); the split route on a
   // GPU that cannot co-schedule them (the runtime lowers max_cluster).
   CHECK(block("layernorm.bwd.bf16.w_f32.n262144.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 16, 2, true});
