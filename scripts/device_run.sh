@@ -245,6 +245,8 @@ if [[ ,$STAGE, == *,peers,* ]]; then
     build/normjit-bench --rows 32768 --json "$OUT/normjit_$ph.json" $SPECS >"$OUT/normjit_$ph.txt" 2>&1
     LIMIT=$([[ $ph == fwd ]] && echo ${PEER_FWD_S:-200} || echo ${PEER_BWD_S:-260})
     PHASE_ARG=$([[ $ph == bwd ]] && echo "--phase bwd")
+    # PEER_PROVIDERS_BWD: other providers for the backward (QuACK alone, after a call without it).
+    [[ $ph == bwd && -n ${PEER_PROVIDERS_BWD:-} ]] && PROV=$PEER_PROVIDERS_BWD
     PYTHONUNBUFFERED=1 timeout $LIMIT python3 bench/peers.py --providers $PROV $PHASE_ARG --ns $NSC \
       --json "$OUT/peers_$ph.json" >"$OUT/peers_$ph.txt" 2>&1
     grep -hE "skip|fell" "$OUT/peers_$ph.txt" | cut -c1-160 | head -20
