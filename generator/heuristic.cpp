@@ -284,13 +284,14 @@ constexpr int64_t kForwardStreamingN = 65536;
 // - 576-640 threads against 1024-thread register rows of 4-element packs: 36864 79.6 / 95.8 ->
 //   84.6 / 96.3 %, 40960 84.2 / 96.3 -> 87.0 / 94.5; at 768 threads (49152) they lost 6 / 5 points;
 // - 4-pack rows at 704-768 threads: see kForwardShared4MinThreads;
-// - 896 threads (57344) against 2 CTAs of 448: 73.4 / 89.3 -> 77.1 / 92.3 %; H200, call 5: 61440
-//   t960 81.0 against c2 t480 76.3. Not at 736 (46080: 74.1 against the pipelined row's 78.2) or
-//   832 (53248: 76.8 against c2 t416 84.3).
+// - 896 threads (57344) against 2 CTAs of 448: 73.4 / 89.3 -> 77.1 / 92.3 %. Not at 736 (46080:
+//   74.1 / 88.3 against the pipelined row's 78.2 / 90.1) or 832 (53248: 76.8 / 90.9 against c2 t416
+//   84.3 / 94.1), nor at 960 (61440: +4.7 on the H200, calls 5 / 8, but 87.3 % on the H100, call
+//   11, where the 2-CTA row met 90 % in session 11).
 constexpr int64_t kForwardSharedRowMinThreads = 576;
 constexpr int64_t kForwardSharedRowWideMaxThreads = 640;
 constexpr int64_t kForwardSharedRowLongMinThreads = 896;
-constexpr int64_t kForwardSharedRowMaxThreads = 960;
+constexpr int64_t kForwardSharedRowMaxThreads = 896;
 // ...and of 4 packs at these threads, against the register row (one CTA per SM at 85 registers):
 // 24576 t768 78.0 / 96.2 -> 91.8 / 100.1 %, 22528 t704 (H200, call 5) 72.0 -> 91.9; at 896 (28672)
 // and 1024 (32768) registers stayed ahead
