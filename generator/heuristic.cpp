@@ -290,12 +290,11 @@ constexpr int64_t kForwardStreamingN = 65536;
 //   11, where the 2-CTA row met 90 % in session 11).
 constexpr int64_t kForwardSharedRowMinThreads = 576;
 constexpr int64_t kForwardSharedRowWideMaxThreads = 640;
-constexpr int64_t kForwardSharedRowLongMinThreads = 896;
-constexpr int64_t kForwardSharedRowMaxThreads = 896;
+constexpr int64_t kForwardSharedRowLongThreads = 896;
 // ...and of 4 packs at these threads, against the register row (one CTA per SM at 85 registers):
-// 24576 t768 78.0 / 96.2 -> 91.8 / 100.1 %, 22528 t704 (H200, call 5) 72.0 -> 91.9; at 896 (28672)
-// and 1024 (32768) registers stayed ahead
-// (82.2 / 98.2 against 80.1 / 94.7 %; 83.0 / 100.0 against 75.4 / 90.4).
+// 24576 t768 78.0 / 96.2 -> 91.8 / 100.1 %, 22528 t704 (calls 5 / 6) 72.0 / 92.8 -> 91.9 / 99.9; at
+// 896 (28672) and 1024 (32768) registers stayed ahead (82.2 / 98.2 against 80.1 / 94.7 %; 83.0 /
+// 100.0 against 75.4 / 90.4).
 constexpr int64_t kForwardShared4MinThreads = 704;
 constexpr int64_t kForwardShared4MaxThreads = 768;
 
@@ -353,8 +352,8 @@ std::optional<BlockConfig> forward_large_row(const Spec& s, int vec, int64_t pac
   BlockConfig b;
   b.vec = vec;
   b.rows_per_cta = 1;
-  if (const auto shared = forward_layernorm_shared_row(s, vec, packs, kForwardSharedRowLongMinThreads,
-                                                        kForwardSharedRowMaxThreads))
+  if (const auto shared = forward_layernorm_shared_row(s, vec, packs, kForwardSharedRowLongThreads,
+                                                        kForwardSharedRowLongThreads))
     return shared;
   b.threads_per_row = 1024;
   b.cache = pipelined ? RowCache::kSharedPipelined : RowCache::kShared;

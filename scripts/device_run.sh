@@ -174,6 +174,10 @@ if [[ ,$STAGE, == *,picks13b,* ]]; then
   for n in 13312 14336 26624 28672 57344; do X="$X $LB.n$n.bias"; done; Y="$LB.n114688.bias"
   macro_ab ahead "" "-DNORMJIT_BWD_STATS_AHEAD_ALWAYS" own ahead
 fi
+if [[ ,$STAGE, == *,pins,* ]]; then
+  # Any specs, pinned or not: PINS (M = 32768) and PINS_LARGE (M = 4096), one process each.
+  X="${PINS:-}"; Y="${PINS_LARGE:-}"; run_ab pins
+fi
 if [[ ,$STAGE, == *,ncu,* ]]; then
   # Where the backward's warps wait: Nsight Compute on one launch of each of NCU_SPECS (M = 32768).
   for spec in ${NCU_SPECS:-$LB.n16384.bias $LB.n18432.bias $RB.n65536}; do
