@@ -179,7 +179,7 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
 #else
   // The wider rule for fp32 weights only, where it was measured; with 16-bit weights it spilled
   // (LN 18432 t768, LN 28672 c2 t896), and so did LayerNorm rows of 960 threads (64 registers:
-  // 48-byte stack, LN 15360 t960 tma3 and 61440 c4 t960 tma, 10-15 points under t1024 unheld).
+  // 48-byte stack; LN 61440 c4 t960 tma 60.1 / 74.7 % against t1024 unheld 66.8 / 84.6, H200 / H100).
   constexpr bool kHoldGamma = kNarrowHold || (kBulk && sizeof(WT) == 4 && !Cfg::kPerGroupWeights &&
                                               !(Cfg::kHasBias && S::kThreads > 896) && S::kIters * kVec <= 16);
 #endif
@@ -232,9 +232,10 @@ __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
     }
   };
   // Pipelined rows load them one row ahead: taken at the row's start, after its data had
-  // landed, they were a DRAM round trip every row waited for (session 12). LayerNorm rows of
-  // 832-896 threads that hold gamma have no two registers to spare for that (ptxas spilled 4-8
-  // bytes at 72 registers): they load the row's own at its start, the next row's warmed into L2.
+  // landed, they were a DRAM round trip every row waited for (session 12). LayerNorm rows of more
+  // than 768 threads that hold gamma have no two registers to spare for that (ptxas spilled 4-8
+  // bytes at 72 registers, 832-896 threads): they load the row's own at its start, the next row's
+  // warmed into L2 (measured level or faster than the spilling form, session 13).
 #ifdef NORMJIT_BWD_STATS_AHEAD_ALWAYS
   constexpr bool kStatsAhead = kPipe;
 #else
