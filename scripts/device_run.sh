@@ -178,6 +178,23 @@ if [[ ,$STAGE, == *,pins,* ]]; then
   # Any specs, pinned or not: PINS (M = 32768) and PINS_LARGE (M = 4096), one process each.
   X="${PINS:-}"; Y="${PINS_LARGE:-}"; run_ab pins
 fi
+if [[ ,$STAGE, == *,fwdclus,* ]]; then
+  # Forward rows split over clusters of small CTAs (256-512 threads, 4-8 packs each, 38-40
+  # registers): several CTAs per SM instead of one, as QuACK's RMS forward runs at 65536.
+  X=""; Y=""
+  fc() { local n=$1; shift; lb $LF.n$n.bias "$@"; lb $RF.n$n "$@"; }
+  fc 28672 t448_r1_v8_c2_smem t224_r1_v8_c4_smem t448_r1_v8_c4_smem
+  fc 32768 t256_r1_v8_c2_smem t512_r1_v8_c2_smem t256_r1_v8_c4_smem t128_r1_v8_c4_smem
+  fc 40960 t320_r1_v8_c2_smem t640_r1_v8_c2_smem t320_r1_v8_c4_smem
+  fc 49152 t384_r1_v8_c2_smem t384_r1_v8_c4_smem t192_r1_v8_c4_smem
+  fc 57344 t448_r1_v8_c2_smem t448_r1_v8_c4_smem t224_r1_v8_c4_smem
+  fc 65536 t256_r1_v8_c4_smem t512_r1_v8_c4_smem t256_r1_v8_c8_smem t512_r1_v8_c2_smem t256_r1_v8_c4_tma
+  fl() { local n=$1; shift; lbl $LF.n$n.bias "$@"; lbl $RF.n$n "$@"; }
+  fl 81920 t320_r1_v8_c4_smem t320_r1_v8_c8_smem
+  fl 131072 t256_r1_v8_c8_smem t512_r1_v8_c8_smem t256_r1_v8_c16_smem
+  fl 262144 t256_r1_v8_c16_smem t512_r1_v8_c16_smem
+  run_ab fwdclus
+fi
 if [[ ,$STAGE, == *,ncu,* ]]; then
   # Where the backward's warps wait: Nsight Compute on one launch of each of NCU_SPECS (M = 32768).
   for spec in ${NCU_SPECS:-$LB.n16384.bias $LB.n18432.bias $RB.n65536}; do
@@ -265,8 +282,9 @@ if [[ ,$STAGE, == *,profile,* ]]; then
   M="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__grid_size,launch__block_size"
   M="$M,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__shared_mem_per_block_dynamic"
   M="$M,launch__cluster_dim_x,dram__bytes_read.sum,dram__bytes_write.sum"
-  for job in "bwd rmsnorm 1024" "bwd rmsnorm 4096" "bwd rmsnorm 16384" "bwd layernorm 16384" "fwd layernorm 65536"; do
-    set -- $job; ph=$1 norm=$2 n=$3
+  # PROFILE_JOBS: "phase:norm:N ..." (default: the session-8 list).
+  for job in ${PROFILE_JOBS:-bwd:rmsnorm:1024 bwd:rmsnorm:4096 bwd:rmsnorm:16384 bwd:layernorm:16384 fwd:layernorm:65536}; do
+    IFS=: read -r ph norm n <<< "$job"
     PA=$([[ $ph == bwd ]] && echo "--phase bwd")
     timeout 150 ncu --csv --metrics $M -c ${PROFILE_KERNELS:-60} python3 bench/peers.py --providers cudnn $PA --norms $norm \
       --ns $n --json /tmp/p.json > "$OUT/ncu_cudnn_${ph}_${norm}_$n.csv" 2>&1
