@@ -195,6 +195,22 @@ if [[ ,$STAGE, == *,fwdclus,* ]]; then
   fl 262144 t256_r1_v8_c16_smem t512_r1_v8_c16_smem
   run_ab fwdclus
 fi
+if [[ ,$STAGE, == *,stages4,* ]]; then
+  # Four bulk-copied buffers, as cuDNN's RMS bwd 12288 kernel holds (197 KB of shared memory,
+  # session 14 call 1), against the picks' two or three, one-CTA rows and 2-CTA rows.
+  X=""; Y=""
+  lb $RB.n4096 t256_r1_v8_tma4; lb $LB.n4096.bias t256_r1_v8_tma4
+  lb $RB.n8192 t512_r1_v8_tma4; lb $RB.n10240 t640_r1_v8_tma4; lb $RB.n12288 t768_r1_v8_tma4
+  lb $RB.n14336 t896_r1_v8_tma4; lb $RB.n16384 t1024_r1_v8_c2_tma4 t512_r1_v8_c2_tma4
+  lb $RB.n20480 t640_r1_v8_c2_tma4; lb $RB.n24576 t768_r1_v8_c2_tma3 t768_r1_v8_c2_tma4
+  lb $RB.n32768 t1024_r1_v8_c2_tma3
+  lb $LB.n8192.bias t512_r1_v8_tma4; lb $LB.n10240.bias t640_r1_v8_tma4; lb $LB.n12288.bias t768_r1_v8_tma4
+  lb $LB.n13312.bias t832_r1_v8_tma4; lb $LB.n16384.bias t1024_r1_v8_c2_tma4
+  lb $LB.n18432.bias t576_r1_v8_c2_tma3 t576_r1_v8_c2_tma4; lb $LB.n20480.bias t640_r1_v8_c2_tma3 t640_r1_v8_c2_tma4
+  lb $LB.n24576.bias t768_r1_v8_c2_tma3 t768_r1_v8_c2_tma4; lb $LB.n32768.bias t1024_r1_v8_c2_tma3
+  lb $LF.n32768.bias t256_r1_v8_c2_smem
+  run_ab stages4
+fi
 if [[ ,$STAGE, == *,ncu,* ]]; then
   # Where the backward's warps wait: Nsight Compute on one launch of each of NCU_SPECS (M = 32768).
   for spec in ${NCU_SPECS:-$LB.n16384.bias $LB.n18432.bias $RB.n65536}; do
