@@ -302,7 +302,7 @@ if [[ ,$STAGE, == *,profile,* ]]; then
   for job in ${PROFILE_JOBS:-bwd:rmsnorm:1024 bwd:rmsnorm:4096 bwd:rmsnorm:16384 bwd:layernorm:16384 fwd:layernorm:65536}; do
     IFS=: read -r ph norm n <<< "$job"
     PA=$([[ $ph == bwd ]] && echo "--phase bwd")
-    timeout 150 ncu --csv --metrics $M -c ${PROFILE_KERNELS:-60} python3 bench/peers.py --providers cudnn $PA --norms $norm \
+    timeout 150 ncu --csv --metrics $M ${PROFILE_KFILTER:+-k regex:$PROFILE_KFILTER} -c ${PROFILE_KERNELS:-60} python3 bench/peers.py --providers cudnn $PA --norms $norm \
       --ns $n --json /tmp/p.json > "$OUT/ncu_cudnn_${ph}_${norm}_$n.csv" 2>&1
     b=$([[ $norm == layernorm ]] && echo .bias); w=$([[ $ph == bwd ]] && echo w_f32 || echo w_bf16)
     spec=$norm.$([[ $ph == bwd ]] && echo bwd || echo fwd_train).bf16.$w.n$n$b
