@@ -30,9 +30,17 @@ std::vector<BlockConfig> candidate_configs(const Spec& spec, int sm, int max_vec
   auto add = [&](int threads, int rows, int vec, RowCache cache, int cluster) {
     BlockConfig b{threads, rows, vec, cache, cluster};
     if (valid(bare, b)) grid.push_back(b);
-    // Pipelined rows also by bulk copies (sm_90+, 16-byte packs).
-    b.bulk_copy = true;
-    if (cache == RowCache::kSharedPipelined && sm >= 90 && valid(bare, b)) grid.push_back(b);
+    if (cache != RowCache::kSharedPipelined) return;
+    // Pipelined rows also with three buffers, and by bulk copies (sm_90+, 16-byte packs): the
+    // heuristic's bulk rows take both. Four buffers never beat three (session 14, call 2).
+    b.stages = 3;
+    if (valid(bare, b)) grid.push_back(b);
+    if (sm < 90) return;
+    for (int stages : {2, 3}) {
+      b.stages = stages;
+      b.bulk_copy = true;
+      if (valid(bare, b)) grid.push_back(b);
+    }
   };
   // Vector widths: the widest that divides N and the caller's alignment, and two narrower.
   std::vector<int> vecs;

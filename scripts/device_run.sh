@@ -211,6 +211,19 @@ if [[ ,$STAGE, == *,stages4,* ]]; then
   lb $LF.n32768.bias t256_r1_v8_c2_smem
   run_ab stages4
 fi
+if [[ ,$STAGE, == *,fewthreads,* ]]; then
+  # cuDNN's LN bwd 18432 shape (session 14 call 2): 2-CTA clusters of 288 threads, 4 packs each,
+  # 3 stages, against the picks' 576-1024-thread rows of 1-3 packs.
+  X=""; Y=""
+  lb $LB.n16384.bias t256_r1_v8_c2_tma3 t512_r1_v8_c2_tma3
+  lb $LB.n18432.bias t288_r1_v8_c2_tma3 t288_r1_v8_c2_tma t384_r1_v8_c2_tma3 t288_r1_v8_c2_smem
+  lb $LB.n20480.bias t320_r1_v8_c2_tma3 t320_r1_v8_c2_tma
+  lb $LB.n24576.bias t384_r1_v8_c2_tma3 t384_r1_v8_c2_tma
+  lb $LB.n32768.bias t512_r1_v8_c2_tma
+  lb $RB.n18432 t288_r1_v8_c2_tma3 t384_r1_v8_c2_tma3; lb $RB.n24576 t384_r1_v8_c2_tma3
+  lb $RB.n32768 t512_r1_v8_c2_tma3
+  run_ab fewthreads
+fi
 if [[ ,$STAGE, == *,ncu,* ]]; then
   # Where the backward's warps wait: Nsight Compute on one launch of each of NCU_SPECS (M = 32768).
   for spec in ${NCU_SPECS:-$LB.n16384.bias $LB.n18432.bias $RB.n65536}; do

@@ -43,6 +43,27 @@ TEST_CASE("candidate configs: the heuristic's first, all valid, distinct, bounde
   }
 }
 
+TEST_CASE("candidate configs hold two- and three-buffer pipelined rows, bulk-copied from sm_90") {
+  const Spec spec = Spec::parse("rmsnorm.bwd.bf16.w_f32.n8192");
+  for (int sm : {80, 90}) {
+    CAPTURE(sm);
+    int pipe2 = 0, pipe3 = 0, bulk2 = 0, bulk3 = 0;
+    for (const BlockConfig& b : candidate_configs(spec, sm, 16, 400)) {
+      if (b.cache != RowCache::kSharedPipelined) continue;
+      (b.bulk_copy ? (b.stages == 3 ? bulk3 : bulk2) : (b.stages == 3 ? pipe3 : pipe2)) += 1;
+      CHECK(b.stages <= 3);
+    }
+    CHECK(pipe2 > 0);
+    CHECK(pipe3 > 0);
+    if (sm >= 90) {
+      CHECK(bulk2 > 0);
+      CHECK(bulk3 > 0);
+    } else {
+      CHECK(bulk2 + bulk3 == 0);
+    }
+  }
+}
+
 TEST_CASE("every candidate of a spec compiles for sm_90") {
   size_t compiled = 0;
   for (const char* text : {"layernorm.fwd_train.bf16.w_f32.n5120.bias", "rmsnorm.bwd.bf16.w_f32.n12288"}) {
