@@ -23,7 +23,8 @@ constexpr int64_t kCtaRowTargetPacks = 4;
 // Forward rows that would take 544-640 threads run two CTAs per SM instead (see resolve()).
 constexpr int64_t kTwoCtaRowThreads = 512;
 constexpr int64_t kTwoCtaRowPacks = 5;
-constexpr int64_t kTwoCtaSharedRowThreads = 576;
+// RMSNorm register rows past this many threads keep one CTA per SM (55 registers, 100 % at 18432).
+constexpr int64_t kRmsOneCtaMinThreads = 576;
 constexpr int64_t kTwoCtaMaxWant = 640;
 // Past this many elements per thread the row leaves registers: at 1024 threads a thread has 64
 // registers, and 64 bf16 values (8 packs) spilled 180 bytes on sm_90 while 32 values did not.
@@ -439,13 +440,15 @@ Spec resolve(const Spec& spec, int max_vec, int sm, int max_cluster) {
     // Register rows of 544-640 threads took 70-74 registers (LayerNorm) or 56 (RMSNorm past 576):
     // one CTA per SM (N = 18432 LayerNorm 80 % of copy, RMSNorm at 55 registers 100 %; 20480: 85 /
     // 96 %). Two CTAs per SM instead (bf16, H100): 512 threads of 5 whole packs in registers (the
-    // generator caps 512-thread rows at 64 registers; 20480: 99.6 / 99.8 %), and LayerNorm rows of
-    // 544-576 threads in shared memory (56 registers; 17408 / 18432: 98 %). Between (19456), 512
+    // generator caps 512-thread rows at 64 registers; 20480: 99.6 / 99.8 %). Between (19456), 512
     // threads in shared memory measured no better (LN 84.8 against 84.4 %; RMS 81.7 against 92.8 %).
+    // LayerNorm rows of 544-576 threads took shared memory from session 7 to 13 (then 56 registers
+    // in registers); since session 11 the register row takes 46-52 and two CTAs fit an SM: LN 18432
+    // t576 90.5 -> 98.4 % on the H200, 100.3 / 100.1 on the H100, 17408 t544 99.8 / 100.0 (H100;
+    // session 14, calls 3-4).
     const bool one_cta_row = dtype_size(s.x_dtype) <= 2 && want <= kTwoCtaMaxWant &&
-                             want > (s.norm == Norm::kRMSNorm ? kTwoCtaSharedRowThreads : kTwoCtaRowThreads);
+                             want > (s.norm == Norm::kRMSNorm ? kRmsOneCtaMinThreads : kTwoCtaRowThreads);
     const bool two_cta_row = one_cta_row && packs == kTwoCtaRowThreads * kTwoCtaRowPacks;
-    const bool two_cta_shared_row = one_cta_row && !two_cta_row && want <= kTwoCtaSharedRowThreads && sm >= 90;
     if (two_cta_row) b.threads_per_row = kTwoCtaRowThreads;
     const int64_t per_thread = (packs + b.threads_per_row - 1) / b.threads_per_row;
     // validate() caps a register row at 16 packs per thread (found by fuzzing: odd N in
@@ -453,7 +456,6 @@ Spec resolve(const Spec& spec, int max_vec, int sm, int max_cluster) {
     const bool fits_registers =
         two_cta_row || (per_thread * b.vec <= kRegisterMaxElements && per_thread <= kMaxRegisterPacks);
     b.cache = fits_registers ? RowCache::kRegisters : RowCache::kGlobal;
-    if (two_cta_shared_row) b.cache = RowCache::kShared;
     if (b.cache == RowCache::kRegisters && sm >= 90 && s.norm != Norm::kRMSNorm && dtype_size(s.x_dtype) == 2 &&
         sixteen_byte_packs(s, b.vec) && b.threads_per_row >= kForwardShared4MinThreads &&
         b.threads_per_row <= kForwardShared4MaxThreads)

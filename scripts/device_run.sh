@@ -743,19 +743,23 @@ fi
 if [[ ,$STAGE, == *,firstget,* ]]; then
   # Fresh processes: where the first kernel's disk-cache hit spends its time (issue: autotuning,
   # <= 0.5 ms per kernel). A step-by-step probe, then normjit-bench's own split, lazy and eager.
+  # FG_DIRS: cache folders to compare (e.g. one on tmpfs: is the image's time the filesystem's?).
   FS="$LF.n4096.bias $RF.n4096 $LB.n4096.bias $RB.n4096 $LF.n768.bias $RF.n768 $LB.n768.bias $RB.n768"
   FS="$FS $LF.n12288.bias $RF.n12288 $LB.n12288.bias $RB.n12288 $LF.n1024.bias $RF.n1024 $LB.n1024.bias $RB.n1024"
-  build/normjit-precompile -q --cache-dir /tmp/fgcache -j 16 -- $FS 2>&1 | tail -1
   g++ -O2 -std=c++17 -Iinclude -I/usr/local/cuda/include bench/first_get_probe.cpp -Lbuild -lnormjit \
     -L/usr/local/cuda/lib64/stubs -lcuda -Wl,-rpath,$PWD/build -o /tmp/firstprobe 2>&1 | tail -3
-  for mode in LAZY EAGER; do for i in 1 2 3; do
-    echo "== probe $mode $i"; CUDA_MODULE_LOADING=$mode /tmp/firstprobe /tmp/fgcache $FS 2>&1 | head -8
-  done; done > "$OUT/firstget_probe.txt"
-  for mode in LAZY EAGER; do for i in 1 2 3 4; do
-    CUDA_MODULE_LOADING=$mode build/normjit-bench --no-verify --reps 1 --warmup 0 --rows 4096 --cache-dir /tmp/fgcache \
-      --json "$OUT/firstget_${mode}_$i.json" $FS > /dev/null 2>&1
-  done; echo "== bench $mode"; python3 bench/load_stats.py "$OUT"/firstget_${mode}_*.json; done | tee "$OUT/table_firstget.md"
-  cat "$OUT/firstget_probe.txt" | head -60
+  for dir in ${FG_DIRS:-/tmp/fgcache}; do
+    tag=$(basename "$(dirname "$dir")")
+    build/normjit-precompile -q --cache-dir "$dir" -j 16 -- $FS 2>&1 | tail -1
+    for mode in ${FG_MODES:-LAZY EAGER}; do for i in 1 2 3; do
+      echo "== probe $dir $mode $i"; CUDA_MODULE_LOADING=$mode /tmp/firstprobe "$dir" $FS 2>&1 | head -8
+    done; done > "$OUT/firstget_probe_$tag.txt"
+    for mode in ${FG_MODES:-LAZY EAGER}; do for i in 1 2 3 4; do
+      CUDA_MODULE_LOADING=$mode build/normjit-bench --no-verify --reps 1 --warmup 0 --rows 4096 --cache-dir "$dir" \
+        --json "$OUT/firstget_${tag}_${mode}_$i.json" $FS > /dev/null 2>&1
+    done; echo "== bench $dir $mode"; python3 bench/load_stats.py "$OUT"/firstget_${tag}_${mode}_*.json; done | tee -a "$OUT/table_firstget.md"
+    head -30 "$OUT/firstget_probe_$tag.txt"
+  done
 fi
 if [[ ,$STAGE, == *,h200tma,* ]]; then
   # H200 (session 9): bulk-copied rows with 2-3 buffers against the H100-measured picks at the

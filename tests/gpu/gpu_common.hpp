@@ -8,7 +8,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -49,6 +53,23 @@ struct DeviceMem {
 };
 
 // Weight dtypes tested with an x dtype: the same, and the other common pairing.
+// The hidden sizes of a reference grid: `all`, or those of NORMJIT_GPU_TEST_NS (comma-separated)
+// for a targeted run after a change at a few sizes. Every size named must be in `all`.
+inline std::vector<int64_t> grid_ns(std::vector<int64_t> all) {
+  const char* env = std::getenv("NORMJIT_GPU_TEST_NS");
+  if (!env || !*env) return all;
+  std::vector<int64_t> chosen;
+  std::stringstream list(env);
+  for (std::string item; std::getline(list, item, ',');) {
+    const int64_t n = std::stoll(item);
+    if (std::find(all.begin(), all.end(), n) == all.end())
+      throw std::invalid_argument("NORMJIT_GPU_TEST_NS: " + item + " is not in this grid");
+    chosen.push_back(n);
+  }
+  MESSAGE("NORMJIT_GPU_TEST_NS=" << env << ": " << chosen.size() << " of " << all.size() << " hidden sizes");
+  return chosen;
+}
+
 inline std::vector<DType> weight_dtypes_for(DType x) {
   return x == DType::kF32 ? std::vector<DType>{DType::kF32, DType::kBF16} : std::vector<DType>{x, DType::kF32};
 }
