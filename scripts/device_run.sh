@@ -224,6 +224,16 @@ if [[ ,$STAGE, == *,fewthreads,* ]]; then
   lb $RB.n32768 t512_r1_v8_c2_tma3
   run_ab fewthreads
 fi
+if [[ ,$STAGE, == *,asyncfill,* ]]; then
+  # Forward shared-memory rows filled by cp.async (all of a thread's packs in flight at once)
+  # against the fill through registers (NORMJIT_FWD_SHARED_ASYNC_FILL), picks and pinned rows.
+  X=""; Y=""
+  for n in 12288 22528 24576 36864 40960 57344 65536; do X="$X $LF.n$n.bias"; done
+  X="$X $RF.n65536.cfg_t256_r1_v8_c4_smem $RF.n65536.cfg_t512_r1_v8_c2_smem $LF.n65536.bias.cfg_t256_r1_v8_c4_smem"
+  X="$X $LF.n32768.bias.cfg_t256_r1_v8_c2_smem $RF.n49152.cfg_t384_r1_v8_c2_smem $RF.n16384.cfg_t512_r1_v8_smem"
+  for n in 81920 98304 131072 262144; do Y="$Y $LF.n$n.bias $RF.n$n"; done
+  macro_ab asyncfill "-DNORMJIT_FWD_SHARED_ASYNC_FILL" "" async regs
+fi
 if [[ ,$STAGE, == *,ncu,* ]]; then
   # Where the backward's warps wait: Nsight Compute on one launch of each of NCU_SPECS (M = 32768).
   for spec in ${NCU_SPECS:-$LB.n16384.bias $LB.n18432.bias $RB.n65536}; do
