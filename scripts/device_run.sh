@@ -227,6 +227,8 @@ fi
 if [[ ,$STAGE, == *,asyncfill,* ]]; then
   # Forward shared-memory rows filled by cp.async (all of a thread's packs in flight at once)
   # against the fill through registers (NORMJIT_FWD_SHARED_ASYNC_FILL), picks and pinned rows.
+  # Session 14 call 7: the async fill lost everywhere; the macro was removed from norm_fwd.cuh
+  # (commit 'norm_fwd: NORMJIT_FWD_SHARED_ASYNC_FILL' holds it), so this stage needs it back.
   X=""; Y=""
   for n in 12288 22528 24576 36864 40960 57344 65536; do X="$X $LF.n$n.bias"; done
   X="$X $RF.n65536.cfg_t256_r1_v8_c4_smem $RF.n65536.cfg_t512_r1_v8_c2_smem $LF.n65536.bias.cfg_t256_r1_v8_c4_smem"

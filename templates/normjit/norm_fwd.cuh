@@ -238,30 +238,6 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
     // row in each CTA's shared memory (rows too large for one SM) and sums through DSMEM.
     if constexpr (kLayerNorm) center = active ? to_float(static_cast<const XT*>(p.x)[row * p.row_stride]) : 0.f;
     float dev = 0.f, sq = 0.f;
-#ifdef NORMJIT_FWD_SHARED_ASYNC_FILL
-    // Every pack of this thread in flight at once (cp.async straight into shared memory), then the
-    // sums from shared memory: no registers hold the fill, so none caps the loads in flight.
-    if (active) {
-#pragma unroll
-      for (int i = 0; i < S::kIters; ++i) {
-        const int pack = i * S::kThreads + lane;
-        if (pack < S::kVecs) copy_async<XT, kVec>(shared_row + pack * kVec, x + pack * kVec);
-      }
-    }
-    commit_async();
-    wait_async<0>();
-    for (int base = 0; base < S::kIters; base += S::kChunk) {
-      Pack<XT, kVec> chunk[S::kChunk];
-#pragma unroll
-      for (int i = 0; i < S::kChunk; ++i) {
-        const int pack = (base + i) * S::kThreads + lane;
-        if (active && pack < S::kVecs) chunk[i] = load_pack<XT, kVec>(shared_row + pack * kVec);
-      }
-      if (!active) continue;
-      if constexpr (kLayerNorm) dev += pack_sum<Cfg, S::kChunk>(chunk, base, lane, center);
-      sq += pack_sq_dev<Cfg, S::kChunk>(chunk, base, lane, center, 0.f);
-    }
-#else
     for (int base = 0; base < S::kIters; base += S::kChunk) {
       Pack<XT, kVec> chunk[S::kChunk];
 #pragma unroll
@@ -276,7 +252,6 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
       if constexpr (kLayerNorm) dev += pack_sum<Cfg, S::kChunk>(chunk, base, lane, center);
       sq += pack_sq_dev<Cfg, S::kChunk>(chunk, base, lane, center, 0.f);
     }
-#endif
     centered_stats<Cfg>(dev, sq, p.eps, pair_scratch, sum_scratch, &cluster_slots[kLayerNorm ? 1 : 0], shift, rstd);
     if constexpr (S::kCluster > 1) cluster_arrive();
   } else {
