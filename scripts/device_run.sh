@@ -411,6 +411,7 @@ fi
 if [[ ,$STAGE, == *,tune,* ]]; then
   # normjit-tune over a few specs per route; the summary prints heuristic against tuned times.
   T=""; for n in ${TUNE_NS:-768 4096 12288 16384 65536}; do T="$T layernorm.fwd_train.bf16.n$n.bias layernorm.bwd.bf16.w_f32.n$n.bias"; done
+  T=${TUNE_SPECS:-$T}  # or any specs
   build/normjit-tune --rows 32768 --budget-s ${TUNE_BUDGET_S:-15} --max-candidates ${TUNE_CANDIDATES:-12} \
     --tuning-db "$OUT/tuning.json" --json "$OUT/tune.json" $T 2>&1 | tee "$OUT/tune.txt" | tail -14
   # The runtime reads the database: the tuned configs, run by plain normjit-bench.
