@@ -198,6 +198,12 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
       b.cluster = 2;
       b.cache = RowCache::kSharedPipelined;
       b.bulk_copy = true;
+    } else if (bulk && !s.has_bias && b.threads_per_row > kRmsPairMinThreads && packs <= 3 * b.threads_per_row &&
+               pipe_fits(b)) {
+      // RMSNorm's one-CTA 3-pack rows past 768 threads, by bulk copies into two buffers: 20480 t864
+      // 79.9 -> 83.5 % on the H200 (tuner, session 14 call 8), 92.7 -> 92.1 on the H100 (call 9).
+      b.cache = RowCache::kSharedPipelined;
+      b.bulk_copy = true;
     }
     return b;
   }
@@ -313,6 +319,36 @@ std::optional<BlockConfig> forward_layernorm_shared_row(const Spec& s, int vec, 
   b.cache = RowCache::kShared;
   return b;
 }
+// LayerNorm forward rows of 2-byte x past 32768 in registers, 16-byte packs: 1024 threads up to 6
+// packs each (ragged allowed), then 8 packs a thread at 832-896 threads (64-72 registers; at 960
+// threads AdaLayerNorm f16 with fp32 weights and the mask spilled 48 bytes). Against the shared
+// and wide-register picks, bf16, M = 32768, session 14 (calls 8-10), H200 / H100: 36864 84.8 /
+// 97.1 -> 88.1 / 99.4 %, 40960 87.1 / 95.4 -> 88.4 / 97.9, 45056 83.7 / 96.3 -> 84.7 / 97.4, 49152
+// 82.0 / 94.4 -> 85.9 / 96.8, 53248 81.4 / 94.1 -> 81.9 / 95.6, 57344 78.7 / 92.2 -> 83.5 / 95.0.
+constexpr int64_t kForwardLongRegisterMaxPacks1024 = 6;
+constexpr int64_t kForwardLongRegisterPacks = 8;
+constexpr int64_t kForwardLongRegisterMaxThreads = 896;
+
+std::optional<BlockConfig> forward_layernorm_long_register_row(const Spec& s, int vec, int64_t packs) {
+  if (s.norm == Norm::kRMSNorm || !sixteen_byte_packs(s, vec) || dtype_size(s.x_dtype) != 2) return std::nullopt;
+  BlockConfig b;
+  b.vec = vec;
+  b.rows_per_cta = 1;
+  b.cache = RowCache::kRegisters;
+  if (packs <= 1024 * kForwardLongRegisterMaxPacks1024) {
+    b.threads_per_row = 1024;
+    return b;
+  }
+  const int64_t threads = round_up((packs + kForwardLongRegisterPacks - 1) / kForwardLongRegisterPacks, 32);
+  if (threads > kForwardLongRegisterMaxThreads) return std::nullopt;
+  b.threads_per_row = static_cast<int>(threads);
+  return b;
+}
+// LayerNorm forward at exactly 32768 (2-byte x): 8-byte packs of 4 (8 a thread) where 16-byte
+// packs of 8 (4 a thread) are the rule. H200 83.1 -> 94.0 / 94.2 % (calls 8, 10), H100 99.8 ->
+// 98.6 (call 9). Not at 26624-30720 (8-byte packs 2.3-2.4 points lower on the H200, call 10).
+constexpr int64_t kForwardHalfPackN = 32768;
+
 // Past one CTA: a cluster whose CTAs take this much of the row each, 8 packs per thread
 // (bf16, H100, session 5: N = 98304, 4 x 384 threads, LN / RMS 90.2 / 94.3 % against 72.4 / 79.3 %
 // for one CTA; 131072 4 x 512: 88.0 / 98.0 %; 262144 8 x 512: 84.9 / 97.3 %).
@@ -346,13 +382,21 @@ std::optional<BlockConfig> forward_wide_register_row(const Spec& s, int vec) {
 
 std::optional<BlockConfig> forward_large_row(const Spec& s, int vec, int64_t packs) {
   const bool pipelined = sixteen_byte_packs(s, vec);
+  BlockConfig b;
+  b.vec = vec;
+  b.rows_per_cta = 1;
+  // RMSNorm at 65536 in 16-byte packs: one CTA of 1024 threads, the row in 128 KB of shared memory
+  // (one buffer). Against streaming, bf16, session 14 (calls 8-9): H200 90.4 -> 92.3 %, H100 94.6
+  // -> 95.0.
+  if (s.n == kForwardStreamingN && s.norm == Norm::kRMSNorm && pipelined && dtype_size(s.x_dtype) == 2) {
+    b.threads_per_row = 1024;
+    b.cache = RowCache::kShared;
+    return b;
+  }
   // RMSNorm rows of narrower packs (odd N) keep streaming below 65536, as measured before pipelining.
   if ((s.n == kForwardStreamingN && (s.norm == Norm::kRMSNorm || dtype_size(s.x_dtype) != 2)) ||
       (!pipelined && s.norm == Norm::kRMSNorm && s.n < kForwardStreamingN))
     return std::nullopt;
-  BlockConfig b;
-  b.vec = vec;
-  b.rows_per_cta = 1;
   if (const auto shared = forward_layernorm_shared_row(s, vec, packs, kForwardSharedRowLongThreads,
                                                         kForwardSharedRowLongThreads))
     return shared;
@@ -460,6 +504,11 @@ Spec resolve(const Spec& spec, int max_vec, int sm, int max_cluster) {
         sixteen_byte_packs(s, b.vec) && b.threads_per_row >= kForwardShared4MinThreads &&
         b.threads_per_row <= kForwardShared4MaxThreads)
       b.cache = RowCache::kShared;
+    if (b.cache == RowCache::kRegisters && sm >= 90 && s.n == kForwardHalfPackN && s.norm != Norm::kRMSNorm &&
+        dtype_size(s.x_dtype) == 2 && sixteen_byte_packs(s, b.vec) && b.threads_per_row == 1024)
+      b.vec = 4;
+    if (b.cache == RowCache::kGlobal && sm >= 90)
+      if (const auto reg = forward_layernorm_long_register_row(s, b.vec, packs)) b = *reg;
     if (b.cache == RowCache::kGlobal && sm >= 90)
       if (const auto shared = forward_layernorm_shared_row(s, b.vec, packs, kForwardSharedRowMinThreads,
                                                             kForwardSharedRowWideMaxThreads))

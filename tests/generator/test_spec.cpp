@@ -152,7 +152,10 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.fwd_train.bf16.n4096", 2).vec == 2);
   // Large forward rows: one CTA in registers, then streamed twice (65536; RMSNorm below it), else
   // one CTA's shared memory, then a cluster's (sm_90 only).
-  CHECK(block("layernorm.fwd_train.bf16.n32768") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
+  // LayerNorm at exactly 32768 (2-byte x, sm_90): 8-byte packs; RMSNorm and sm_80 keep 16-byte ones.
+  CHECK(block("layernorm.fwd_train.bf16.n32768") == BlockConfig{1024, 1, 4, RowCache::kRegisters});
+  CHECK(block("rmsnorm.fwd_train.bf16.n32768") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n32768", 16, 80) == BlockConfig{1024, 1, 8, RowCache::kRegisters});
   // Rows that would take 544-640 threads: two CTAs per SM instead of one (LayerNorm's 544-576-thread
   // register rows hold 46-52 registers, so two fit; 20480 takes 512 threads of 5 packs).
   CHECK(block("layernorm.fwd_train.bf16.n18432") == BlockConfig{576, 1, 8, RowCache::kRegisters});
@@ -165,17 +168,18 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.fwd_train.bf16.n18432", 16, 80) == BlockConfig{576, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n19456", 16, 80) == BlockConfig{608, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.f32.n10240") == BlockConfig{640, 1, 4, RowCache::kRegisters});
-  // LayerNorm at 65536 (2-byte x): 2 CTAs of 512 threads in shared memory; RMSNorm streams.
+  // LayerNorm at 65536 (2-byte x): 2 CTAs of 512 threads in shared memory; RMSNorm one CTA's.
   CHECK(block("layernorm.fwd_train.bf16.n65536") == BlockConfig{512, 1, 8, RowCache::kShared, 2});
-  // Past 4 packs of 8 per thread, 2-byte rows whose 4-element packs split evenly over 1024 threads
-  // stay in registers up to 12 per thread (LayerNorm) or 15 (RMSNorm) on sm_90.
-  CHECK(block("layernorm.fwd_train.bf16.n49152") == BlockConfig{1024, 1, 4, RowCache::kRegisters});
+  // Past 4 packs of 8 per thread (sm_90, 2-byte x): LayerNorm rows stay in registers in 16-byte
+  // packs, 1024 threads up to 6 each (ragged too), then 8 each at 832-896 threads; RMSNorm rows
+  // whose 4-element packs split evenly over 1024 threads up to 15 per thread.
+  CHECK(block("layernorm.fwd_train.bf16.n49152") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n45056") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
   CHECK(block("rmsnorm.fwd_train.bf16.n40960") == BlockConfig{1024, 1, 4, RowCache::kRegisters});
-  // ...except LayerNorm rows of 9-10 such packs: one CTA of 8-element packs in shared memory
-  // (576-640 threads), and 8-pack rows of 896 threads past the register rows.
-  CHECK(block("layernorm.fwd_train.bf16.n36864") == BlockConfig{576, 1, 8, RowCache::kShared});
-  CHECK(block("layernorm.fwd_train.bf16.n40960") == BlockConfig{640, 1, 8, RowCache::kShared});
-  CHECK(block("layernorm.fwd_train.bf16.n57344") == BlockConfig{896, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.fwd_train.bf16.n36864") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n40960") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n51200") == BlockConfig{800, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n57344") == BlockConfig{896, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n61440") == BlockConfig{480, 1, 8, RowCache::kShared, 2});
   CHECK(block("layernorm.fwd_train.bf16.n40960", 16, 80).cache == RowCache::kGlobal);
   // LayerNorm's 4-pack rows of 704-768 threads in shared memory; 896 stays in registers.
@@ -183,17 +187,21 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.fwd_train.bf16.n22528") == BlockConfig{704, 1, 8, RowCache::kShared});
   CHECK(block("layernorm.fwd_train.bf16.n28672") == BlockConfig{896, 1, 8, RowCache::kRegisters});
   CHECK(block("rmsnorm.fwd_train.bf16.n24576") == BlockConfig{768, 1, 8, RowCache::kRegisters});
-  CHECK(block("adalayernorm.fwd_infer.f16.n49152.bias") == BlockConfig{1024, 1, 4, RowCache::kRegisters});
-  CHECK(block("layernorm.fwd_train.bf16.n53248") == BlockConfig{416, 1, 8, RowCache::kShared, 2});
+  CHECK(block("adalayernorm.fwd_infer.f16.n49152.bias") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n53248") == BlockConfig{832, 1, 8, RowCache::kRegisters});
+  // 960 threads of 8 packs would spill (AdaLayerNorm f16, fp32 weights, mask): 2 CTAs instead.
+  CHECK(block("layernorm.fwd_train.bf16.n59392") == BlockConfig{480, 1, 8, RowCache::kShared, 2});
   CHECK(block("rmsnorm.fwd_train.bf16.n61440") == BlockConfig{1024, 1, 4, RowCache::kRegisters});
-  CHECK(block("rmsnorm.fwd_train.bf16.n65536") == BlockConfig{1024, 1, 8, RowCache::kGlobal});
+  CHECK(block("rmsnorm.fwd_train.bf16.n65536") == BlockConfig{1024, 1, 8, RowCache::kShared});
+  CHECK(block("rmsnorm.fwd_train.f32.n65536").cache == RowCache::kGlobal);
   CHECK(block("rmsnorm.fwd_train.f32.n40960").cache != RowCache::kRegisters);
   CHECK(block("rmsnorm.fwd_train.bf16.n40960", 16, 80).cache == RowCache::kGlobal);
   CHECK(block("rmsnorm.fwd_train.bf16.n40960", 2).vec == 2);  // the caller's alignment holds
   // Else pipelined rows in one CTA up to 200 KB (16-byte packs), then 4-8-CTA clusters of 64 KB
   // segments; odd N keeps one buffer (LayerNorm) or streams (RMSNorm).
-  CHECK(block("layernorm.fwd_train.bf16.n33792") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined});
-  CHECK(block("layernorm.fwd_train.bf16.n40968") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined});
+  CHECK(block("layernorm.fwd_train.bf16.n33792") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
+  CHECK(block("rmsnorm.fwd_train.bf16.n33792") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined});
+  CHECK(block("layernorm.fwd_train.bf16.n40968") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
   CHECK(block("rmsnorm.fwd_train.bf16.n98304") == BlockConfig{384, 1, 8, RowCache::kShared, 4});
   CHECK(block("layernorm.fwd_train.bf16.n40961") == BlockConfig{1024, 1, 1, RowCache::kShared});
   CHECK(block("rmsnorm.fwd_train.bf16.n40961") == BlockConfig{1024, 1, 1, RowCache::kGlobal});
@@ -247,6 +255,9 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n16384") == BlockConfig{512, 1, 8, RowCache::kShared});
   CHECK(block("layernorm.bwd.bf16.w_f32.n18432.bias") == BlockConfig{768, 1, 8, RowCache::kShared});  // 3 packs
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n18432") == BlockConfig{768, 1, 8, RowCache::kShared});
+  // RMSNorm's 3-pack rows past 768 threads by bulk copies into two buffers, where they fit 160 KB.
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n20480") == BlockConfig{864, 1, 8, RowCache::kSharedPipelined, 1, 2, true});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n21504") == BlockConfig{896, 1, 8, RowCache::kShared});
   // RMSNorm's CTA of 768-1024 threads x 4 packs: a 2-CTA bulk-copied row of 2 packs.
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n32768") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n30720") == BlockConfig{960, 1, 8, RowCache::kSharedPipelined, 2, 2, true});

@@ -11,7 +11,6 @@
 #include <cstdlib>
 #include <random>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,7 +53,7 @@ struct DeviceMem {
 
 // Weight dtypes tested with an x dtype: the same, and the other common pairing.
 // The hidden sizes of a reference grid: `all`, or those of NORMJIT_GPU_TEST_NS (comma-separated)
-// for a targeted run after a change at a few sizes. Every size named must be in `all`.
+// that are in it, for a targeted run after a change at a few sizes. The message says how many ran.
 inline std::vector<int64_t> grid_ns(std::vector<int64_t> all) {
   const char* env = std::getenv("NORMJIT_GPU_TEST_NS");
   if (!env || !*env) return all;
@@ -62,11 +61,10 @@ inline std::vector<int64_t> grid_ns(std::vector<int64_t> all) {
   std::stringstream list(env);
   for (std::string item; std::getline(list, item, ',');) {
     const int64_t n = std::stoll(item);
-    if (std::find(all.begin(), all.end(), n) == all.end())
-      throw std::invalid_argument("NORMJIT_GPU_TEST_NS: " + item + " is not in this grid");
-    chosen.push_back(n);
+    if (std::find(all.begin(), all.end(), n) != all.end()) chosen.push_back(n);
   }
-  MESSAGE("NORMJIT_GPU_TEST_NS=" << env << ": " << chosen.size() << " of " << all.size() << " hidden sizes");
+  MESSAGE("NORMJIT_GPU_TEST_NS=" << std::string(env) << ": " << chosen.size() << " of this grid's " << all.size()
+                                 << " hidden sizes");
   return chosen;
 }
 
