@@ -236,6 +236,19 @@ if [[ ,$STAGE, == *,asyncfill,* ]]; then
   for n in 81920 98304 131072 262144; do Y="$Y $LF.n$n.bias $RF.n$n"; done
   macro_ab asyncfill "-DNORMJIT_FWD_SHARED_ASYNC_FILL" "" async regs
 fi
+if [[ ,$STAGE, == *,sweep,* ]]; then
+  # Every SWEEP_STEP from SWEEP_FROM to SWEEP_TO (LN with bias and RMS, bf16, fp32 weights in the
+  # backward), M = SWEEP_ROWS: the sizes between the bench's, where a pick may be a pothole.
+  SW=""
+  for ((n = ${SWEEP_FROM:-16384}; n <= ${SWEEP_TO:-65536}; n += ${SWEEP_STEP:-1024})); do
+    for ph in ${SWEEP_PHASES:-bwd}; do
+      [[ $ph == fwd ]] && SW="$SW $LF.n$n.bias $RF.n$n" || SW="$SW $LB.n$n.bias $RB.n$n"
+    done
+  done
+  build/normjit-bench --rows ${SWEEP_ROWS:-16384} --json "$OUT/sweep.json" $SW > "$OUT/sweep.txt" 2>&1
+  grep -iE "error|fail|exceed" "$OUT/sweep.txt" | head
+  grep "% copy" "$OUT/sweep.txt" | awk '{print $1, $(NF-2)}' | sort -k2 -n | head -${SWEEP_SHOW:-40}
+fi
 if [[ ,$STAGE, == *,ncu,* ]]; then
   # Where the backward's warps wait: Nsight Compute on one launch of each of NCU_SPECS (M = 32768).
   for spec in ${NCU_SPECS:-$LB.n16384.bias $LB.n18432.bias $RB.n65536}; do
