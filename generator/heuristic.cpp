@@ -61,8 +61,11 @@ constexpr int64_t kBackwardPipeBytes = 160 * 1024;
 // Fewest threads per CTA of the 2-CTA bulk-copied rows that replace one CTA keeping dbeta sums in
 // shared memory (see backward_large_row).
 // 640: LN 20480 t864 smem -> c2 t640 tma 84.2 -> 89.6 % (H100), 65.6 -> 76.9 % (H200), session 12;
-// at 576 threads (LN 18432) the H100 lost 2.4 points.
+// at 576 threads (LN 18432) the H100 lost 2.4 points. The 4-8-CTA rows keep 640 (below it they
+// lost: see backward_large_row); the 2-CTA rows start at 608 (LN 19456 t832 smem -> c2 t608 tma
+// 55.6 -> 74.2 % on the H200, session 14 call 17; the H100 in call 18).
 constexpr int kDbetaClusterMinThreads = 640;
+constexpr int kDbetaPairMinThreads = 608;
 // One-CTA rows of 2 packs per thread filled by bulk copies (see backward_large_row): threads.
 constexpr int64_t kBulkRowMinThreads = 640;
 constexpr int64_t kBulkRowMaxThreads = 896;
@@ -123,6 +126,10 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
     c.cache = RowCache::kSharedPipelined;
     return bulk && shared_row_bytes(s, c) <= kBackwardPipeBytes;
   };
+  auto two_buffers_fit = [&](BlockConfig c) {
+    c.cache = RowCache::kSharedPipelined;
+    return bulk && shared_row_bytes(s, c) <= kBackwardSharedBytes;
+  };
   auto bulk3_fits = [&](BlockConfig c) {
     c.cache = RowCache::kSharedPipelined;
     c.stages = 3;
@@ -169,14 +176,14 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
   // -> 75.9 %). Filled by bulk copies (pipelined rows have 16-byte packs, so they always can be)
   // it gained again (session 9, call 3: 28672 85.3 -> 88.2 %), and from 768 threads on it beat the
   // one-CTA row (24576 / 26624: 80.0 / 74.1 -> 83.3 / 82.0 %); at 640 threads (20480) it lost
-  // until gamma was held in registers (session 12; see kDbetaClusterMinThreads).
+  // until gamma was held in registers (session 12; see kDbetaPairMinThreads).
   if (s.has_bias && t <= 1024 && fits(b) && dbeta_sums_in_shared(s, b) && packs % 2 == 0) {
     BlockConfig pair = b;
     pair.cluster = 2;
     pair.cache = RowCache::kSharedPipelined;
     pair.bulk_copy = true;
     pair.threads_per_row = static_cast<int>(round_up((packs / 2 + 1) / 2, 32));
-    if (pair.threads_per_row >= kDbetaClusterMinThreads && pair.threads_per_row <= kClusterThreads &&
+    if (pair.threads_per_row >= kDbetaPairMinThreads && pair.threads_per_row <= kClusterThreads &&
         !dbeta_sums_in_shared(s, pair) && pipe_fits(pair))
       return pair;
   }
@@ -199,9 +206,11 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
       b.cache = RowCache::kSharedPipelined;
       b.bulk_copy = true;
     } else if (bulk && !s.has_bias && b.threads_per_row > kRmsPairMinThreads && packs <= 3 * b.threads_per_row &&
-               pipe_fits(b)) {
-      // RMSNorm's one-CTA 3-pack rows past 768 threads, by bulk copies into two buffers: 20480 t864
-      // 79.9 -> 83.5 % on the H200 (tuner, session 14 call 8), 92.7 -> 92.1 on the H100 (call 9).
+               two_buffers_fit(b)) {
+      // RMSNorm's one-CTA 3-pack rows past 768 threads, by bulk copies into two buffers (up to 200
+      // KB), against the shared row, H200 / H100, session 14: 19456 t832 66.1 / 81.6 -> 84.2 / 93.5 %
+      // (calls 12 / 11), 20480 t864 79.9 / 92.7 -> 83.5 / 92.1 (calls 8 / 9), 22528 t960 71.2 -> 80.9
+      // (call 17; the H100 in call 18).
       b.cache = RowCache::kSharedPipelined;
       b.bulk_copy = true;
     }
