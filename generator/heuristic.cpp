@@ -63,9 +63,11 @@ constexpr int64_t kBackwardPipeBytes = 160 * 1024;
 // 640: LN 20480 t864 smem -> c2 t640 tma 84.2 -> 89.6 % (H100), 65.6 -> 76.9 % (H200), session 12;
 // at 576 threads (LN 18432) the H100 lost 2.4 points. The 4-8-CTA rows keep 640 (below it they
 // lost: see backward_large_row); the 2-CTA rows start at 608 (LN 19456 t832 smem -> c2 t608 tma
-// 55.6 -> 74.2 % on the H200, session 14 call 17; the H100 in call 18).
+// 55.6 / 74.7 -> 74.2 / 86.8 % on the H200 / H100, session 14 calls 17 / 18).
 constexpr int kDbetaClusterMinThreads = 640;
 constexpr int kDbetaPairMinThreads = 608;
+// RMSNorm one-CTA 3-pack bulk rows (backward_large_row): at most this many threads.
+constexpr int kRmsBulkRowMaxThreads = 960;
 // One-CTA rows of 2 packs per thread filled by bulk copies (see backward_large_row): threads.
 constexpr int64_t kBulkRowMinThreads = 640;
 constexpr int64_t kBulkRowMaxThreads = 896;
@@ -205,12 +207,13 @@ std::optional<BlockConfig> backward_large_row(const Spec& s, int vec, int64_t pa
       b.cluster = 2;
       b.cache = RowCache::kSharedPipelined;
       b.bulk_copy = true;
-    } else if (bulk && !s.has_bias && b.threads_per_row > kRmsPairMinThreads && packs <= 3 * b.threads_per_row &&
-               two_buffers_fit(b)) {
-      // RMSNorm's one-CTA 3-pack rows past 768 threads, by bulk copies into two buffers (up to 200
-      // KB), against the shared row, H200 / H100, session 14: 19456 t832 66.1 / 81.6 -> 84.2 / 93.5 %
-      // (calls 12 / 11), 20480 t864 79.9 / 92.7 -> 83.5 / 92.1 (calls 8 / 9), 22528 t960 71.2 -> 80.9
-      // (call 17; the H100 in call 18).
+    } else if (bulk && !s.has_bias && b.threads_per_row > kRmsPairMinThreads &&
+               b.threads_per_row <= kRmsBulkRowMaxThreads && packs <= 3 * b.threads_per_row && two_buffers_fit(b)) {
+      // RMSNorm's one-CTA 3-pack rows of 800-960 threads, by bulk copies into two buffers, against
+      // the shared row, H200 / H100, session 14: 19456 t832 66.1 / 81.6 -> 84.2 / 93.5 % (calls 12 /
+      // 11), 20480 t864 79.9 / 92.7 -> 83.5 / 92.1 (calls 8 / 9), 21504 t896 – / 89.4 -> – / 89.6
+      // (call 18), 22528 t960 71.2 / 89.1 -> 80.9 / 94.4 (calls 17 / 18). At 992 threads (23552) the
+      // H100 lost 3.8 points (call 18).
       b.cache = RowCache::kSharedPipelined;
       b.bulk_copy = true;
     }

@@ -255,9 +255,14 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n16384") == BlockConfig{512, 1, 8, RowCache::kShared});
   CHECK(block("layernorm.bwd.bf16.w_f32.n18432.bias") == BlockConfig{768, 1, 8, RowCache::kShared});  // 3 packs
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n18432") == BlockConfig{768, 1, 8, RowCache::kShared});
-  // RMSNorm's 3-pack rows past 768 threads by bulk copies into two buffers, where they fit 160 KB.
+  // RMSNorm's 3-pack rows of 800-960 threads by bulk copies into two buffers; 992 keeps one.
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n20480") == BlockConfig{864, 1, 8, RowCache::kSharedPipelined, 1, 2, true});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n21504") == BlockConfig{896, 1, 8, RowCache::kShared});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n22528") == BlockConfig{960, 1, 8, RowCache::kSharedPipelined, 1, 2, true});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n23552") == BlockConfig{992, 1, 8, RowCache::kShared});
+  // LayerNorm rows that would keep the dbeta sums in shared memory: 2 CTAs by bulk copies from 608
+  // threads (19456); at 576 (18432) one CTA.
+  CHECK(block("layernorm.bwd.bf16.w_f32.n19456.bias") == BlockConfig{608, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n18432.bias") == BlockConfig{768, 1, 8, RowCache::kShared});
   // RMSNorm's CTA of 768-1024 threads x 4 packs: a 2-CTA bulk-copied row of 2 packs.
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n32768") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n30720") == BlockConfig{960, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
