@@ -498,10 +498,10 @@ Spec resolve(const Spec& spec, int max_vec, int sm, int max_cluster) {
     // 96 %). Two CTAs per SM instead (bf16, H100): 512 threads of 5 whole packs in registers (the
     // generator caps 512-thread rows at 64 registers; 20480: 99.6 / 99.8 %). Between (19456), 512
     // threads in shared memory measured no better (LN 84.8 against 84.4 %; RMS 81.7 against 92.8 %).
-    // LayerNorm rows of 544-576 threads took shared memory from session 7 to 13 (then 56 registers
-    // in registers); since session 11 the register row takes 46-52 and two CTAs fit an SM: LN 18432
-    // t576 90.5 -> 98.4 % on the H200, 100.3 / 100.1 on the H100, 17408 t544 99.8 / 100.0 (H100;
-    // session 14, calls 3-4).
+    // LayerNorm rows of 544-576 threads took shared memory (56 registers) from session 7 to 13,
+    // when their register rows took 70-74. Since session 11 the register row takes 46-52, so two
+    // CTAs fit an SM there too: LN 18432 t576 90.5 -> 98.4 % on the H200, 100.3 -> 100.1 on the
+    // H100, 17408 t544 99.8 -> 100.0 (H100; session 14, calls 3-5).
     const bool one_cta_row = dtype_size(s.x_dtype) <= 2 && want <= kTwoCtaMaxWant &&
                              want > (s.norm == Norm::kRMSNorm ? kRmsOneCtaMinThreads : kTwoCtaRowThreads);
     const bool two_cta_row = one_cta_row && packs == kTwoCtaRowThreads * kTwoCtaRowPacks;
