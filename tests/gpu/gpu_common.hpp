@@ -51,23 +51,28 @@ struct DeviceMem {
   void poison() { NORMJIT_CU(cuMemsetD8(ptr, 0xff, bytes)); }  // NaN in every float dtype
 };
 
-// Weight dtypes tested with an x dtype: the same, and the other common pairing.
 // The hidden sizes of a reference grid: `all`, or those of NORMJIT_GPU_TEST_NS (comma-separated)
-// that are in it, for a targeted run after a change at a few sizes. The message says how many ran.
+// that are in it, for a targeted run after a change at a few sizes. The message says how many ran;
+// a list that names none of the grid's sizes fails rather than pass with nothing checked.
 inline std::vector<int64_t> grid_ns(std::vector<int64_t> all) {
   const char* env = std::getenv("NORMJIT_GPU_TEST_NS");
   if (!env || !*env) return all;
   std::vector<int64_t> chosen;
   std::stringstream list(env);
   for (std::string item; std::getline(list, item, ',');) {
-    const int64_t n = std::stoll(item);
+    char* end = nullptr;
+    const long long n = std::strtoll(item.c_str(), &end, 10);
+    REQUIRE_MESSAGE((!item.empty() && *end == '\0' && n > 0),
+                    "NORMJIT_GPU_TEST_NS: '" << item << "' is not a hidden size (in '" << std::string(env) << "')");
     if (std::find(all.begin(), all.end(), n) != all.end()) chosen.push_back(n);
   }
+  REQUIRE_MESSAGE(!chosen.empty(), "NORMJIT_GPU_TEST_NS=" << std::string(env) << " names none of this grid's sizes");
   MESSAGE("NORMJIT_GPU_TEST_NS=" << std::string(env) << ": " << chosen.size() << " of this grid's " << all.size()
                                  << " hidden sizes");
   return chosen;
 }
 
+// Weight dtypes tested with an x dtype: the same, and the other common pairing.
 inline std::vector<DType> weight_dtypes_for(DType x) {
   return x == DType::kF32 ? std::vector<DType>{DType::kF32, DType::kBF16} : std::vector<DType>{x, DType::kF32};
 }
