@@ -298,39 +298,17 @@ constexpr int64_t kForwardSharedBytes = 200 * 1024;
 // 2 CTAs of 512 threads x 8 packs in shared memory, 72.8 / 90.7 -> 83.5 / 95.1 % (H200 / H100,
 // calls 3 / 4), with 40 registers a CTA where the streaming row has 64.
 constexpr int64_t kForwardStreamingN = 65536;
-// LayerNorm's one-CTA shared-memory rows of 8 packs a thread (one buffer, 40 registers: two CTAs
-// per SM where shared memory allows), bf16, M = 32768, session 13 (calls 3 / 4), H200 / H100:
-// - 576-640 threads against 1024-thread register rows of 4-element packs: 36864 79.6 / 95.8 ->
-//   84.6 / 96.3 %, 40960 84.2 / 96.3 -> 87.0 / 94.5; at 768 threads (49152) they lost 6 / 5 points;
-// - 4-pack rows at 704-768 threads: see kForwardShared4MinThreads;
-// - 896 threads (57344) against 2 CTAs of 448: 73.4 / 89.3 -> 77.1 / 92.3 %. Not at 736 (46080:
-//   74.1 / 88.3 against the pipelined row's 78.2 / 90.1) or 832 (53248: 76.8 / 90.9 against c2 t416
-//   84.3 / 94.1), nor at 960 (61440: +4.7 on the H200, calls 5 / 8, but 87.3 % on the H100, call
-//   11, where the 2-CTA row met 90 % in session 11).
-constexpr int64_t kForwardSharedRowMinThreads = 576;
-constexpr int64_t kForwardSharedRowWideMaxThreads = 640;
-constexpr int64_t kForwardSharedRowLongThreads = 896;
-// ...and of 4 packs at these threads, against the register row (one CTA per SM at 85 registers):
+// LayerNorm's one-CTA shared-memory rows of 8 packs a thread (one buffer, 40 registers), taken in
+// session 13 at 576-640 threads (36864-40960) and 896 (57344), gave way in session 14 to the
+// register rows of forward_layernorm_long_register_row, which cover those sizes (bench/NOTES.md).
+// LayerNorm's one-CTA shared-memory rows of 4 packs, against the register row (one CTA per SM at
+// 85 registers), bf16, M = 32768, session 13, H200 / H100:
 // 24576 t768 78.0 / 96.2 -> 91.8 / 100.1 %, 22528 t704 (calls 5 / 6) 72.0 / 92.8 -> 91.9 / 99.9; at
 // 896 (28672) and 1024 (32768) registers stayed ahead (82.2 / 98.2 against 80.1 / 94.7 %; 83.0 /
 // 100.0 against 75.4 / 90.4).
 constexpr int64_t kForwardShared4MinThreads = 704;
 constexpr int64_t kForwardShared4MaxThreads = 768;
 
-// LayerNorm rows of 2-byte x in 16-byte packs, one CTA of 8 packs per thread in shared memory,
-// where its threads fall in [min_threads, max_threads].
-std::optional<BlockConfig> forward_layernorm_shared_row(const Spec& s, int vec, int64_t packs, int64_t min_threads,
-                                                        int64_t max_threads) {
-  if (s.norm == Norm::kRMSNorm || !sixteen_byte_packs(s, vec) || dtype_size(s.x_dtype) != 2) return std::nullopt;
-  const int64_t threads = round_up((packs + 7) / 8, 32);
-  if (threads < min_threads || threads > max_threads) return std::nullopt;
-  BlockConfig b;
-  b.vec = vec;
-  b.rows_per_cta = 1;
-  b.threads_per_row = static_cast<int>(threads);
-  b.cache = RowCache::kShared;
-  return b;
-}
 // LayerNorm forward rows of 2-byte x past 32768 in registers, 16-byte packs: 1024 threads up to 6
 // packs each (ragged allowed), then 8 packs a thread at 832-896 threads (64-72 registers; at 960
 // threads AdaLayerNorm f16 with fp32 weights and the mask spilled 48 bytes). Against the shared
@@ -409,9 +387,6 @@ std::optional<BlockConfig> forward_large_row(const Spec& s, int vec, int64_t pac
   if ((s.n == kForwardStreamingN && (s.norm == Norm::kRMSNorm || dtype_size(s.x_dtype) != 2)) ||
       (!pipelined && s.norm == Norm::kRMSNorm && s.n < kForwardStreamingN))
     return std::nullopt;
-  if (const auto shared = forward_layernorm_shared_row(s, vec, packs, kForwardSharedRowLongThreads,
-                                                        kForwardSharedRowLongThreads))
-    return shared;
   b.threads_per_row = 1024;
   b.cache = pipelined ? RowCache::kSharedPipelined : RowCache::kShared;
   if (shared_row_bytes(s, b) <= kForwardSharedBytes) return b;
@@ -521,10 +496,6 @@ Spec resolve(const Spec& spec, int max_vec, int sm, int max_cluster) {
       b.vec = 4;
     if (b.cache == RowCache::kGlobal && sm >= 90)
       if (const auto reg = forward_layernorm_long_register_row(s, b.vec, packs)) b = *reg;
-    if (b.cache == RowCache::kGlobal && sm >= 90)
-      if (const auto shared = forward_layernorm_shared_row(s, b.vec, packs, kForwardSharedRowMinThreads,
-                                                            kForwardSharedRowWideMaxThreads))
-        b = *shared;
     if (b.cache == RowCache::kGlobal && sm >= 90)
       if (const auto wide = forward_wide_register_row(s, b.vec)) b = *wide;
     if (b.cache == RowCache::kGlobal && sm >= 90)
