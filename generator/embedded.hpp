@@ -12,5 +12,7 @@ struct EmbeddedFile {
 const std::vector<EmbeddedFile>& embedded_templates();
 // SHA-256 of every embedded file's path, length and contents, computed at build time.
 std::string_view embedded_templates_digest();
+// Every generator/picks/*.txt table, keyed by file name (e.g. "sm90.txt").
+const std::vector<EmbeddedFile>& embedded_pick_tables();
 
 }  // namespace normjit::detail

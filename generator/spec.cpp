@@ -131,6 +131,47 @@ std::string Spec::str() const {
   return s;
 }
 
+static BlockConfig parse_block_token(std::string_view text, std::string_view token) {
+  // cfg_t<T>_r<R>_v<V>[_c<C>]_<cache>
+  std::string_view c = token;
+  BlockConfig b;
+  auto field = [&](char tag) -> int64_t {
+    if (c.size() < 2 || c[0] != '_' || c[1] != tag)
+      bad_spec(text, std::string("block config '") + std::string(token) + "' lacks _" + tag + "<int>");
+    size_t end = c.find('_', 2);
+    auto v = parse_int(c.substr(2, end == std::string_view::npos ? end : end - 2));
+    if (!v || *v > (1 << 20)) bad_spec(text, std::string("block config field ") + tag + " is not a small integer");
+    c = end == std::string_view::npos ? std::string_view{} : c.substr(end);
+    return *v;
+  };
+  c = c.substr(3);
+  b.threads_per_row = static_cast<int>(field('t'));
+  b.rows_per_cta = static_cast<int>(field('r'));
+  b.vec = static_cast<int>(field('v'));
+  if (c.size() > 2 && c[1] == 'c' && c[2] >= '0' && c[2] <= '9') b.cluster = static_cast<int>(field('c'));
+  std::string_view cache_name = c.size() > 1 ? c.substr(1) : std::string_view{};
+  // tma, tma3, tma4: a pipelined row filled by bulk copies; otherwise spelled like pipe.
+  std::string pipe_name;
+  if (cache_name.substr(0, 3) == "tma") {
+    b.bulk_copy = true;
+    pipe_name = "pipe" + std::string(cache_name.substr(3));
+    cache_name = pipe_name;
+  }
+  // pipe3 / pipe4: a pipelined row with that many buffers (plain pipe: 2).
+  if (cache_name.size() == 5 && cache_name.substr(0, 4) == "pipe" && cache_name[4] >= '0' && cache_name[4] <= '9') {
+    b.stages = cache_name[4] - '0';
+    cache_name = cache_name.substr(0, 4);
+    if (b.stages == 2) {
+      const char* plain = b.bulk_copy ? "tma" : "pipe";
+      bad_spec(text, std::string("a 2-buffer pipelined row is spelled '") + plain + "', not '" + plain + "2'");
+    }
+  }
+  auto cache = cache_name.empty() ? std::nullopt : lookup(kRowCaches, cache_name);
+  if (!cache) bad_spec(text, "block config row cache must be one of " + choices(kRowCaches) + "|tma (pipe3, pipe4, tma3, tma4: more buffers)");
+  b.cache = *cache;
+  return b;
+}
+
 Spec Spec::parse(std::string_view text) {
   std::vector<std::string_view> tokens;
   for (size_t start = 0;;) {
@@ -176,49 +217,17 @@ Spec Spec::parse(std::string_view text) {
     ++i;
   }
   if (i < tokens.size() && tokens[i].substr(0, 4) == "cfg_") {
-    // cfg_t<T>_r<R>_v<V>[_c<C>]_<cache>
-    std::string_view c = tokens[i];
-    BlockConfig b;
-    auto field = [&](char tag) -> int64_t {
-      if (c.size() < 2 || c[0] != '_' || c[1] != tag)
-        bad_spec(text, std::string("block config '") + std::string(tokens[i]) + "' lacks _" + tag + "<int>");
-      size_t end = c.find('_', 2);
-      auto v = parse_int(c.substr(2, end == std::string_view::npos ? end : end - 2));
-      if (!v || *v > (1 << 20)) bad_spec(text, std::string("block config field ") + tag + " is not a small integer");
-      c = end == std::string_view::npos ? std::string_view{} : c.substr(end);
-      return *v;
-    };
-    c = c.substr(3);
-    b.threads_per_row = static_cast<int>(field('t'));
-    b.rows_per_cta = static_cast<int>(field('r'));
-    b.vec = static_cast<int>(field('v'));
-    if (c.size() > 2 && c[1] == 'c' && c[2] >= '0' && c[2] <= '9') b.cluster = static_cast<int>(field('c'));
-    std::string_view cache_name = c.size() > 1 ? c.substr(1) : std::string_view{};
-    // tma, tma3, tma4: a pipelined row filled by bulk copies; otherwise spelled like pipe.
-    std::string pipe_name;
-    if (cache_name.substr(0, 3) == "tma") {
-      b.bulk_copy = true;
-      pipe_name = "pipe" + std::string(cache_name.substr(3));
-      cache_name = pipe_name;
-    }
-    // pipe3 / pipe4: a pipelined row with that many buffers (plain pipe: 2).
-    if (cache_name.size() == 5 && cache_name.substr(0, 4) == "pipe" && cache_name[4] >= '0' && cache_name[4] <= '9') {
-      b.stages = cache_name[4] - '0';
-      cache_name = cache_name.substr(0, 4);
-      if (b.stages == 2) {
-        const char* plain = b.bulk_copy ? "tma" : "pipe";
-        bad_spec(text, std::string("a 2-buffer pipelined row is spelled '") + plain + "', not '" + plain + "2'");
-      }
-    }
-    auto cache = cache_name.empty() ? std::nullopt : lookup(kRowCaches, cache_name);
-    if (!cache) bad_spec(text, "block config row cache must be one of " + choices(kRowCaches) + "|tma (pipe3, pipe4, tma3, tma4: more buffers)");
-    b.cache = *cache;
-    s.block = b;
+    s.block = parse_block_token(text, tokens[i]);
     ++i;
   }
   if (i != tokens.size()) bad_spec(text, "unexpected trailing token '" + std::string(tokens[i]) + "'");
   validate(s);
   return s;
+}
+
+BlockConfig parse_block_config(std::string_view text) {
+  if (text.substr(0, 4) != "cfg_") bad_spec(text, "a block config starts with cfg_");
+  return parse_block_token(text, text);
 }
 
 void validate(const Spec& s) {

@@ -32,7 +32,7 @@ std::vector<BlockConfig> candidate_configs(const Spec& spec, int sm, int max_vec
     if (valid(bare, b)) grid.push_back(b);
     if (cache != RowCache::kSharedPipelined) return;
     // Pipelined rows also with three buffers, and by bulk copies (sm_90+, 16-byte packs): the
-    // heuristic's bulk rows take both. Four buffers never beat three (session 14, call 2).
+    // heuristic's bulk rows take both. Four buffers never beat three (docs/perf-notes.md).
     b.stages = 3;
     if (valid(bare, b)) grid.push_back(b);
     if (sm < 90) return;

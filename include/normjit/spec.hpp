@@ -96,6 +96,10 @@ constexpr int64_t kMaxHiddenSize = 262144;
 // A row held in registers takes at most this many packs per thread (an unrolled array).
 constexpr int64_t kMaxRegisterPacks = 16;
 
+// Parses a spec's block-config suffix, "cfg_t<T>_r<R>_v<V>[_c<C>]_<cache>", without checking it
+// against any spec (validate() does that); throws Error(kInvalidSpec) naming the bad field.
+BlockConfig parse_block_config(std::string_view text);
+
 // Throws Error(kInvalidSpec) naming the field when the spec cannot name a kernel (N out of range,
 // a block config that breaks its rules, ...).
 void validate(const Spec& spec);
@@ -108,9 +112,10 @@ constexpr int kMaxPortableCluster = 8;
 // Most row buffers a pipelined row keeps.
 constexpr int kMaxPipeStages = 4;
 
-// Fills spec.block with the heuristic's choice when absent. max_vec caps the vector width,
-// e.g. when a caller's pointers are less aligned than 16 bytes. sm is the target's compute
-// capability (90 for sm_90): clusters are chosen only from sm_90 on. max_cluster caps the CTAs per
+// Fills spec.block with the heuristic's choice when absent: the row of the GPU class's pick table
+// (generator/picks/, docs/picks.md) that holds the spec, else a rule-based fallback. max_vec caps
+// the vector width, e.g. when a caller's pointers are less aligned than 16 bytes. sm is the
+// target's compute capability (90 for sm_90): clusters are chosen only from sm_90 on. max_cluster caps the CTAs per
 // row: the runtime passes kMaxPortableCluster on a GPU with more than 30 GB/s of DRAM bandwidth per
 // SM (an H200: 16-CTA rows measured slower than the split route there) or one that cannot
 // co-schedule 16 CTAs. Offline tools resolve with 16, as for an H100.

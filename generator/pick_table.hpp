@@ -1,0 +1,44 @@
+#pragma once
+// The heuristic's per-GPU pick tables (generator/picks/sm*.txt, embedded at build time): their
+// rows, parsed. Internal to normjit and its tests; docs/picks.md describes the format.
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "normjit/spec.hpp"
+
+namespace normjit::detail {
+
+// One block of a table row: the config with its thread count given directly (t<T>) or as packs
+// per thread (p<K>), and whether it applies only where its threads take whole packs (@even).
+struct TableBlock {
+  BlockConfig block;
+  int packs_per_thread = 0;  // > 0: threads = round_up(ceil(N / vec / cluster / K), 32)
+  bool even_only = false;
+};
+
+struct TableRow {
+  bool backward = false;
+  std::optional<Norm> norm;     // nullopt: any; kLayerNorm covers AdaLayerNorm
+  std::optional<bool> has_bias;  // nullopt: any
+  int x_bytes = 0;
+  int vec = 0;
+  int64_t n_from = 0, n_to = 0;
+  std::vector<TableBlock> blocks;
+};
+
+struct PickTable {
+  std::string name;
+  std::vector<TableRow> rows;
+};
+
+// Parses a table; throws Error(kInvalidSpec) naming the table, the line and the problem.
+PickTable parse_pick_table(std::string_view name, std::string_view text);
+// The table for a GPU of compute capability sm (major*10 + minor), or nullptr.
+const PickTable* pick_table_for_sm(int sm);
+// A block's config at this spec, or nullopt where it does not apply (an uneven split, a mask
+// byte shared between CTAs, a cluster over max_cluster, or @even threads that take partial packs).
+std::optional<BlockConfig> apply_pick_block(const TableBlock& block, const Spec& spec, int max_cluster);
+
+}  // namespace normjit::detail

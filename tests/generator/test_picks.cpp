@@ -1,0 +1,232 @@
+// The heuristic as data: the per-GPU pick tables, their fallback, and a golden summary of the picks.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "generator/pick_table.hpp"
+#include "normjit/normjit.hpp"
+#include "tests/generator/picks_summary.hpp"
+
+using namespace normjit;
+
+namespace {
+
+template <class F>
+void parallel_for(size_t count, F&& body) {
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i; (i = next++) < count;) body(i);
+  };
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t) threads.emplace_back(worker);
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
+TEST_CASE("the picks match the golden summary, and every N from 1 to 262144 resolves to a valid config") {
+  // picks_summary_line() resolves every N of each class; resolve() validates what it picks.
+  const auto classes = testing::pick_classes();
+  std::vector<std::string> lines(classes.size());
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  parallel_for(classes.size(), [&](size_t i) {
+    try {
+      lines[i] = testing::picks_summary_line(classes[i]);
+    } catch (const Error& e) {
+      std::lock_guard<std::mutex> lock(mutex);
+      failures.push_back(testing::pick_class_name(classes[i]) + ": " + e.what());
+    }
+  });
+  for (const auto& f : failures) FAIL_CHECK(f);
+  std::string got;
+  for (const auto& l : lines) got += l + "\n";
+  const std::string path = std::string(NORMJIT_GOLDEN_DIR) + "/picks_summary.txt";
+  if (const char* update = std::getenv("NORMJIT_UPDATE_GOLDEN"); update && std::string(update) == "1") {
+    std::ofstream(path) << got;
+    MESSAGE("wrote " << path);
+  }
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), "missing " << path << " (NORMJIT_UPDATE_GOLDEN=1 writes it)");
+  std::stringstream want;
+  want << in.rdbuf();
+  // Line by line, so a change names its class.
+  auto split = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    for (std::string l; std::getline(in, l);) out.push_back(l);
+    return out;
+  };
+  const auto now = split(got), golden = split(want.str());
+  size_t differ = 0;
+  for (size_t i = 0; i < std::max(now.size(), golden.size()); ++i) {
+    const std::string a = i < now.size() ? now[i] : "", b = i < golden.size() ? golden[i] : "";
+    if (a != b && ++differ <= 10) FAIL_CHECK("picks_summary.txt line " << i + 1 << ":\n  golden: " << b << "\n  now:    " << a);
+  }
+  CHECK_MESSAGE(differ == 0, differ << " lines of the picks summary changed; if intended, regenerate with "
+                                       "NORMJIT_UPDATE_GOLDEN=1 and say why in the commit");
+}
+
+TEST_CASE("the tables are read: a row's block is what resolve() returns inside its range, the fallback outside") {
+  auto block = [](const char* text, int sm = 90, int max_cluster = kMaxCluster) {
+    return *resolve(Spec::parse(text), 16, sm, max_cluster).block;
+  };
+  // A p<K> row: 2 packs a thread over a ragged row, filled by bulk copies (sm_90); on sm_80 no row
+  // holds it and the fallback splits it.
+  CHECK(block("layernorm.bwd.bf16.w_f32.n10000.bias") == BlockConfig{640, 1, 8, RowCache::kSharedPipelined, 1, 3, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n10000.bias", 80) == BlockConfig{1024, 1, 8, RowCache::kGlobal});
+  // Alternatives: the 2-CTA row where the packs split in two, else one CTA's shared memory.
+  CHECK(block("layernorm.bwd.bf16.w_f32.n20480.bias") == BlockConfig{640, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n20488.bias") == BlockConfig{864, 1, 8, RowCache::kShared});
+  // @even: 1024 threads of 8-byte packs only where they take whole packs (RMSNorm forward).
+  CHECK(block("rmsnorm.fwd_train.bf16.n40960") == BlockConfig{1024, 1, 4, RowCache::kRegisters});
+  CHECK(block("rmsnorm.fwd_train.bf16.n40968") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined});
+  // The GPU's cluster limit: a 16-CTA row only where 16 may run, else the split route.
+  CHECK(block("layernorm.bwd.bf16.w_f32.n262144.bias").cluster == 16);
+  CHECK(block("layernorm.bwd.bf16.w_f32.n262144.bias", 90, kMaxPortableCluster) == BlockConfig{1024, 1, 8, RowCache::kGlobal});
+  // Outside every row: the fallback (tiny rows, warp rows, CTA rows in registers, streaming).
+  CHECK(block("rmsnorm.fwd_train.bf16.n7") == BlockConfig{8, 32, 1, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n1024") == BlockConfig{32, 4, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n4096") == BlockConfig{128, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n40960", 80).cache == RowCache::kGlobal);
+  // A newer GPU takes the sm_90 table.
+  CHECK(block("layernorm.bwd.bf16.w_f32.n10000.bias", 100) == block("layernorm.bwd.bf16.w_f32.n10000.bias", 90));
+}
+
+TEST_CASE("a block applies only where its segments, mask bytes, cluster and @even threads allow") {
+  auto parse_one = [](const std::string& block_text) {
+    return detail::parse_pick_table("test.txt", "bwd * * x2 v8 8 262144 " + block_text).rows.at(0).blocks.at(0);
+  };
+  const auto spec = [](const char* text) { return Spec::parse(text); };
+  const auto pair = parse_one("p2_r1_v8_c2_tma");
+  // 20480 / 8 = 2560 packs, 1280 a CTA, 2 a thread: 640 threads.
+  CHECK(detail::apply_pick_block(pair, spec("layernorm.bwd.bf16.w_f32.n20480.bias"), 16)->threads_per_row == 640);
+  CHECK_FALSE(detail::apply_pick_block(pair, spec("layernorm.bwd.bf16.w_f32.n20488.bias"), 16));  // 2561 packs
+  CHECK_FALSE(detail::apply_pick_block(pair, spec("layernorm.bwd.bf16.w_f32.n20480.bias"), 1));   // no clusters
+  const auto quad = parse_one("t1024_r1_v2_c4_smem");
+  // N = 65544 splits into 4 segments of 8193 2-element packs, but with the mask each CTA's 16386
+  // values would share a mask byte with its neighbour's.
+  CHECK(detail::apply_pick_block(quad, spec("layernorm.bwd.bf16.w_f32.n65544.bias"), 16));
+  CHECK_FALSE(detail::apply_pick_block(quad, spec("layernorm.bwd.bf16.w_f32.n65544.bias.relu_bitmask"), 16));
+  CHECK(detail::apply_pick_block(quad, spec("layernorm.bwd.bf16.w_f32.n65536.bias.relu_bitmask"), 16));
+  const auto even = parse_one("t1024_r1_v4_reg@even");
+  CHECK(detail::apply_pick_block(even, spec("rmsnorm.bwd.bf16.n40960"), 16));
+  CHECK_FALSE(detail::apply_pick_block(even, spec("rmsnorm.bwd.bf16.n40968"), 16));
+}
+
+TEST_CASE("a bad pick table names the table, the line and the problem") {
+  struct Bad {
+    const char* text;
+    const char* needle;
+  };
+  const Bad bad[] = {
+      {"fwd layernorm * x2 v8 1 8", "expected: phase norm bias x vec n_from n_to block"},
+      {"mid layernorm * x2 v8 1 8 t32_r1_v8_reg", "phase must be fwd or bwd, not 'mid'"},
+      {"fwd groupnorm * x2 v8 1 8 t32_r1_v8_reg", "norm must be layernorm, rmsnorm or *"},
+      {"fwd * yes x2 v8 1 8 t32_r1_v8_reg", "bias must be bias, - or *"},
+      {"fwd * * x3 v8 1 8 t32_r1_v8_reg", "x must be x2 or x4"},
+      {"fwd * * x2 v3 1 8 t32_r1_v8_reg", "vec must be v1, v2, v4 or v8"},
+      {"fwd * * x2 v8 9 8 t32_r1_v8_reg", "bad range 9..8"},
+      {"fwd * * x2 v8 1 300000 t32_r1_v8_reg", "bad range"},
+      {"fwd * * x2 v8 1 8 q32_r1_v8_reg", "must start with t<threads> or p<packs per thread>"},
+      {"fwd * * x2 v8 1 8 t32_r1_v8_reg@odd", "unknown block flag '@odd'"},
+      {"fwd * * x2 v8 1 8 p2_r1_v8_reg@even", "@even needs a fixed thread count"},
+      {"fwd * * x2 v8 1 8 t32_r1_v8_reg t64_r1_v8_reg", "blocks are separated by ' | '"},
+      {"fwd * * x2 v8 1 8 t32_r1_v8_cache", "bad block 't32_r1_v8_cache'"},
+  };
+  for (const Bad& b : bad) {
+    const std::string text = std::string("# header\n\n") + b.text + "\n";
+    CAPTURE(text);
+    bool threw = false;
+    try {
+      detail::parse_pick_table("sm99.txt", text);
+    } catch (const Error& e) {
+      threw = true;
+      const std::string what = e.what();
+      CHECK(what.find("pick table sm99.txt:3: ") != std::string::npos);
+      CHECK(what.find(b.needle) != std::string::npos);
+    }
+    CHECK(threw);
+  }
+}
+
+TEST_CASE("every block of every table row compiles without local memory at the top of its range, but the known spills") {
+  // Registers grow with N inside a row, so its largest N is where a block would spill first. Each
+  // block is compiled there for every norm the row covers (AdaLayerNorm holds per-batch weights),
+  // fp32 weights, bias where the row allows it, and each epilogue the block allows. The spills
+  // that remain are listed in tests/golden/known_spills.txt: a new one fails, and so does a
+  // listed one that no longer spills (NORMJIT_UPDATE_GOLDEN=1 rewrites the list).
+  struct Job {
+    Spec spec;
+    int sm;
+  };
+  std::vector<Job> jobs;
+  std::set<std::string> seen;
+  for (int sm : {80, 90}) {
+    const detail::PickTable* table = detail::pick_table_for_sm(sm);
+    REQUIRE(table != nullptr);
+    REQUIRE(!table->rows.empty());
+    for (const detail::TableRow& r : table->rows)
+      for (const detail::TableBlock& tb : r.blocks) {
+        std::vector<Norm> norms;
+        if (!r.norm || *r.norm == Norm::kLayerNorm) norms = {Norm::kLayerNorm, Norm::kAdaLayerNorm};
+        if (!r.norm || *r.norm == Norm::kRMSNorm) norms.push_back(Norm::kRMSNorm);
+        bool applies = false;
+        for (Norm norm : norms)
+          for (Epilogue ep : {Epilogue::kGelu, Epilogue::kReluBitmask})
+            for (int64_t n = r.n_to; n >= r.n_from; n -= r.vec) {
+              Spec s = Spec::make(norm, r.backward ? Phase::kBackward : Phase::kForwardTraining,
+                                  r.x_bytes == 2 ? DType::kF16 : DType::kF32, n, r.has_bias.value_or(true));
+              s.w_dtype = DType::kF32;
+              s.epilogue = ep;
+              if (const auto b = detail::apply_pick_block(tb, s, kMaxCluster)) {
+                s.block = b;
+                if (seen.insert(s.str() + " sm_" + std::to_string(sm)).second) jobs.push_back({s, sm});
+                applies = true;
+                break;
+              }
+            }
+        CHECK_MESSAGE(applies, "a block of a row of " << table->name << " applies nowhere in its range");
+      }
+  }
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  std::set<std::string> spills;
+  parallel_for(jobs.size(), [&](size_t i) {
+    try {
+      validate(jobs[i].spec);
+      const CompileResult r = compile(generate(jobs[i].spec), Target{jobs[i].sm});
+      for (const KernelResources& k : parse_ptxas_report(r.log))
+        if (k.spill_store_bytes > 0 || k.spill_load_bytes > 0 || k.stack_frame_bytes > 0) {
+          std::lock_guard<std::mutex> lock(mutex);
+          spills.insert(jobs[i].spec.str() + " sm_" + std::to_string(jobs[i].sm) + " " + k.function + " " +
+                        std::to_string(k.stack_frame_bytes) + " B");
+        }
+    } catch (const Error& e) {
+      std::lock_guard<std::mutex> lock(mutex);
+      failures.push_back(e.what());
+    }
+  });
+  for (const auto& f : failures) FAIL_CHECK(f);
+  const std::string path = std::string(NORMJIT_GOLDEN_DIR) + "/known_spills.txt";
+  if (const char* update = std::getenv("NORMJIT_UPDATE_GOLDEN"); update && std::string(update) == "1") {
+    std::ofstream out(path);
+    out << "# Table blocks that use local memory at the top of their row (spec, arch, function, stack bytes).\n"
+           "# Written by tests/generator/test_picks.cpp with NORMJIT_UPDATE_GOLDEN=1; docs/picks.md says why.\n";
+    for (const auto& s : spills) out << s << "\n";
+  }
+  std::set<std::string> known;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty() && line[0] != '#') known.insert(line);
+  for (const auto& s : spills)
+    if (!known.count(s)) FAIL_CHECK("new local memory: " << s);
+  for (const auto& s : known)
+    if (!spills.count(s)) FAIL_CHECK("listed in known_spills.txt but no longer spills (update the list): " << s);
+  MESSAGE(jobs.size() << " table blocks compiled at the top of their rows; " << spills.size() << " known spills");
+}
