@@ -479,7 +479,7 @@ def read_cutlass_pth():
         return
     except ImportError:
         pass
-    # Another `cutlass` (seen on the H100 image, 2026-11-21) may already be imported: drop it so the
+    # Another `cutlass` (the device image has one) may already be imported: drop it so the
     # DSL's package, which the .pth puts first on sys.path, is the one found.
     for name in [m for m in sys.modules if m == "cutlass" or m.startswith("cutlass.")]:
         del sys.modules[name]

@@ -8,11 +8,14 @@ SECONDS_PER_TARGET=${1:-10}
 OUT=${2:-build-fuzz}
 CXX=${FUZZ_CXX:-clang++}
 mkdir -p "$OUT/corpus_spec" "$OUT/corpus_manifest" "$OUT/corpus_tuning_db"
+# shellcheck disable=SC2054  # the commas are inside one -fsanitize= option
 flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Iinclude -I.)
-"$CXX" "${flags[@]}" tests/fuzz/fuzz_spec.cpp generator/spec.cpp generator/heuristic.cpp -o "$OUT/fuzz_spec"
-"$CXX" "${flags[@]}" tests/fuzz/fuzz_manifest.cpp generator/spec.cpp generator/heuristic.cpp -o "$OUT/fuzz_manifest"
-"$CXX" "${flags[@]}" tests/fuzz/fuzz_tuning_db.cpp runtime/tuning_db.cpp generator/spec.cpp generator/heuristic.cpp \
-  -o "$OUT/fuzz_tuning_db"
+# The heuristic reads the pick tables that the library build embeds; embed them the same way.
+cmake -DPICKS_DIR="$PWD/generator/picks" -DOUTPUT="$OUT/embedded_picks.cpp" -P cmake/embed_picks.cmake
+core=(generator/spec.cpp generator/heuristic.cpp "$OUT/embedded_picks.cpp")
+"$CXX" "${flags[@]}" tests/fuzz/fuzz_spec.cpp "${core[@]}" -o "$OUT/fuzz_spec"
+"$CXX" "${flags[@]}" tests/fuzz/fuzz_manifest.cpp "${core[@]}" -o "$OUT/fuzz_manifest"
+"$CXX" "${flags[@]}" tests/fuzz/fuzz_tuning_db.cpp runtime/tuning_db.cpp "${core[@]}" -o "$OUT/fuzz_tuning_db"
 # Seeds: every default-manifest spec (with and without a block config), and the manifest itself.
 i=0
 grep -v '^#' manifests/default.txt | grep . | while read -r spec; do

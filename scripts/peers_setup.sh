@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # Installs the carried peer wheels (liger-kernel, nvidia-cudnn-frontend, quack-kernels and their
-# cutlass-dsl runtime) into .peers/site on the device machine. The 64 MiB carry limit is below
-# the cutlass-dsl cu13 wheel, so it travels as an xz archive split over two calls (.whl/packA,
-# .whl/packB); .peers/ is git-ignored and stays on a warm machine between calls.
-# Prints PYTHONPATH for the peers on its last line.
+# cutlass-dsl runtime) into .peers/site on the device machine; `scripts/device.sh peers` runs it.
+# The cutlass-dsl cu13 libraries are larger than one call's 64 MiB carry, so they travel as an xz
+# archive split in two parts (cu13.tar.xz.part_aa, part_ab) over two calls: each call stages what
+# it brings (.whl/*.whl, .whl/pack*/) into .peers/ (git-ignored, kept on a warm machine), and the
+# archive is unpacked once both parts are there. Prints PYTHONPATH for the peers on its last line.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+shopt -s nullglob
+cd "$(dirname "$0")/.." || exit 1
 STAGE=.peers/stage SITE=.peers/site
 mkdir -p "$STAGE" "$SITE"
-for d in .whl .whl/pack*; do  # packA + packB: every peer; packL: Liger and cuDNN only (no QuACK)
+for d in .whl .whl/pack*; do
   [[ -d $d ]] && find "$d" -maxdepth 1 -type f \( -name '*.whl' -o -name '*.part_*' \) -exec cp --update=none {} "$STAGE"/ \;
 done
 for w in "$STAGE"/*.whl; do
-  [[ -e $w ]] || continue
   name=$(basename "$w")
   [[ -e $SITE/.installed.$name ]] && continue
-  # Unzipped, not `pip install --target`: pip --target skips a top-level folder that already exists,
-  # and the cutlass-dsl wheels share nvidia_cutlass_dsl/ (seen on the H100, 2026-11-21).
+  # Unzipped, not `pip install --target`: pip --target skips a top-level folder that already
+  # exists, and the cutlass-dsl wheels share nvidia_cutlass_dsl/.
   python3 -m zipfile -e "$w" "$SITE"/ && touch "$SITE/.installed.$name" || echo "peers_setup: $name did not unpack" >&2
 done
 parts=("$STAGE"/cu13.tar.xz.part_*)

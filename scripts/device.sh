@@ -1,0 +1,283 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317  # the jobs are called as "job_$JOB"
+# The project's GPU jobs, for the lent device machine or any CUDA machine. `scripts/device.sh -h`
+# lists them; docs/measuring.md says how their figures are read.
+set -uo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: scripts/device.sh JOB [ARGS...]
+  test                  build; every ctest test, GPU tests included; compute-sanitizer memcheck
+  bench                 normjit at the standard sizes (per-N table), launch-bound shapes, compile and load times
+  peers                 normjit, then torch eager, torch.compile, Liger, cuDNN, QuACK: tables and plots
+  sweep [FROM TO STEP]  LN / RMS forward and backward every STEP from FROM to TO (16384 65536 1024)
+  tune SPEC...          normjit-tune over the specs, then the bench reading the database it wrote
+  profile SPEC...       Nsight Compute over each spec's kernels
+  specs SPEC...         the specs, pinned (.cfg_...) or not, timed in one process: any A/B
+env: OUT (results, default ./.out), M (rows; default 32768, 4096 past N = 65536, sweep 16384),
+  BUILD_DIR (default build), BENCH_ARGS (more normjit-bench / normjit-tune options)
+  test: GPU_TC (doctest -tc of the GPU cases), NORMJIT_GPU_TEST_NS, CPU_TESTS=0, MEMCHECK=0, MEMCHECK_TC
+  peers: PEER_NS, PEER_PROVIDERS, PEER_PHASES (fwd bwd), PEER_S (seconds per phase's peers)
+  sweep: FROM, TO, STEP, PHASES (fwd bwd)   tune: TUNE_BUDGET_S, TUNE_CANDIDATES
+  profile: KERNEL (kernel-name regex, default normjit_), NCU_ARGS (default: a set of sections)
+Each job leaves OUT/JOB.md (its tables, also printed) and OUT/JOB.tgz (logs, JSON); peers adds PNGs.
+EOF
+  exit "$1"
+}
+JOB=${1:-}
+[[ $JOB == -h || $JOB == --help ]] && usage 0
+[[ -z $JOB ]] && usage 2
+case $JOB in
+  test | bench | peers | sweep) ;;
+  tune | profile | specs) (($# > 1)) || { echo "device.sh $JOB: no SPEC given" >&2; usage 2; } ;;
+  *) echo "device.sh: unknown job '$JOB'" >&2; usage 2 ;;
+esac
+shift
+
+OUT=$(realpath -m "${OUT:-$(dirname "$0")/../.out}")
+cd "$(dirname "$0")/.." || exit 1
+BUILD_DIR=${BUILD_DIR:-build}
+WORK=/tmp/normjit-$JOB
+rm -rf "$WORK" && mkdir -p "$WORK" "$OUT" || exit 1
+export PATH=/usr/local/cuda/bin:$PATH
+# A cache kept between calls on a warm machine; its keys hash the generated source, so edits
+# to templates/ never hit stale kernels.
+export NORMJIT_CACHE_DIR=${NORMJIT_CACHE_DIR:-/tmp/normjit-cache}
+MD=$WORK/$JOB.md
+KEEP=("$MD")
+STATUS=0
+ROWS=32768  # rows up to N = 65536 where M is unset
+# The device tool returns at most 8 files: the tables and one archive of everything else.
+finish() {
+  tar czf "$OUT/$JOB.tgz" -C "$WORK" . && cp "${KEEP[@]}" "$OUT"/ 2>/dev/null
+  echo "== $JOB: $OUT/$JOB.md and $OUT/$JOB.tgz"
+}
+trap finish EXIT
+trap 'exit 143' TERM INT
+
+md() { tee -a "$MD"; }
+say() { echo "$*" | md; }
+
+GPU=$(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>/dev/null | head -1)
+ARCH=sm_90
+[[ -n $GPU ]] && ARCH=sm_$(cut -d, -f3 <<<"$GPU" | tr -d ' .')
+say "# device.sh $JOB $*"
+say "GPU: ${GPU:-none}; tree $(git describe --always --dirty 2>/dev/null || echo '(no git)');" \
+  "$(date -u '+%F %H:%M UTC')"
+say ""
+
+# build [TARGET...]: those targets (all without any), with the carried .deps/ where present.
+build() {
+  local prefix=() targets=()
+  if [[ -d .deps/root/usr ]]; then
+    prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/root/usr")
+    export LD_LIBRARY_PATH=$PWD/.deps/root/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+  fi
+  (($#)) && targets=(--target "$@")
+  if ! cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release "${prefix[@]}" >"$WORK/configure.log" 2>&1 ||
+    ! cmake --build "$BUILD_DIR" -j "$(nproc)" "${targets[@]}" >"$WORK/build.log" 2>&1; then
+    tail -20 "$WORK/configure.log"; grep -E "error|FAILED" -A3 "$WORK/build.log" | head -40
+    say "build failed (configure.log, build.log)"; exit 1
+  fi
+}
+
+# precompile NAME JOBS [normjit-precompile options]: compiles on JOBS threads ahead of the
+# tools, which would compile one kernel at a time on first use.
+precompile() {
+  local name=$1 jobs=$2; shift 2
+  "$BUILD_DIR/normjit-precompile" -q -a "$ARCH" -j "$jobs" --json "$WORK/compile_$name.json" "$@" \
+    >"$WORK/compile_$name.log" 2>&1 && { tail -1 "$WORK/compile_$name.log"; return; }
+  grep -iE "error|invalid|failed" "$WORK/compile_$name.log" | head -5
+  say "normjit-precompile failed ($name): compile_$name.log"
+  return 1
+}
+
+# Rows for a spec: M when set, else ROWS up to N = 65536 and 4096 past it, as the per-N tables run.
+rows_for() {
+  local n=${1#*.n}
+  n=${n%%[!0-9]*}
+  echo "${M:-$((${n:-0} > 65536 ? 4096 : ROWS))}"
+}
+
+# run_grouped NAME TOOL [TOOL OPTIONS] -- SPEC...: one TOOL process per row count (specs of one
+# N share a process, so pinned and unpinned variants are compared in the same one), writing
+# WORK/NAME_m<rows>.json and .txt.
+run_grouped() {
+  local name=$1 tool=$2 opts=() spec rows
+  shift 2
+  while [[ $1 != -- ]]; do opts+=("$1"); shift; done
+  shift
+  local -A groups=()
+  for spec; do rows=$(rows_for "$spec"); groups[$rows]+=" $spec"; done
+  for rows in $(printf '%s\n' "${!groups[@]}" | sort -rn); do
+    # shellcheck disable=SC2086  # BENCH_ARGS and the group are word lists
+    "$BUILD_DIR/$tool" --rows "$rows" --json "$WORK/${name}_m$rows.json" ${BENCH_ARGS:-} "${opts[@]}" ${groups[$rows]} \
+      >"$WORK/${name}_m$rows.txt" 2>&1 ||
+      { STATUS=1; say "$tool failed (${name}_m$rows.txt): $(tail -1 "$WORK/${name}_m$rows.txt" | cut -c1-160)"; }
+  done
+}
+
+tables() { python3 bench/tables.py "$@" | md; say ""; }
+
+# The standard classes: LayerNorm with bias and RMSNorm, bf16 x; forward training with bf16
+# weights, backward with fp32 weights (PyTorch genai_layers' setting).
+std_specs() {  # std_specs PHASES N...: one spec a line
+  local phases=$1 n ph; shift
+  for n; do for ph in $phases; do
+    if [[ $ph == fwd ]]; then printf '%s\n' "layernorm.fwd_train.bf16.n$n.bias" "rmsnorm.fwd_train.bf16.n$n"
+    else printf '%s\n' "layernorm.bwd.bf16.w_f32.n$n.bias" "rmsnorm.bwd.bf16.w_f32.n$n"; fi
+  done; done
+}
+
+job_test() {
+  build
+  # The GPU tests' literal specs and the forward each backward runs first. Their reference grids
+  # compile on all cores themselves; the other cases would compile one kernel at a time.
+  grep -ohE '"(ada)?(layer|rms)norm\.[a-z0-9_.]+"' tests/gpu/*.cpp | tr -d '"' |
+    sed -E 'p; /\.bwd\./!d; s/\.bwd\./.fwd_train./; s/\.cfg_.*//' | sort -u >"$WORK/gpu_test_specs.txt"
+  # A spec that fails here is left to the tests, which report it themselves.
+  precompile gpu_tests "$(nproc)" --manifest "$WORK/gpu_test_specs.txt"
+  if [[ ${CPU_TESTS:-1} == 1 ]]; then
+    ctest --test-dir "$BUILD_DIR" --output-on-failure -E '^normjit_gpu_tests$' >"$WORK/cpu_tests.log" 2>&1 || STATUS=1
+    say "ctest (all but normjit_gpu_tests): $(grep -E 'tests passed|tests failed' "$WORK/cpu_tests.log")"
+    grep -A20 "The following tests FAILED" "$WORK/cpu_tests.log" | md
+  fi
+  local tc=() rc
+  [[ -n ${GPU_TC:-} ]] && tc=(-tc="$GPU_TC")
+  "$BUILD_DIR/tests/normjit_gpu_tests" "${tc[@]}" >"$WORK/gpu_tests.log" 2>&1
+  rc=$?
+  if ((rc == 77)); then say "normjit_gpu_tests: skipped ($(head -1 "$WORK/gpu_tests.log"))"
+  else
+    ((rc == 0)) || STATUS=1
+    say "normjit_gpu_tests ${GPU_TC:+GPU_TC=$GPU_TC }${NORMJIT_GPU_TEST_NS:+NORMJIT_GPU_TEST_NS=$NORMJIT_GPU_TEST_NS }" \
+      "rc=$rc:"
+    grep -E '^\[doctest\] (test cases|assertions|Status)|ERROR|FAILED' "$WORK/gpu_tests.log" | head -30 | md
+  fi
+  if [[ ${MEMCHECK:-1} == 1 && -n $GPU ]]; then
+    # Strided and unaligned rows, the seeds, the epilogues' backward and the pipelined rows.
+    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD_DIR/tests/normjit_gpu_tests" \
+      -tc="${MEMCHECK_TC:-strided*,variance*,unaligned*,seed*,epilogue backward*,pipelined*}" >"$WORK/memcheck.log" 2>&1
+    rc=$?
+    ((rc == 0)) || STATUS=1
+    say "memcheck rc=$rc (124: past 300 s): $(grep -c 'Invalid' "$WORK/memcheck.log") invalid accesses;" \
+      "$(grep -E 'ERROR SUMMARY' "$WORK/memcheck.log")"
+  fi
+}
+
+job_bench() {
+  build normjit-bench normjit-precompile
+  local s f g=() d fresh=/tmp/normjit-fresh
+  # The per-N tables' sizes: powers of two, the hidden sizes models use, and sizes between them.
+  mapfile -t s < <(std_specs "fwd bwd" 256 512 768 1024 2048 2880 3584 4096 5120 7168 8192 10240 12288 13312 14336 \
+    16384 18432 20480 24576 28672 32768 36864 40960 49152 57344 61440 65536 73728 81920 98304 114688 131072 262144)
+  mapfile -t f < <(std_specs fwd 256 512 1024 2048 4096 8192 16384 32768 65536)
+  # From empty caches: one kernel at a time (NVRTC's time per kernel), the smallest kernels (its
+  # floor), the default manifest on all cores, then the bench's own specs.
+  rm -rf "$fresh"
+  precompile one_at_a_time 1 -c "$fresh/one" -- "${f[@]}" || exit 1
+  precompile floor 1 -c "$fresh/floor" -- rmsnorm.fwd_infer.{f32,f16,bf16}.n1 || exit 1
+  precompile manifest "$(nproc)" -c "$fresh/manifest" --manifest manifests/default.txt || STATUS=1
+  precompile bench "$(nproc)" -c "$fresh/bench" -- "${s[@]}" || exit 1
+  # Fresh processes over that cache: every first get() is a disk hit.
+  run_grouped bench normjit-bench --cache-dir "$fresh/bench" -- "${s[@]}"
+  # Launch-bound shapes: a CUDA graph of K launches next to one of K copies; then the host's
+  # cost of a launch against a raw cuLaunchKernel.
+  for d in f16 bf16; do
+    g+=("layernorm.fwd_train.$d.n768.bias" "layernorm.bwd.$d.n768.bias" "rmsnorm.fwd_train.$d.n128" "rmsnorm.bwd.$d.n128")
+  done
+  "$BUILD_DIR/normjit-bench" --graph --rows 4096 --json "$WORK/launch_graph.json" "${g[@]}" \
+    >"$WORK/launch_graph.txt" 2>&1 || STATUS=1
+  "$BUILD_DIR/normjit-bench" --launch-overhead --rows 4096 --json "$WORK/launch_host.json" \
+    layernorm.fwd_train.f16.n768.bias rmsnorm.fwd_train.f16.n128 layernorm.fwd_train.bf16.n4096.bias \
+    >"$WORK/launch_host.txt" 2>&1 || STATUS=1
+  tables pern "$WORK"/bench_m*.json
+  tables launch "$WORK"/launch_graph.json "$WORK"/launch_host.json
+  tables compile "18 forward bench kernels, one at a time=$WORK/compile_one_at_a_time.json" \
+    "NVRTC floor (rmsnorm n1, 3 dtypes)=$WORK/compile_floor.json" \
+    "default manifest, all cores=$WORK/compile_manifest.json" "the bench's specs, all cores=$WORK/compile_bench.json"
+  tables load "$WORK"/bench_m*.json
+}
+
+job_peers() {
+  build normjit-bench normjit-precompile
+  bash scripts/peers_setup.sh >"$WORK/peers_setup.log" 2>&1
+  export PYTHONPATH=$PWD/.peers/site${PYTHONPATH:+:$PYTHONPATH}
+  local ns=${PEER_NS:-256 1024 2880 4096 8192 12288 16384 18432 24576 32768 65536} rows=${M:-32768} ph s limit
+  ns=${ns//,/ }
+  for ph in ${PEER_PHASES:-fwd bwd}; do
+    # shellcheck disable=SC2086  # a list of sizes
+    mapfile -t s < <(std_specs "$ph" $ns)
+    precompile "normjit_$ph" "$(nproc)" -- "${s[@]}" || exit 1
+    # shellcheck disable=SC2086
+    "$BUILD_DIR/normjit-bench" --rows "$rows" --json "$WORK/normjit_$ph.json" ${BENCH_ARGS:-} "${s[@]}" \
+      >"$WORK/normjit_$ph.txt" 2>&1 || STATUS=1
+    # peers.py rewrites its JSON after every shape: a phase cut at its limit keeps what it timed.
+    limit=${PEER_S:-$([[ $ph == fwd ]] && echo 200 || echo 260)}
+    PYTHONUNBUFFERED=1 timeout "$limit" python3 bench/peers.py --phase "$ph" --rows "$rows" --ns "${ns// /,}" \
+      --providers "${PEER_PROVIDERS:-torch.eager,torch.compile,liger,cudnn,quack}" --json "$WORK/peers_$ph.json" \
+      >"$WORK/peers_$ph.txt" 2>&1
+    grep -hE "^skip|fell|Error" "$WORK/peers_$ph.txt" | cut -c1-160 | head -20 | md
+    [[ -s $WORK/peers_$ph.json ]] || { say "peers $ph: no results (peers_$ph.txt)"; STATUS=1; continue; }
+    python3 bench/report.py "$WORK/normjit_$ph.json" "$WORK/peers_$ph.json" "$ph" | md
+    say ""
+    python3 bench/plot.py --out "$WORK/$ph.png" --phase "$ph" --date "$(date -u +%F)" "$WORK/normjit_$ph.json" \
+      "$WORK/peers_$ph.json" >>"$WORK/plot.log" 2>&1 && KEEP+=("$WORK/$ph.png")
+  done
+}
+
+job_sweep() {
+  local from=${1:-${FROM:-16384}} to=${2:-${TO:-65536}} step=${3:-${STEP:-1024}} v s
+  for v in "FROM=$from" "TO=$to" "STEP=$step"; do
+    [[ ${v#*=} =~ ^[1-9][0-9]*$ ]] || { say "sweep: $v is not a positive whole number"; exit 2; }
+  done
+  ((from <= to)) || { say "sweep: FROM=$from is past TO=$to"; exit 2; }
+  mapfile -t s < <(std_specs "${PHASES:-fwd bwd}" $(seq "$from" "$step" "$to"))
+  ROWS=16384  # about 200 specs in one 10-minute call
+  build normjit-bench normjit-precompile
+  precompile sweep "$(nproc)" -- "${s[@]}" || exit 1
+  run_grouped sweep normjit-bench -- "${s[@]}"
+  tables pern --lowest 10 "$WORK"/sweep_m*.json
+}
+
+job_tune() {
+  build normjit-bench normjit-tune normjit-precompile
+  precompile tune "$(nproc)" -- "$@" || exit 1
+  run_grouped tune normjit-tune --budget-s "${TUNE_BUDGET_S:-15}" --max-candidates "${TUNE_CANDIDATES:-12}" \
+    --tuning-db "$WORK/tuning.json" -- "$@"
+  sed -sn '/speedup/,$p' "$WORK"/tune_m*.txt | md  # each file's summary
+  say ""
+  # The runtime reads the database: the tuned configs, timed by plain normjit-bench.
+  NORMJIT_TUNING_DB=$WORK/tuning.json run_grouped tuned normjit-bench -- "$@"
+  tables specs "$WORK"/tuned_m*.json
+}
+
+job_profile() {
+  build normjit-bench normjit-precompile
+  precompile profile "$(nproc)" -- "$@" || exit 1
+  local spec rows
+  for spec; do
+    rows=$(rows_for "$spec")
+    # Clocks as the bench leaves them; past the first launches; three launches hold every kernel
+    # of a backward (main, or row sums and column tiles, then the reduction).
+    # shellcheck disable=SC2086  # NCU_ARGS is a word list
+    timeout 300 ncu --clock-control none -k "regex:${KERNEL:-normjit_}" --launch-skip 2 --launch-count 3 \
+      ${NCU_ARGS:---section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis} \
+      "$BUILD_DIR/normjit-bench" --rows "$rows" --reps 3 --warmup 1 --no-verify "$spec" \
+      >"$WORK/ncu_$spec.txt" 2>&1 || STATUS=1
+    say "## $spec, M = $rows"
+    grep -E "^  [a-z]|Duration|Memory Throughput|Registers Per|Occupancy|No Eligible|Issued Warp|Block Limit" \
+      "$WORK/ncu_$spec.txt" | md
+    say ""
+  done
+}
+
+job_specs() {
+  build normjit-bench normjit-precompile
+  precompile specs "$(nproc)" -- "$@" || exit 1
+  run_grouped specs normjit-bench -- "$@"
+  tables specs "$WORK"/specs_m*.json
+}
+
+"job_$JOB" "$@"
+exit "$STATUS"
