@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Draws GB/s against N for normjit and every peer provider, one panel per norm, into a PNG.
 
-Usage: plot.py --out bench/fwd.png --phase fwd --date YYYY-MM-DD normjit.json peers.json [peers2.json ...]
+Usage: plot.py --out bench/fwd_h200.png --phase fwd --date YYYY-MM-DD normjit.json peers.json [peers2.json ...]
 
 The inputs are the ones report.py reads (normjit-bench --json, bench/peers.py --json; several peers
 files are merged the same way). The dashed grey line is the device-to-device copy measured in

@@ -4,169 +4,11 @@
 // the corrected two-pass route; rows streamed from global memory merge per-chunk moments
 // (Chan et al.) of x - x[0]. The mean stays split in two floats until the output.
 #pragma once
-#include "normjit/common.cuh"
+#include "normjit/fwd_stats.cuh"
+#include "normjit/fwd_write_y.cuh"
+#include "normjit/row_pipeline.cuh"
 
 namespace normjit {
-
-template <class Cfg>
-using FwdShape = RowShape<Cfg>;
-
-// This lane's packs of iterations first_pack..first_pack + kCount - 1 of a row (segment) at
-// `source`; packs past the segment, and all of an inactive row's, are left unread.
-template <class Cfg, int kCount, class XT, int kVec>
-__device__ __forceinline__ void load_chunk(Pack<XT, kVec> (&packs)[kCount], const XT* source, int first_pack, int lane,
-                                           bool active) {
-  using S = FwdShape<Cfg>;
-#pragma unroll
-  for (int i = 0; i < kCount; ++i)
-    if (const int pack = (first_pack + i) * S::kThreads + lane; active && pack < S::kVecs)
-      packs[i] = load_pack<XT, kVec>(source + pack * kVec);
-}
-
-// Σ (x - center) and Σ ((x - center) - shift)^2 over the valid elements of kCount packs.
-// Subtracting `center` first keeps large offsets (x = 1e4 + noise) out of the sums.
-template <class Cfg, int kCount, class XT, int kVec>
-__device__ __forceinline__ float pack_sum(const Pack<XT, kVec> (&packs)[kCount], int first_pack, int lane,
-                                          float center) {
-  using S = FwdShape<Cfg>;
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < kCount; ++i)
-    if ((first_pack + i) * S::kThreads + lane < S::kVecs) {
-      float xf[kVec];
-      unpack(packs[i], xf);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) sum += xf[j] - center;
-    }
-  return sum;
-}
-
-template <class Cfg, int kCount, class XT, int kVec>
-__device__ __forceinline__ float pack_sq_dev(const Pack<XT, kVec> (&packs)[kCount], int first_pack, int lane,
-                                             float center, float shift) {
-  using S = FwdShape<Cfg>;
-  float m2 = 0.f;
-#pragma unroll
-  for (int i = 0; i < kCount; ++i)
-    if ((first_pack + i) * S::kThreads + lane < S::kVecs) {
-      float xf[kVec];
-      unpack(packs[i], xf);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const float d = (xf[j] - center) - shift;
-        m2 += d * d;
-      }
-    }
-  return m2;
-}
-
-// Valid elements among kCount packs.
-template <class Cfg, int kCount>
-__device__ __forceinline__ float pack_count(int first_pack, int lane) {
-  using S = FwdShape<Cfg>;
-  float count = 0.f;
-#pragma unroll
-  for (int i = 0; i < kCount; ++i)
-    if ((first_pack + i) * S::kThreads + lane < S::kVecs) count += Cfg::kVec;
-  return count;
-}
-
-// gamma / beta packs a persistent CTA loads once into registers (kPacks > 0): its columns are the
-// same for every row. Shared-memory rows otherwise lose them from L1 (which gives way to shared
-// memory) and read them from L2 again on every row.
-template <class WT, int kVec, int kPacks>
-struct HeldWeights {
-  Pack<WT, kVec> g[kPacks > 0 ? kPacks : 1], b[kPacks > 0 ? kPacks : 1];
-};
-
-// Normalizes, applies the epilogue and stores kCount packs. Every lane of the row group runs the
-// loop (the epilogue may shuffle); only valid packs of active rows are read and written.
-// Pointers and columns are relative to the CTA's segment; the epilogue sees the row's column.
-// With kHeld packs of weights (first_pack a compile-time index then), gamma / beta come from `held`.
-template <class Cfg, int kCount, class XT, class WT, int kVec, int kHeld = 0>
-__device__ __forceinline__ void write_packs(const NormParams& p, const Pack<XT, kVec> (&packs)[kCount],
-                                            int first_pack, int lane, long long row, bool active, XT* y,
-                                            const WT* gamma, const WT* beta, float center, float shift,
-                                            float rstd, int segment_col,
-                                            const HeldWeights<WT, kVec, kHeld>* held = nullptr) {
-  using S = FwdShape<Cfg>;
-#pragma unroll
-  for (int i = 0; i < kCount; ++i) {
-    const int pack = (first_pack + i) * S::kThreads + lane;
-    const bool valid = active && pack < S::kVecs;
-    const int col = pack * kVec;
-    float out[kVec];
-    if (valid) {
-      Pack<WT, kVec> g, b;
-      if constexpr (kHeld > 0) {
-        g = held->g[first_pack + i];
-        if constexpr (Cfg::kHasBias) b = held->b[first_pack + i];
-      } else {
-        g = load_pack<WT, kVec>(gamma + col);
-        if constexpr (Cfg::kHasBias) b = load_pack<WT, kVec>(beta + col);
-      }
-      float xf[kVec], gf[kVec], bf[kVec];
-      unpack(packs[i], xf);
-      unpack(g, gf);
-      if constexpr (Cfg::kHasBias) unpack(b, bf);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        // The mean is center + shift, kept as two floats: one rounded fp32 mean would cost
-        // up to half an ulp of |mean| in every output.
-        out[j] = ((xf[j] - center) - shift) * rstd * gf[j];
-        if constexpr (Cfg::kHasBias) out[j] += bf[j];
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) out[j] = 0.f;
-    }
-    Cfg::Epilogue::template forward<XT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane);
-    if (valid) {
-      Pack<XT, kVec> o;
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(out[j]);
-      // Clustered and pipelined rows: plain stores came out split (see store_output_pack).
-      constexpr bool kAsmStore = S::kCluster > 1 || Cfg::kCache == RowCache::kSharedPipelined;
-      store_output_pack<XT, kVec, kAsmStore>(y + col, o);
-    }
-  }
-}
-
-// The row's shift (mean - center; LayerNorm) and rstd from this thread's sums of deviations from
-// the center and of their squares (RMSNorm: squares only), summed over the row and, for clusters,
-// over the cluster through `slot` (see cluster_sum).
-template <class Cfg>
-__device__ __forceinline__ void centered_stats(float dev, float sq, float eps, float2* pair_scratch,
-                                               float* sum_scratch, float2* slot, float& shift, float& rstd) {
-  using S = FwdShape<Cfg>;
-  if constexpr (Cfg::kNorm == NormKind::kLayerNorm) {
-    row_sum_pair<S::kThreads>(dev, sq, pair_scratch);
-    const float2 dev_sq = cluster_sum<S::kCluster>(make_float2(dev, sq), slot);
-    shift = dev_sq.x * S::kInvN;
-    rstd = rsqrtf(fmaxf(dev_sq.y * S::kInvN - shift * shift, 0.f) + eps);
-  } else {
-    const float total = cluster_sum<S::kCluster>(make_float2(row_sum<S::kThreads>(sq, sum_scratch), 0.f), slot).x;
-    rstd = rsqrtf(total * S::kInvN + eps);
-  }
-}
-
-// The output pass over a row waiting in `source` (shared memory, or x again), kChunk packs at a time.
-template <class Cfg, class XT, class WT, int kHeld = 0>
-__device__ __forceinline__ void write_row(const NormParams& p, const XT* source, int lane, long long row, bool active,
-                                          XT* y, const WT* gamma, const WT* beta, float center, float shift,
-                                          float rstd, int segment_col,
-                                          const HeldWeights<WT, Cfg::kVec, kHeld>* held = nullptr) {
-  using S = FwdShape<Cfg>;
-  constexpr int kVec = Cfg::kVec;
-  // Held weights are indexed by pack: the chunks must unroll for them to stay in registers.
-#pragma unroll(kHeld > 0 ? S::kIters : 1)
-  for (int base = 0; base < S::kIters; base += S::kChunk) {
-    Pack<XT, kVec> chunk[S::kChunk];
-    load_chunk<Cfg>(chunk, source, base, lane, active);
-    write_packs<Cfg, S::kChunk, XT, WT, kVec, kHeld>(p, chunk, base, lane, row, active, y, gamma, beta, center,
-                                                     shift, rstd, segment_col, held);
-  }
-}
 
 // One row (one cluster's row) per CTA, held in registers, shared memory or nowhere.
 template <class Cfg>
@@ -217,8 +59,8 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
       // Sums of deviations from a center and of their squares; the small deviation sum corrects
       // the mean without rounding it into |mean|. Warp rows center on a first-pass mean (two
       // shuffle trees). CTA-wide rows center on the row's first element instead, saving a barrier
-      // round (LN N = 32768 ran at 87 % of copy where one-reduction RMSNorm ran at 100 %): the
-      // cancellation in sq/N - shift^2 is bounded, since (x0 - mean)^2 <= N * variance.
+      // round, which held them well below the one-reduction RMSNorm: the cancellation in
+      // sq/N - shift^2 is bounded, since (x0 - mean)^2 <= N * variance.
       if constexpr (S::kThreads > 32) {
         center = active ? to_float(static_cast<const XT*>(p.x)[row * p.row_stride]) : 0.f;
       } else {
@@ -300,6 +142,34 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
   }
 }
 
+// Starts the copy of `row` (this CTA's segment, from segment_col) into buffer `buffer` of
+// `rows`; past the last row, an empty group (see row_pipeline.cuh).
+template <class Cfg, bool kBulk, class XT>
+__device__ __forceinline__ void fwd_fill_buffer(const NormParams& p, XT* rows, unsigned long long* ready,
+                                                int segment_col, int lane, long long row, int buffer) {
+  using S = FwdShape<Cfg>;
+  constexpr int kVec = Cfg::kVec;
+  if constexpr (kBulk) {
+    if (threadIdx.x == 0 && row < p.rows) {
+      constexpr unsigned kBytes = S::kSegment * sizeof(XT);
+      fence_shared_for_bulk_copy();
+      expect_bulk_bytes(&ready[buffer], kBytes);
+      bulk_copy_to_shared(rows + buffer * S::kSegment, static_cast<const XT*>(p.x) + row * p.row_stride + segment_col,
+                          kBytes, &ready[buffer]);
+    }
+    return;
+  }
+  if (row < p.rows) {
+    const XT* x = static_cast<const XT*>(p.x) + row * p.row_stride + segment_col;
+    XT* const to = rows + buffer * S::kSegment;
+#pragma unroll
+    for (int i = 0; i < S::kIters; ++i)
+      if (const int pack = i * S::kThreads + lane; pack < S::kVecs)
+        copy_async<XT, kVec>(to + pack * kVec, x + pack * kVec);
+  }
+  commit_async();
+}
+
 // Pipelined shared-memory rows (kSharedPipelined): a persistent grid; each CTA (cluster) walks
 // rows gridDim.x / kCluster apart through kStages row buffers, keeping kStages - 1 rows in flight.
 // Each thread copies its packs of a later row in asynchronously, then reads back only its own
@@ -324,16 +194,9 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
   // Rows filled by bulk copies: thread 0 copies each buffer's segment whole; row_ready[b]
   // completes a phase each time buffer b has landed.
   constexpr bool kBulk = Cfg::kBulkCopy;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  static_assert(!kBulk, "bulk copies (tma) need sm_90 or newer");
-#endif
+  using Pipeline = RowPipeline<Cfg, kBulk>;
   __shared__ unsigned long long row_ready[kBulk ? kStages : 1];
-  if constexpr (kBulk) {
-    if (threadIdx.x == 0)
-#pragma unroll
-      for (int b = 0; b < kStages; ++b) init_row_barrier(&row_ready[b]);
-    __syncthreads();
-  }
+  Pipeline::init(row_ready);
 
   const int lane = threadIdx.x;
   const int rank = blockIdx.x % S::kCluster;
@@ -357,39 +220,15 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
         if constexpr (Cfg::kHasBias) held.b[i] = load_pack<WT, kVec>(beta + pack * kVec);
       }
   }
-  // Starts the copy of `row` into `buffer`; past the last row, an empty group, so that every
-  // row's copies are exactly kStages - 1 groups behind the newest (wait_async below).
-  auto prefetch = [&](long long row, int buffer) {
-    if constexpr (kBulk) {
-      if (threadIdx.x == 0 && row < p.rows) {
-        constexpr unsigned kBytes = S::kSegment * sizeof(XT);
-        fence_shared_for_bulk_copy();
-        expect_bulk_bytes(&row_ready[buffer], kBytes);
-        bulk_copy_to_shared(shared_rows + buffer * S::kSegment,
-                            static_cast<const XT*>(p.x) + row * p.row_stride + segment_col, kBytes, &row_ready[buffer]);
-      }
-      return;
-    }
-    if (row < p.rows) {
-      const XT* x = static_cast<const XT*>(p.x) + row * p.row_stride + segment_col;
-      XT* const to = shared_rows + buffer * S::kSegment;
 #pragma unroll
-      for (int i = 0; i < S::kIters; ++i)
-        if (const int pack = i * S::kThreads + lane; pack < S::kVecs)
-          copy_async<XT, kVec>(to + pack * kVec, x + pack * kVec);
-    }
-    commit_async();
-  };
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) prefetch(first + s * stride, s);
+  for (int s = 0; s < kStages - 1; ++s)
+    fwd_fill_buffer<Cfg, kBulk>(p, shared_rows, row_ready, segment_col, lane, first + s * stride, s);
   int buffer = 0, parity = 0;
   unsigned ready_phases = 0;  // bulk copies: bit b, the parity of buffer b's next phase
   for (long long row = first; row < p.rows; row += stride, parity ^= 1) {
-    // The buffer behind this one held the previous row. With per-thread copies this thread alone
-    // read its packs there; a bulk copy overwrites everyone's, so every thread must be done: the
-    // end-of-row barrier below, or for clusters (which skip it) one here.
-    if constexpr (kBulk && S::kCluster > 1) __syncthreads();
-    prefetch(row + (kStages - 1) * stride, buffer == 0 ? kStages - 1 : buffer - 1);
+    Pipeline::before_fill_behind();
+    fwd_fill_buffer<Cfg, kBulk>(p, shared_rows, row_ready, segment_col, lane, row + (kStages - 1) * stride,
+                                Pipeline::behind(buffer));
     const long long offset = row * p.row_stride + segment_col;
     const long long weight_offset =
         (Cfg::kPerGroupWeights ? group_of_row(row, p.rows_per_group) * Cfg::kN : 0) + segment_col;
@@ -398,12 +237,7 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
     XT* y = static_cast<XT*>(p.y) + offset;
     // Centered on the row's x[0], read from global memory: another thread copied it in.
     const float center = kLayerNorm ? to_float(static_cast<const XT*>(p.x)[row * p.row_stride]) : 0.f;
-    if constexpr (kBulk) {
-      wait_row_barrier(&row_ready[buffer], ready_phases >> buffer & 1u);
-      ready_phases ^= 1u << buffer;
-    } else {
-      wait_async<kStages - 1>();
-    }
+    ready_phases ^= Pipeline::wait(row_ready, buffer, ready_phases);
     const XT* const row_x = shared_rows + buffer * S::kSegment;
     float dev = 0.f, sq = 0.f;
     for (int base = 0; base < S::kIters; base += S::kChunk) {
@@ -421,11 +255,11 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
       }
     }
     write_row<Cfg, XT, WT, kHeld>(p, row_x, lane, row, true, y, gamma, beta, center, shift, rstd, segment_col, &held);
-    buffer = buffer == kStages - 1 ? 0 : buffer + 1;
+    buffer = Pipeline::next(buffer);
     // The next row's reduction reuses the scratch (a cluster's barrier already orders it).
     if constexpr (S::kCluster == 1) __syncthreads();
   }
-  if constexpr (!kBulk) wait_async<0>();  // the trailing empty groups
+  Pipeline::drain();
   // A CTA's cluster slots must outlive the other CTAs' reads of them.
   if constexpr (S::kCluster > 1) {
     cluster_arrive();

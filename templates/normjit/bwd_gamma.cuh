@@ -1,0 +1,39 @@
+// gamma of the fused backward: a CTA's columns never change, so where registers allow, each
+// thread loads its packs of gamma once and holds them; otherwise each pass reads them again.
+// Rows in shared memory read gamma in both passes of every row, and with the row buffers taking
+// most of L1 it came from L2 each time, a stall at its first use. Only bulk-copied rows (kBulk)
+// hold it, and only where it measured faster and did not spill: LayerNorm rows of 384-512
+// threads with at most 64 bytes of it, and fp32 weights of at most 16 values per thread (not
+// LayerNorm rows of more than 896 threads, which need the registers for the dbeta sums; 16-bit
+// weights spilled). cp.async rows measured slower holding it. AdaLayerNorm's gamma changes with
+// the group: never held.
+#pragma once
+#include "normjit/common.cuh"
+
+namespace normjit {
+
+template <class Cfg, bool kBulk, class S = RowShape<Cfg>, int kWeightBytes = sizeof(typename Cfg::WT)>
+constexpr bool kBwdHoldsGamma =
+    (kBulk && Cfg::kHasBias && !Cfg::kPerGroupWeights && S::kThreads >= 384 && S::kThreads <= 512 &&
+     S::kIters * Cfg::kVec * kWeightBytes <= 64) ||
+    (kBulk && kWeightBytes == 4 && !Cfg::kPerGroupWeights && !(Cfg::kHasBias && S::kThreads > 896) &&
+     S::kIters * Cfg::kVec <= 16);
+
+// This thread's packs of gamma into `held` (kIters of them), from the CTA's segment at `gamma`.
+template <class Cfg, class WT, int kVec, int kPacks>
+__device__ __forceinline__ void load_held_gamma(Pack<WT, kVec> (&held)[kPacks], const WT* gamma, int lane) {
+  using S = RowShape<Cfg>;
+#pragma unroll
+  for (int i = 0; i < S::kIters; ++i)
+    if (const int pack = i * S::kThreads + lane; pack < S::kVecs) held[i] = load_pack<WT, kVec>(gamma + pack * kVec);
+}
+
+// This thread's pack i of gamma, at column col of the segment: held, or read.
+template <bool kHeld, class WT, int kVec, int kPacks>
+__device__ __forceinline__ Pack<WT, kVec> gamma_pack(const Pack<WT, kVec> (&held)[kPacks], const WT* gamma, int i,
+                                                     int col) {
+  if constexpr (kHeld) return held[i];
+  else return load_pack<WT, kVec>(gamma + col);
+}
+
+}  // namespace normjit

@@ -1,0 +1,91 @@
+// The forward's row statistics: this thread's sums over its packs of a row (deviations from a
+// center, squared deviations, counts), and the row's shift and rstd from them, summed over the
+// row's threads (reduce_cta.cuh) and, for clustered rows, its CTAs (reduce_cluster.cuh).
+// Packs follow RowShape: pack p of a row (segment) belongs to lane p % kThreads.
+#pragma once
+#include "normjit/common.cuh"
+
+namespace normjit {
+
+template <class Cfg>
+using FwdShape = RowShape<Cfg>;
+
+// This lane's packs of iterations first_pack..first_pack + kCount - 1 of a row (segment) at
+// `source`; packs past the segment, and all of an inactive row's, are left unread.
+template <class Cfg, int kCount, class XT, int kVec>
+__device__ __forceinline__ void load_chunk(Pack<XT, kVec> (&packs)[kCount], const XT* source, int first_pack, int lane,
+                                           bool active) {
+  using S = FwdShape<Cfg>;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i)
+    if (const int pack = (first_pack + i) * S::kThreads + lane; active && pack < S::kVecs)
+      packs[i] = load_pack<XT, kVec>(source + pack * kVec);
+}
+
+// Σ (x - center) and Σ ((x - center) - shift)^2 over the valid elements of kCount packs.
+// Subtracting `center` first keeps large offsets (x = 1e4 + noise) out of the sums.
+template <class Cfg, int kCount, class XT, int kVec>
+__device__ __forceinline__ float pack_sum(const Pack<XT, kVec> (&packs)[kCount], int first_pack, int lane,
+                                          float center) {
+  using S = FwdShape<Cfg>;
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i)
+    if ((first_pack + i) * S::kThreads + lane < S::kVecs) {
+      float xf[kVec];
+      unpack(packs[i], xf);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) sum += xf[j] - center;
+    }
+  return sum;
+}
+
+template <class Cfg, int kCount, class XT, int kVec>
+__device__ __forceinline__ float pack_sq_dev(const Pack<XT, kVec> (&packs)[kCount], int first_pack, int lane,
+                                             float center, float shift) {
+  using S = FwdShape<Cfg>;
+  float m2 = 0.f;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i)
+    if ((first_pack + i) * S::kThreads + lane < S::kVecs) {
+      float xf[kVec];
+      unpack(packs[i], xf);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float d = (xf[j] - center) - shift;
+        m2 += d * d;
+      }
+    }
+  return m2;
+}
+
+// Valid elements among kCount packs.
+template <class Cfg, int kCount>
+__device__ __forceinline__ float pack_count(int first_pack, int lane) {
+  using S = FwdShape<Cfg>;
+  float count = 0.f;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i)
+    if ((first_pack + i) * S::kThreads + lane < S::kVecs) count += Cfg::kVec;
+  return count;
+}
+
+// The row's shift (mean - center; LayerNorm) and rstd from this thread's sums of deviations from
+// the center and of their squares (RMSNorm: squares only), summed over the row and, for clusters,
+// over the cluster through `slot` (see cluster_sum).
+template <class Cfg>
+__device__ __forceinline__ void centered_stats(float dev, float sq, float eps, float2* pair_scratch,
+                                               float* sum_scratch, float2* slot, float& shift, float& rstd) {
+  using S = FwdShape<Cfg>;
+  if constexpr (Cfg::kNorm == NormKind::kLayerNorm) {
+    row_sum_pair<S::kThreads>(dev, sq, pair_scratch);
+    const float2 dev_sq = cluster_sum<S::kCluster>(make_float2(dev, sq), slot);
+    shift = dev_sq.x * S::kInvN;
+    rstd = rsqrtf(fmaxf(dev_sq.y * S::kInvN - shift * shift, 0.f) + eps);
+  } else {
+    const float total = cluster_sum<S::kCluster>(make_float2(row_sum<S::kThreads>(sq, sum_scratch), 0.f), slot).x;
+    rstd = rsqrtf(total * S::kInvN + eps);
+  }
+}
+
+}  // namespace normjit

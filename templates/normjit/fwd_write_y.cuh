@@ -1,0 +1,88 @@
+// The forward's output pass: y = norm(x) * gamma (+ beta) through the epilogue, for packs in
+// registers or a row (segment) waiting in memory, with gamma and beta read as needed or held in
+// registers by a persistent CTA.
+#pragma once
+#include "normjit/fwd_stats.cuh"
+
+namespace normjit {
+
+// gamma / beta packs a persistent CTA loads once into registers (kPacks > 0): its columns are the
+// same for every row. Shared-memory rows otherwise lose them from L1 (which gives way to shared
+// memory) and read them from L2 again on every row.
+template <class WT, int kVec, int kPacks>
+struct HeldWeights {
+  Pack<WT, kVec> g[kPacks > 0 ? kPacks : 1], b[kPacks > 0 ? kPacks : 1];
+};
+
+// Normalizes, applies the epilogue and stores kCount packs. Every lane of the row group runs the
+// loop (the epilogue may shuffle); only valid packs of active rows are read and written.
+// Pointers and columns are relative to the CTA's segment; the epilogue sees the row's column.
+// With kHeld packs of weights (first_pack a compile-time index then), gamma / beta come from `held`.
+template <class Cfg, int kCount, class XT, class WT, int kVec, int kHeld = 0>
+__device__ __forceinline__ void write_packs(const NormParams& p, const Pack<XT, kVec> (&packs)[kCount],
+                                            int first_pack, int lane, long long row, bool active, XT* y,
+                                            const WT* gamma, const WT* beta, float center, float shift,
+                                            float rstd, int segment_col,
+                                            const HeldWeights<WT, kVec, kHeld>* held = nullptr) {
+  using S = FwdShape<Cfg>;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const int pack = (first_pack + i) * S::kThreads + lane;
+    const bool valid = active && pack < S::kVecs;
+    const int col = pack * kVec;
+    float out[kVec];
+    if (valid) {
+      Pack<WT, kVec> g, b;
+      if constexpr (kHeld > 0) {
+        g = held->g[first_pack + i];
+        if constexpr (Cfg::kHasBias) b = held->b[first_pack + i];
+      } else {
+        g = load_pack<WT, kVec>(gamma + col);
+        if constexpr (Cfg::kHasBias) b = load_pack<WT, kVec>(beta + col);
+      }
+      float xf[kVec], gf[kVec], bf[kVec];
+      unpack(packs[i], xf);
+      unpack(g, gf);
+      if constexpr (Cfg::kHasBias) unpack(b, bf);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        // The mean is center + shift, kept as two floats: one rounded fp32 mean would cost
+        // up to half an ulp of |mean| in every output.
+        out[j] = ((xf[j] - center) - shift) * rstd * gf[j];
+        if constexpr (Cfg::kHasBias) out[j] += bf[j];
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) out[j] = 0.f;
+    }
+    Cfg::Epilogue::template forward<XT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane);
+    if (valid) {
+      Pack<XT, kVec> o;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(out[j]);
+      // Clustered and pipelined rows: plain stores came out split (see store_output_pack).
+      constexpr bool kAsmStore = S::kCluster > 1 || Cfg::kCache == RowCache::kSharedPipelined;
+      store_output_pack<XT, kVec, kAsmStore>(y + col, o);
+    }
+  }
+}
+
+// The output pass over a row waiting in `source` (shared memory, or x again), kChunk packs at a time.
+template <class Cfg, class XT, class WT, int kHeld = 0>
+__device__ __forceinline__ void write_row(const NormParams& p, const XT* source, int lane, long long row, bool active,
+                                          XT* y, const WT* gamma, const WT* beta, float center, float shift,
+                                          float rstd, int segment_col,
+                                          const HeldWeights<WT, Cfg::kVec, kHeld>* held = nullptr) {
+  using S = FwdShape<Cfg>;
+  constexpr int kVec = Cfg::kVec;
+  // Held weights are indexed by pack: the chunks must unroll for them to stay in registers.
+#pragma unroll(kHeld > 0 ? S::kIters : 1)
+  for (int base = 0; base < S::kIters; base += S::kChunk) {
+    Pack<XT, kVec> chunk[S::kChunk];
+    load_chunk<Cfg>(chunk, source, base, lane, active);
+    write_packs<Cfg, S::kChunk, XT, WT, kVec, kHeld>(p, chunk, base, lane, row, active, y, gamma, beta, center,
+                                                     shift, rstd, segment_col, held);
+  }
+}
+
+}  // namespace normjit
