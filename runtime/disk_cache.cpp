@@ -3,6 +3,9 @@
 // Entries carry a magic number, a format version and a checksum; anything that does not verify is
 // never loaded, only recompiled and replaced. A per-key lock file (flock) makes one thread or
 // process compile a missing key while the others wait and then read its entry.
+// An entry is code the process will run, and its checksum proves nothing about who wrote it: the
+// directory must be the user's own (or, opted in, its group's), and entries are loaded only from
+// their owners (DiskCacheOptions).
 #include <nlohmann/json.hpp>
 #include <xxhash.h>
 
@@ -18,6 +21,8 @@
 #include <sstream>
 
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -100,12 +105,21 @@ std::string deserialize(const std::string& bytes, Binary& b) {
   return {};
 }
 
-// One read into a buffer of the file's size: this is on every disk-cache hit.
-bool read_file(const fs::path& path, std::string& out) {
+// One read into a buffer of the file's size: this is on every disk-cache hit. `check`, when given,
+// sees the opened file's status first (the file read, not whatever the name points at later) and
+// returns false to skip it.
+template <class Check = std::nullptr_t>
+bool read_file(const fs::path& path, std::string& out, Check check = nullptr) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
   struct stat st {};
   bool ok = ::fstat(fd, &st) == 0;
+  if constexpr (!std::is_same_v<Check, std::nullptr_t>) {
+    if (ok && !check(st)) {
+      ::close(fd);
+      return false;
+    }
+  }
   if (ok) {
     out.resize(static_cast<size_t>(st.st_size));
     size_t done = 0;
@@ -121,27 +135,131 @@ bool read_file(const fs::path& path, std::string& out) {
   return ok || !out.empty();
 }
 
-// Writes to a unique temp name in the same directory, then renames over `path`.
-void write_atomic(const fs::path& path, const std::string& bytes) {
+// Writes to a unique temp name in the same directory, then renames over `path`. With `mode`, the
+// file gets exactly that mode (the umask neither narrows nor widens it); without, 0666 less the umask.
+void write_atomic(const fs::path& path, const std::string& bytes, std::optional<mode_t> mode = std::nullopt) {
   static std::atomic<uint64_t> counter{0};
   const fs::path tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(Status::kCacheError, "cannot create " + tmp.string() + ": " + std::strerror(errno));
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw Error(Status::kCacheError, "cannot write " + tmp.string() + ": " + std::strerror(errno));
+  auto fail = [&](const char* what) {
+    const std::string why = std::strerror(errno);
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    return Error(Status::kCacheError, std::string("cannot ") + what + " " + path.string() + " (temp file " +
+                                          tmp.filename().string() + "): " + why);
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode.value_or(0666));
+  if (fd < 0) throw fail("create");
+  bool ok = !mode || ::fchmod(fd, *mode) == 0;
+  for (size_t done = 0; ok && done < bytes.size();) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) ok = false;
+    else done += static_cast<size_t>(n);
+  }
+  if (!ok) {
+    const int saved = errno;
+    ::close(fd);
+    errno = saved;
+    throw fail("write");
+  }
+  if (::close(fd) != 0) throw fail("write");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) throw fail("rename into");
+}
+
+mode_t dir_mode(bool shared) { return shared ? 02770 : 0700; }
+mode_t entry_mode(bool shared) { return shared ? 0660 : 0600; }
+
+std::string octal(mode_t m) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%04o", static_cast<unsigned>(m & 07777));
+  return buf;
+}
+
+// Creates `dir` and its missing parents with exactly `mode` (chmod after mkdir: the umask would
+// narrow it, and mkdir may drop the setgid bit); parents that exist are left as they are.
+std::string make_dirs(const fs::path& dir, mode_t mode) {
+  fs::path p;
+  for (const fs::path& part : dir) {
+    p /= part;
+    struct stat st {};
+    if (::stat(p.c_str(), &st) == 0) continue;
+    if (::mkdir(p.c_str(), mode) == 0) {
+      if (::chmod(p.c_str(), mode) != 0) return "cannot set mode " + octal(mode) + " on " + p.string() + ": " + std::strerror(errno);
+    } else if (errno != EEXIST) {
+      return "cannot create cache directory " + p.string() + ": " + std::strerror(errno);
     }
   }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw Error(Status::kCacheError, "cannot rename into " + path.string() + ": " + ec.message());
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return "cannot create cache directory " + dir.string() + ": " + std::strerror(errno);
+  if (!S_ISDIR(st.st_mode)) return "cannot use cache directory " + dir.string() + ": it exists and is not a directory";
+  return {};
+}
+
+bool in_own_groups(gid_t gid) {
+  if (gid == ::getegid()) return true;
+  const int n = ::getgroups(0, nullptr);
+  std::vector<gid_t> groups(n > 0 ? n : 0);
+  const int got = n > 0 ? ::getgroups(n, groups.data()) : 0;
+  return std::find(groups.begin(), groups.begin() + std::max(got, 0), gid) != groups.begin() + std::max(got, 0);
+}
+
+// Whether user `uid` is a member of group `gid` (primary or supplementary); memoized.
+bool user_in_group(uid_t uid, gid_t gid) {
+  static std::mutex m;
+  static std::map<std::pair<uid_t, gid_t>, bool> known;
+  std::lock_guard<std::mutex> lock(m);
+  if (auto it = known.find({uid, gid}); it != known.end()) return it->second;
+  bool member = false;
+  std::vector<char> buf(16384);
+  struct passwd pw {};
+  struct passwd* found = nullptr;
+  if (::getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) == 0 && found) {
+    member = pw.pw_gid == gid;
+    int n = 64;
+    std::vector<gid_t> groups(n);
+    if (!member && ::getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &n) < 0) {
+      groups.resize(n);
+      ::getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &n);
+    }
+    if (!member) member = std::find(groups.begin(), groups.begin() + std::min<size_t>(n, groups.size()), gid) !=
+                          groups.begin() + std::min<size_t>(n, groups.size());
   }
+  return known[{uid, gid}] = member;
+}
+
+// Why the cache directory (whose status is `st`) must not be trusted, and the fix; empty when it may.
+struct Distrust {
+  std::string why, fix;
+  bool empty() const { return why.empty(); }
+};
+Distrust distrust_dir(const fs::path& dir, const struct stat& st, bool shared) {
+  const uid_t me = ::geteuid();
+  if (st.st_uid != me && !(shared && in_own_groups(st.st_gid))) {
+    return {"it is owned by uid " + std::to_string(st.st_uid) + ", not by this process's uid " + std::to_string(me) +
+                (shared ? " (and its group " + std::to_string(st.st_gid) + " is not one of this process's)" : ""),
+            "set NORMJIT_CACHE_DIR to a directory of your own" +
+                std::string(shared ? "" : ", or set NORMJIT_CACHE_SHARED=1 if it is a cache shared by a group you trust")};
+  }
+  const mode_t bad = shared ? S_IWOTH : (S_IWGRP | S_IWOTH);
+  if (st.st_mode & bad) {
+    return {"its mode " + octal(st.st_mode) + " lets " + ((st.st_mode & S_IWOTH) ? "other users" : "its group") +
+                " write entries this process would run",
+            std::string("chmod ") + (shared ? "2770 " : "700 ") + dir.string() +
+                ", or set NORMJIT_CACHE_DIR to another directory" +
+                (shared ? "" : ", or set NORMJIT_CACHE_SHARED=1 for a cache shared by the directory's group "
+                               "(group-writable, never world-writable)")};
+  }
+  return {};
+}
+
+// Why an entry file (status `st`) in a trusted directory of group `dir_gid` must not be loaded.
+std::string distrust_entry(const struct stat& st, bool shared, gid_t dir_gid) {
+  if (st.st_uid != ::geteuid() && !(shared && user_in_group(st.st_uid, dir_gid)))
+    return "it is owned by uid " + std::to_string(st.st_uid) + ", not by this process's uid " + std::to_string(::geteuid()) +
+           (shared ? " nor by a member of the directory's group " + std::to_string(dir_gid) : "");
+  const mode_t bad = shared ? S_IWOTH : (S_IWGRP | S_IWOTH);
+  if (st.st_mode & bad) return "its mode " + octal(st.st_mode) + " lets other users change it";
+  return {};
 }
 
 // An exclusive flock on `path`, created if missing. The inode is checked after locking: eviction
@@ -149,9 +267,11 @@ void write_atomic(const fs::path& path, const std::string& bytes) {
 class FileLock {
  public:
   // Blocking; returns an unlocked object (ok() false) when the file cannot be created.
-  static FileLock acquire(const fs::path& path, bool wait) {
+  static FileLock acquire(const fs::path& path, bool wait, mode_t mode) {
     for (;;) {
-      const int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+      int fd = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, mode);
+      // Another member's lock file in a shared cache: flock needs no write access.
+      if (fd < 0 && errno == EACCES) fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0) return FileLock(-1);
       if (::flock(fd, wait ? LOCK_EX : LOCK_EX | LOCK_NB) != 0) {
         ::close(fd);
@@ -159,8 +279,11 @@ class FileLock {
       }
       struct stat held, named;
       if (::fstat(fd, &held) == 0 && ::stat(path.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
-          held.st_dev == named.st_dev)
+          held.st_dev == named.st_dev) {
+        // The umask may have narrowed the mode: other members of a shared cache must open it too.
+        if (held.st_uid == ::geteuid() && (held.st_mode & 07777) != mode) (void)::fchmod(fd, mode);
         return FileLock(fd);
+      }
       ::close(fd);  // unlinked or replaced while we waited: lock the file that is there now
     }
   }
@@ -176,6 +299,15 @@ class FileLock {
   explicit FileLock(int fd) : fd_(fd) {}
   int fd_;
 };
+
+bool shared_from_env() {
+  const char* v = std::getenv("NORMJIT_CACHE_SHARED");
+  if (!v || !*v) return false;
+  const std::string s = v;
+  if (s == "1") return true;
+  if (s == "0") return false;
+  throw Error(Status::kInvalidArgument, "NORMJIT_CACHE_SHARED='" + s + "' is not 0 or 1");
+}
 
 uint64_t max_bytes_from_env() {
   const char* v = std::getenv("NORMJIT_CACHE_MAX_BYTES");
@@ -203,9 +335,51 @@ std::string hex128(XXH128_hash_t h) {
 
 }  // namespace
 
-DiskCache::DiskCache(fs::path dir)
-    : dir_(dir.empty() ? default_dir() : std::move(dir)), max_bytes_(max_bytes_from_env()) {
-  if (const char* b = std::getenv("NORMJIT_BUNDLE"); b && *b) use_bundle(b);
+DiskCacheOptions DiskCacheOptions::from_env() {
+  DiskCacheOptions o;
+  o.shared = shared_from_env();
+  o.max_bytes = max_bytes_from_env();
+  if (const char* b = std::getenv("NORMJIT_BUNDLE"); b && *b) o.bundle = b;
+  return o;
+}
+
+DiskCache::DiskCache(fs::path dir) : DiskCache(std::move(dir), DiskCacheOptions::from_env()) {}
+
+DiskCache::DiskCache(fs::path dir, DiskCacheOptions options)
+    : dir_(dir.empty() ? default_dir() : std::move(dir)), options_(std::move(options)) {
+  if (!options_.bundle.empty()) use_bundle(options_.bundle);
+}
+
+bool DiskCache::open_dir() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (dir_state_ == DirState::kUsable) {
+    // Removed while in use: made again, private as before.
+    struct stat st {};
+    if (::stat(dir_.c_str(), &st) == 0 || errno != ENOENT) return true;
+  } else if (dir_state_ == DirState::kUnusable) {
+    return false;
+  }
+  std::string why = make_dirs(dir_, dir_mode(options_.shared));
+  struct stat st {};
+  if (why.empty() && ::stat(dir_.c_str(), &st) != 0) why = "cannot use cache directory " + dir_.string() + ": " + std::strerror(errno);
+  if (!why.empty()) {
+    ++counters_.write_failures;
+    detail::log().warn("{}; continuing with the in-memory cache only", why);
+  } else if (const Distrust d = distrust_dir(dir_, st, options_.shared); !d.empty()) {
+    why = "disk cache directory " + dir_.string() + " is not trusted: " + d.why;
+    ++counters_.untrusted_directory;
+    detail::log().error("{}; not loading or storing kernels there, continuing with the in-memory cache only. Fix: {}",
+                        why, d.fix);
+    why += ". Fix: " + d.fix;
+  } else {
+    dir_gid_ = st.st_gid;
+    dir_state_ = DirState::kUsable;
+    return true;
+  }
+  unusable_why_ = why;
+  writable_ = false;
+  dir_state_ = DirState::kUnusable;
+  return false;
 }
 
 fs::path DiskCache::default_dir() {
@@ -243,8 +417,8 @@ std::string DiskCache::key(const GeneratedSource& src, const Target& target) {
       add(slot.get(), std::to_string(nvrtc_version()));
       add(slot.get(), target.str());
       for (const auto& o : options) add(slot.get(), o);
-      // Hashing the 77 KB of headers themselves, and copying them out first, took 60-100 us of a
-      // fresh process's first lookup (this 2-core machine).
+      // The headers by their build-time digest: hashing (and copying out) the headers themselves
+      // would weigh on a fresh process's first lookup.
       add(slot.get(), std::string(detail::embedded_templates_digest()));
     }
     prefix = slot;
@@ -266,12 +440,19 @@ fs::path DiskCache::entry_path(const Spec& spec, const Target& target) const {
 }
 
 Binary DiskCache::get_or_compile(const Spec& spec, const Target& target, double* compile_ms) {
-  if (!spec.block) throw Error(Status::kInvalidArgument, "DiskCache::get_or_compile(" + spec.str() + "): resolve() the spec first");
-  if (compile_ms) *compile_ms = 0;
+  Lookup r = lookup(spec, target);
+  if (compile_ms) *compile_ms = r.compile_ms;
+  return std::move(r.binary);
+}
+
+DiskCache::Lookup DiskCache::lookup(const Spec& spec, const Target& target) {
+  if (!spec.block) throw Error(Status::kInvalidArgument, "DiskCache::lookup(" + spec.str() + "): resolve() the spec first");
+  Lookup result;
   const GeneratedSource src = generate(spec);
   const std::string k = key(src, target);
   const fs::path stem = dir_ / (src.spec + "." + target.str() + "." + k.substr(0, 32));
   const fs::path entry = stem.string() + ".kernel";
+  const bool shared = options_.shared;
 
   // The binary in an entry's bytes when they are a valid entry for this kernel; else `why` says why.
   auto decode = [&](const std::string& bytes, std::string& why) -> std::optional<Binary> {
@@ -282,10 +463,23 @@ Binary DiskCache::get_or_compile(const Spec& spec, const Target& target, double*
     b.spec = src.spec;
     return b;
   };
-  // A valid entry on disk, or nothing; `report` logs and counts an invalid one.
+  // A valid entry on disk from a trusted writer, or nothing; `report` logs and counts a bad one.
   auto load = [&](bool report) -> std::optional<Binary> {
-    std::string bytes, why;
-    if (!read_file(entry, bytes)) return std::nullopt;
+    std::string bytes, why, distrust;
+    const bool read = read_file(entry, bytes, [&](const struct stat& st) {
+      distrust = distrust_entry(st, shared, static_cast<gid_t>(dir_gid_));
+      return distrust.empty();
+    });
+    if (!distrust.empty()) {
+      if (report) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++counters_.untrusted_entries;
+        detail::log().warn("disk cache entry {} is not trusted ({}): not loading it; recompiling {}", entry.string(),
+                           distrust, src.spec);
+      }
+      return std::nullopt;
+    }
+    if (!read) return std::nullopt;
     if (auto b = decode(bytes, why)) return b;
     if (report) {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -295,7 +489,7 @@ Binary DiskCache::get_or_compile(const Spec& spec, const Target& target, double*
     return std::nullopt;
   };
   auto hit = [&](Binary b, bool waited) {
-    if (max_bytes_ > 0) {
+    if (options_.max_bytes > 0) {
       // LRU by modification time (atime is unreliable on shared and noatime filesystems);
       // refreshed at most once a minute per entry.
       std::error_code ec;
@@ -307,7 +501,10 @@ Binary DiskCache::get_or_compile(const Spec& spec, const Target& target, double*
     ++counters_.disk_hits;
     if (waited) ++counters_.waited_hits;
     detail::log().debug("disk cache hit {} ({})", src.spec, entry.string());
-    return b;
+    result.binary = std::move(b);
+    result.source = Lookup::Source::kDisk;
+    result.on_disk = true;
+    return std::move(result);
   };
   if (!bundle_entries_.empty()) {
     // A bundle's entries were verified when it was opened.
@@ -316,60 +513,70 @@ Binary DiskCache::get_or_compile(const Spec& spec, const Target& target, double*
       if (auto b = decode(it->second, why)) {
         std::lock_guard<std::mutex> lock(mutex_);
         ++counters_.disk_hits;
-        return *b;
+        result.binary = std::move(*b);
+        result.source = Lookup::Source::kBundle;
+        return result;
       }
     }
   }
-  if (auto b = load(true)) return hit(std::move(*b), false);
+  const bool dir_ok = open_dir();
+  if (dir_ok) {
+    if (auto b = load(true)) return hit(std::move(*b), false);
+  }
 
   bool write_ok;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    write_ok = writable_;
+    write_ok = dir_ok && writable_;
   }
   auto write_failed = [&](const std::string& what) {
     std::lock_guard<std::mutex> lock(mutex_);
     ++counters_.write_failures;
-    if (writable_) detail::log().warn("{}; continuing with the in-memory cache only", what);
+    if (writable_) {
+      detail::log().warn("{}; continuing with the in-memory cache only", what);
+      unusable_why_ = what;
+    }
     writable_ = false;
     write_ok = false;
   };
   std::optional<FileLock> key_lock;
   if (write_ok) {
-    std::error_code ec;
-    fs::create_directories(dir_, ec);
-    if (ec) {
-      write_failed("cannot create cache directory " + dir_.string() + ": " + ec.message());
-    } else {
-      // Single flight: whoever holds the key's lock compiles; the others wait here, then find
-      // its entry.
-      key_lock.emplace(FileLock::acquire(stem.string() + ".lock", true));
-      if (!key_lock->ok()) {
-        write_failed("cannot lock " + stem.string() + ".lock: " + std::strerror(errno));
-      } else if (auto b = load(false)) {
-        return hit(std::move(*b), true);
-      }
+    // Single flight: whoever holds the key's lock compiles; the others wait here, then find its
+    // entry.
+    key_lock.emplace(FileLock::acquire(stem.string() + ".lock", true, entry_mode(shared)));
+    if (!key_lock->ok()) {
+      write_failed("cannot lock " + stem.string() + ".lock: " + std::strerror(errno));
+    } else if (auto b = load(false)) {
+      return hit(std::move(*b), true);
     }
   }
 
   CompileResult r = compile(src, target);
-  if (compile_ms) *compile_ms = r.milliseconds;
+  result.compile_ms = r.milliseconds;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++counters_.compiles;
   }
   if (write_ok) {
     try {
-      // The source first: a person can read what produced any entry they find.
-      write_atomic(stem.string() + ".cu", src.source);
-      write_atomic(entry, serialize(r.binary));
+      // The source first: a person can read what produced any entry they find. An entry that
+      // was not trusted is replaced here, never written into in place.
+      write_atomic(stem.string() + ".cu", src.source, entry_mode(shared));
+      write_atomic(entry, serialize(r.binary), entry_mode(shared));
     } catch (const Error& e) {
       write_failed(e.what());
     }
   }
   key_lock.reset();
-  if (write_ok && max_bytes_ > 0) enforce_cap(entry);
-  return std::move(r.binary);
+  if (write_ok && options_.max_bytes > 0) enforce_cap(entry);
+  result.binary = std::move(r.binary);
+  result.on_disk = write_ok;
+  if (!write_ok) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++counters_.not_stored;
+    result.not_stored_why = unusable_why_;
+  }
+  return result;
 }
 
 uint64_t DiskCache::size_bytes() const {
@@ -412,14 +619,15 @@ void DiskCache::enforce_cap(const fs::path& keep) {
       if (!e2 && now - t > std::chrono::minutes(10)) fs::remove(p, e2);
     }
   }
-  if (total <= max_bytes_) return;
+  const uint64_t max_bytes = options_.max_bytes;
+  if (total <= max_bytes) return;
   std::sort(found.begin(), found.end(), [](const Entry& a, const Entry& b) { return a.mtime < b.mtime; });
   for (const Entry& x : found) {
-    if (total <= max_bytes_) break;
+    if (total <= max_bytes) break;
     if (x.kernel == keep) continue;
     // Never evict a key that is being compiled or read under its lock right now.
     const fs::path lock_path = sibling(x.kernel, ".lock");
-    FileLock lock = FileLock::acquire(lock_path, false);
+    FileLock lock = FileLock::acquire(lock_path, false, entry_mode(options_.shared));
     if (!lock.ok()) continue;
     std::error_code e2;
     fs::remove(x.kernel, e2);
@@ -429,9 +637,9 @@ void DiskCache::enforce_cap(const fs::path& keep) {
     std::lock_guard<std::mutex> guard(mutex_);
     ++counters_.evictions;
   }
-  if (total > max_bytes_)
+  if (total > max_bytes)
     detail::log().warn("disk cache {} holds {} bytes, over NORMJIT_CACHE_MAX_BYTES={}: the rest is in use or newest",
-                       dir_.string(), total, max_bytes_);
+                       dir_.string(), total, max_bytes);
 }
 
 namespace {
@@ -532,10 +740,15 @@ size_t export_bundle(const fs::path& cache_dir, const fs::path& bundle, const st
 
 size_t import_bundle(const fs::path& bundle, const fs::path& cache_dir) {
   const auto entries = read_bundle(bundle);  // all verified before anything is written
-  std::error_code ec;
-  fs::create_directories(cache_dir, ec);
-  if (ec) throw Error(Status::kCacheError, "cannot create cache directory " + cache_dir.string() + ": " + ec.message());
-  for (const auto& [name, bytes] : entries) write_atomic(cache_dir / name, bytes);
+  const bool shared = shared_from_env();
+  if (std::string why = make_dirs(cache_dir, dir_mode(shared)); !why.empty()) throw Error(Status::kCacheError, why);
+  struct stat st {};
+  if (::stat(cache_dir.c_str(), &st) != 0)
+    throw Error(Status::kCacheError, "cannot use cache directory " + cache_dir.string() + ": " + std::strerror(errno));
+  if (const Distrust d = distrust_dir(cache_dir, st, shared); !d.empty())
+    throw Error(Status::kCacheError, "cannot import into disk cache directory " + cache_dir.string() +
+                                         ", it is not trusted: " + d.why + ". Fix: " + d.fix);
+  for (const auto& [name, bytes] : entries) write_atomic(cache_dir / name, bytes, entry_mode(shared));
   return entries.size();
 }
 

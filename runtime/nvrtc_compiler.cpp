@@ -164,10 +164,11 @@ CompileResult compile(const GeneratedSource& src, const Target& target, const st
   // ptxas aims a kernel without a minimum CTA count at an occupancy step of its own choosing,
   // and spills a few bytes to reach it where the kernel needs a few registers more. Such a
   // kernel is compiled again asking for one CTA per SM (NORMJIT_LAUNCH_BOUNDS), and the copy
-  // with less local memory is kept. Deterministic for the key; -DNORMJIT_KEEP_SPILLS turns it off.
+  // with less local memory is kept. Deterministic for the key.
   const long local_bytes = ptx ? 0 : local_memory_bytes(nvrtc);
-  if (local_bytes > 0 &&
-      std::find(options.begin(), options.end(), "-DNORMJIT_KEEP_SPILLS") == options.end()) {
+  long first_local_bytes = 0;
+  if (local_bytes > 0) {
+    first_local_bytes = local_bytes;
     std::vector<std::string> relaxed = options;
     relaxed.push_back("-DNORMJIT_NO_OCCUPANCY_SPILL");
     NvrtcOutput retry = run_nvrtc(src, relaxed, ptx, ctx);
@@ -179,6 +180,7 @@ CompileResult compile(const GeneratedSource& src, const Target& target, const st
 
   CompileResult out;
   out.log = std::move(nvrtc.log);
+  out.first_local_bytes = static_cast<int>(first_local_bytes);
   Binary& b = out.binary;
   b.spec = src.spec;
   b.kernel_name = src.kernel_name;

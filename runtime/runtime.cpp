@@ -26,12 +26,6 @@ int access_bytes(int vec, DType d) { return std::min(16, vec * dtype_size(d)); }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// A launch behaviour that `NAME=0` turns off, for A/B timing; read once per process by the caller.
-bool enabled_unless_zero(const char* name) {
-  const char* v = std::getenv(name);
-  return !(v && std::string_view(v) == "0");
-}
-
 // Every field of a spec in one word (n < 2^19, block fields < 2^11 each, vec and cluster by their
 // log2; stages 2-4). A spec without a block
 // config packs threads_per_row = 0, which no resolved spec has.
@@ -178,12 +172,10 @@ Kernel::BackwardPlan Kernel::plan(int64_t rows, int64_t rows_per_batch) const {
     // groups; one partial slot each.
     const int64_t row_blocks = ceil_div(p.rows_per_group, b.rows_per_cta);
     int64_t slots = resident_ctas_ / p.groups;
-    static const bool partial_cap = enabled_unless_zero("NORMJIT_BWD_PARTIAL_CAP");
-    if (b.rows_per_cta > 1 && partial_cap) {
+    if (b.rows_per_cta > 1) {
       // Small CTAs of several rows each: with few rows per CTA the partial rows (N fp32 sums each,
       // written and read back) weigh on short launches; keep them within 1/16 of the rows' own
-      // bytes (x, dy, dx), on at least one CTA per SM. LN 4096x768 f16: 512 -> 192 CTAs, 12.4 ->
-      // 11.6 µs per launch under graph replay (H100; bench/NOTES.md, session 8).
+      // bytes (x, dy, dx), on at least one CTA per SM.
       const int64_t sums = spec_.has_bias ? 2 : 1;
       const int64_t cap = p.rows_per_group * 3 * dtype_size(spec_.x_dtype) / (64 * sums);
       slots = std::min(slots, std::max<int64_t>(sm_count_, cap));
@@ -341,9 +333,9 @@ Runtime::Runtime(int device, std::filesystem::path cache_dir) : disk_cache_(std:
   NORMJIT_CU(cuDeviceGetAttribute(&memory_khz, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, cu_device_));
   NORMJIT_CU(cuDeviceGetAttribute(&bus_bits, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, cu_device_));
   device_.dram_gb_per_s = 2.0 * memory_khz * 1e3 * (bus_bits / 8) / 1e9;  // two transfers per clock
-  // 16-CTA rows (LN bwd N = 262144) against the split route they replace, bf16, session 10: faster
-  // on an H100 (3.35 TB/s over 132 SMs; 55.8 -> 64.3 % of copy), slower on an H200 (4.9 TB/s;
-  // 54.2 -> 46.4 %), where the split route's extra pass costs less than the 16-CTA barriers.
+  // 16-CTA (non-portable) clusters pay off only where each SM's share of DRAM bandwidth is low:
+  // with more bandwidth per SM the split route's extra pass costs less than the 16-CTA barriers
+  // (docs/perf-notes.md has the figures).
   constexpr double kNonPortableClusterMaxGbPerSm = 30;
   if (device_.sm_count > 0 && device_.dram_gb_per_s / device_.sm_count > kNonPortableClusterMaxGbPerSm)
     max_cluster_ = kMaxPortableCluster;
@@ -353,10 +345,13 @@ Runtime::Runtime(int device, std::filesystem::path cache_dir) : disk_cache_(std:
                                            "; normjit needs sm_80 or newer");
   target_ = Target{device_.sm_major * 10 + device_.sm_minor};
   // The tuning database: NORMJIT_TUNING_DB, else tuning.json in the cache directory.
+  // A cache directory that is not trusted holds no tuning database either: it is neither read nor
+  // written (tuning_db_path_ stays empty).
   const char* db_env = std::getenv("NORMJIT_TUNING_DB");
-  tuning_db_path_ = db_env && *db_env ? std::filesystem::path(db_env) : disk_cache_.dir() / "tuning.json";
+  if (db_env && *db_env) tuning_db_path_ = db_env;
+  else if (disk_cache_.usable()) tuning_db_path_ = disk_cache_.dir() / "tuning.json";
   std::error_code ec;
-  const bool db_exists = std::filesystem::exists(tuning_db_path_, ec);
+  const bool db_exists = !tuning_db_path_.empty() && std::filesystem::exists(tuning_db_path_, ec);
   tuning_mode_ = tuning_mode_from_env(db_exists);
   if (tuning_mode_ != TuningMode::kHeuristic && db_exists) {
     tuning_db_ = TuningDb::load(tuning_db_path_.string());
@@ -503,14 +498,11 @@ const Kernel& Runtime::get_resolved(const Spec& resolved) {
   kernel->threads_per_cta_ = binary.threads_per_cta;
   kernel->rows_per_cta_ = binary.rows_per_cta;
   kernel->sm_count_ = device_.sm_count;
-  // NORMJIT_DEPENDENT_LAUNCH=0 launches the backward's kernels plainly, NORMJIT_BWD_FIRST_DEPENDENT=0
-  // its first kernel (for A/B timing). Clusters and the forward keep the plain launch for the first
-  // kernel: only the backward's first kernels wait (griddepcontrol.wait) before any global access.
-  static const bool dependent_launch_allowed = enabled_unless_zero("NORMJIT_DEPENDENT_LAUNCH");
-  static const bool first_dependent_allowed = enabled_unless_zero("NORMJIT_BWD_FIRST_DEPENDENT");
-  kernel->dependent_launch_ = target_.arch >= 90 && dependent_launch_allowed;
-  kernel->first_dependent_ = kernel->dependent_launch_ && first_dependent_allowed &&
-                             resolved.phase == Phase::kBackward && resolved.block->cluster == 1;
+  // Clusters and the forward keep the plain launch for the first kernel: only the backward's
+  // unclustered first kernels wait (griddepcontrol.wait) before any global access.
+  kernel->dependent_launch_ = target_.arch >= 90;
+  kernel->first_dependent_ = kernel->dependent_launch_ && resolved.phase == Phase::kBackward &&
+                             resolved.block->cluster == 1;
   if (in_shared_memory(resolved.block->cache)) {
     const int64_t bytes = shared_row_bytes(resolved, *resolved.block);
     int optin = 0;

@@ -189,8 +189,11 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
     tuning_db_.record(key, entry);
     // Merged into the file under a lock, so concurrent processes keep each other's winners.
     const std::string lock_path = tuning_db_path_.string() + ".lock";
-    const int fd = ::open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
-    if (fd >= 0 && ::flock(fd, LOCK_EX) == 0) {
+    const int fd = tuning_db_path_.empty() ? -1 : ::open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+    if (tuning_db_path_.empty()) {
+      detail::log().warn("tuned {} kept in memory only: the cache directory is not usable and NORMJIT_TUNING_DB is unset",
+                         spec.str());
+    } else if (fd >= 0 && ::flock(fd, LOCK_EX) == 0) {
       try {
         std::error_code ec;
         if (std::filesystem::exists(tuning_db_path_, ec)) tuning_db_.merge(TuningDb::load(tuning_db_path_.string()));

@@ -145,7 +145,12 @@ void TuningDb::save(const std::string& path) const {
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out << dump();
-    if (!out) throw Error(Status::kInvalidArgument, "cannot write tuning database '" + tmp + "': " + std::strerror(errno));
+    out.close();  // a full disk shows only when the buffer is written out
+    if (!out) {
+      const std::string why = std::strerror(errno);
+      std::remove(tmp.c_str());
+      throw Error(Status::kInvalidArgument, "cannot write tuning database '" + path + "' (temp file '" + tmp + "'): " + why);
+    }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string why = std::strerror(errno);

@@ -18,6 +18,7 @@
 #include "normjit/normjit.hpp"
 #include "normjit/reference.hpp"
 #include "runtime/device_scratch.hpp"
+#include "tools/output.hpp"
 
 namespace nj = normjit;
 
@@ -141,6 +142,7 @@ int main(int argc, char** argv) {
     const nj::detail::FillKernels util(rt.target(), dev.sm_count);
     nlohmann::json results = nlohmann::json::array();
     bool all_ok = true;
+    bool output_failed = false;  // an output file the user asked for was not written
     if (graph)
       std::printf("%-58s %8s %5s %10s %10s %6s %10s %6s %9s %9s %7s %10s %9s %9s\n", "spec", "rows", "K", "graph us",
                   "copy us", "ratio", "copy=B us", "ratio=B", "GB/s", "copy GB/s", "%copy", "stream us", "max_err/tol",
@@ -475,22 +477,27 @@ int main(int argc, char** argv) {
       std::printf("\n%-58s %10s %10s %8s\n", "spec", "heur. us", "tuned us", "speedup");
       for (const auto& line : summary) std::printf("%s\n", line.c_str());
       if (!tuning_db_path.empty()) {
-        db.save(tuning_db_path);
-        std::fprintf(stderr, "normjit-tune: %zu entries in %s\n", db.size(), tuning_db_path.c_str());
+        // A database that cannot be saved fails the run, after the JSON below is still written.
+        try {
+          db.save(tuning_db_path);
+          std::fprintf(stderr, "normjit-tune: %zu entries in %s\n", db.size(), tuning_db_path.c_str());
+        } catch (const nj::Error& e) {
+          std::fprintf(stderr, "%s: error: --tuning-db: %s\n", kTool, e.what());
+          output_failed = true;
+        }
       }
     }
     if (!json_path.empty()) {
       nlohmann::json doc{{"device", dev.name}, {"sm", rt.target().str()}, {"sm_count", dev.sm_count},
                          {"driver", dev.driver_version}, {"nvrtc", nj::nvrtc_version()}, {"seed", seed},
                          {"results", results}};
-      if (json_path == "-") std::cout << doc.dump(2) << "\n";
-      else std::ofstream(json_path) << doc.dump(2) << "\n";
+      if (const std::string why = nj::tools::write_output(json_path, doc.dump(2) + "\n"); !why.empty()) {
+        std::fprintf(stderr, "%s: error: --json: %s\n", kTool, why.c_str());
+        output_failed = true;
+      }
     }
-    if (!all_ok) {
-      std::fprintf(stderr, "%s: verification FAILED (max_err/tol > 1) for at least one spec\n", kTool);
-      return 1;
-    }
-    return 0;
+    if (!all_ok) std::fprintf(stderr, "%s: verification FAILED (max_err/tol > 1) for at least one spec\n", kTool);
+    return all_ok && !output_failed ? 0 : 1;
   } catch (const nj::Error& e) {
     std::fprintf(stderr, "%s: %s\n", kTool, e.what());
     return 2;

@@ -1,5 +1,6 @@
 // normjit-precompile: compiles a manifest of specs (and/or specs given on the command line) into
-// the disk cache for one or more named archs. Needs no GPU.
+// the disk cache for one or more named archs. Needs no GPU. Its whole job is to fill the cache (or
+// a bundle): a kernel it could not store, or an output it could not write, makes it fail.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -13,6 +14,7 @@
 
 #include "normjit/normjit.hpp"
 #include "tools/manifest.hpp"
+#include "tools/output.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"Compile normjit kernels into the disk cache (no GPU needed)."};
@@ -38,10 +40,10 @@ int main(int argc, char** argv) {
         std::cerr << "normjit-precompile: --import takes no specs, manifests or --bundle\n";
         return 2;
       }
-      const normjit::DiskCache cache(cache_dir);
-      const size_t n = normjit::import_bundle(import_path, cache.dir());
+      const std::filesystem::path dir = cache_dir.empty() ? normjit::DiskCache::default_dir() : std::filesystem::path(cache_dir);
+      const size_t n = normjit::import_bundle(import_path, dir);
       std::fprintf(stderr, "normjit-precompile: imported %zu entries from %s into %s\n", n, import_path.c_str(),
-                   cache.dir().string().c_str());
+                   dir.string().c_str());
       return 0;
     }
     std::vector<normjit::Spec> specs;
@@ -57,13 +59,18 @@ int main(int argc, char** argv) {
     std::vector<normjit::Target> targets;
     for (const auto& a : archs) targets.push_back(normjit::Target::parse(a));
 
-    normjit::DiskCache cache(cache_dir);
+    // NORMJIT_BUNDLE is not consulted: a kernel found there would not be stored in the directory.
+    normjit::DiskCacheOptions options = normjit::DiskCacheOptions::from_env();
+    options.bundle.clear();
+    normjit::DiskCache cache(cache_dir, options);
     struct Job {
       normjit::Spec spec;
       normjit::Target target;
       double compile_ms = 0;
       double wall_ms = 0;
       bool cached = false;
+      bool stored = false;
+      std::string not_stored_why;
       std::string error;
     };
     std::vector<Job> work;
@@ -78,8 +85,11 @@ int main(int argc, char** argv) {
         Job& job = work[i];
         const auto t0 = std::chrono::steady_clock::now();
         try {
-          cache.get_or_compile(job.spec, job.target, &job.compile_ms);
-          job.cached = job.compile_ms == 0;
+          const normjit::DiskCache::Lookup r = cache.lookup(job.spec, job.target);
+          job.compile_ms = r.compile_ms;
+          job.cached = r.source != normjit::DiskCache::Lookup::Source::kCompiled;
+          job.stored = r.on_disk;
+          job.not_stored_why = r.not_stored_why;
         } catch (const normjit::Error& e) {
           job.error = e.what();
         }
@@ -102,11 +112,17 @@ int main(int argc, char** argv) {
     const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
     std::vector<double> compile_ms;
-    size_t failed = 0, cached = 0;
+    size_t failed = 0, cached = 0, not_stored = 0;
+    std::vector<std::string> not_stored_whys;  // distinct, in order of first appearance
     for (const auto& j : work) {
       if (!j.error.empty()) ++failed;
       else if (j.cached) ++cached;
       else compile_ms.push_back(j.compile_ms);
+      if (j.error.empty() && !j.stored) {
+        ++not_stored;
+        if (std::find(not_stored_whys.begin(), not_stored_whys.end(), j.not_stored_why) == not_stored_whys.end())
+          not_stored_whys.push_back(j.not_stored_why);
+      }
     }
     std::sort(compile_ms.begin(), compile_ms.end());
     const double median = compile_ms.empty() ? 0 : compile_ms[compile_ms.size() / 2];
@@ -115,12 +131,20 @@ int main(int argc, char** argv) {
                  "with %u job(s); median compile %.1f ms; cache %s\n",
                  work.size(), targets.size(), compile_ms.size(), cached, failed, total_s, jobs, median,
                  cache.dir().string().c_str());
+    if (not_stored) {
+      std::fprintf(stderr, "normjit-precompile: error: %zu of %zu kernel(s) could not be stored in cache %s:\n",
+                   not_stored, work.size(), cache.dir().string().c_str());
+      for (const auto& why : not_stored_whys)
+        std::fprintf(stderr, "  %s\n", why.empty() ? "(no reason recorded)" : why.c_str());
+    }
+    int rc = failed || not_stored ? 1 : 0;
     if (!json_path.empty()) {
       nlohmann::json j;
       j["kernels"] = work.size();
       j["compiled"] = compile_ms.size();
       j["cached"] = cached;
       j["failed"] = failed;
+      j["not_stored"] = not_stored;
       j["seconds"] = total_s;
       j["jobs"] = jobs;
       j["median_compile_ms"] = median;
@@ -131,16 +155,17 @@ int main(int argc, char** argv) {
       j["waited_for_another_compile"] = counters.waited_hits;
       j["corrupt_entries"] = counters.corrupt_entries;
       j["evictions"] = counters.evictions;
+      j["untrusted_entries"] = counters.untrusted_entries;
       j["nvrtc_version"] = normjit::nvrtc_version();
-      if (json_path == "-") {
-        std::cout << j.dump(2) << "\n";
-      } else {
-        std::ofstream(json_path) << j.dump(2) << "\n";
+      if (const std::string why = normjit::tools::write_output(json_path, j.dump(2) + "\n"); !why.empty()) {
+        std::cerr << "normjit-precompile: error: --json: " << why << "\n";
+        rc = 1;
       }
     }
     if (!bundle_path.empty()) {
-      if (failed) {
-        std::cerr << "normjit-precompile: not writing " << bundle_path << ": " << failed << " kernel(s) failed\n";
+      if (failed || not_stored) {
+        std::cerr << "normjit-precompile: error: not writing bundle " << bundle_path << ": " << failed
+                  << " kernel(s) failed, " << not_stored << " not stored in the cache\n";
         return 1;
       }
       std::vector<std::string> names;
@@ -150,9 +175,9 @@ int main(int argc, char** argv) {
       const size_t n = normjit::export_bundle(cache.dir(), bundle_path, names);
       std::fprintf(stderr, "normjit-precompile: wrote %zu entries to bundle %s\n", n, bundle_path.c_str());
     }
-    return failed ? 1 : 0;
+    return rc;
   } catch (const normjit::Error& e) {
-    std::cerr << "normjit-precompile: " << e.what() << "\n";
+    std::cerr << "normjit-precompile: error: " << e.what() << "\n";
     return 2;
   }
 }

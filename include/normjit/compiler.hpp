@@ -39,6 +39,9 @@ struct CompileResult {
   Binary binary;
   std::string log;
   double milliseconds = 0;
+  // Local memory of the first compile when it had some and was compiled again (see compile());
+  // 0 when the kernel was compiled once.
+  int first_local_bytes = 0;
 };
 
 int nvrtc_version();                     // major*1000 + minor*10
@@ -85,43 +88,82 @@ struct CacheCounters {
   uint64_t write_failures = 0;
   uint64_t waited_hits = 0;  // hits that appeared while waiting for another compile of the key
   uint64_t evictions = 0;    // entries removed to stay under the size cap
+  uint64_t not_stored = 0;   // compiled kernels whose entry is not in the directory (kept in memory only)
+  uint64_t untrusted_entries = 0;    // entries not loaded: owned by another user, or writable by others
+  uint64_t untrusted_directory = 0;  // 1 when the directory failed the trust check (nothing loaded or stored)
+};
+
+// An entry is GPU code that the process runs, checked only by a checksum its writer computed, so
+// the cache loads only what the user (or, when shared, the directory's group) wrote.
+struct DiskCacheOptions {
+  // false (private): the directory must be owned by the effective user and writable by no one else;
+  // directories the cache creates are 0700 and entries 0600; entries owned by another user are not
+  // loaded. true (NORMJIT_CACHE_SHARED=1, for a team of ranks): the directory may be group-writable,
+  // never world-writable; entries owned by members of its group are loaded; directories the cache
+  // creates are 02770 and entries 0660.
+  bool shared = false;
+  uint64_t max_bytes = 0;        // NORMJIT_CACHE_MAX_BYTES; 0: no cap
+  std::filesystem::path bundle;  // NORMJIT_BUNDLE; empty: none
+  // From the environment; a bad value throws Error(kInvalidArgument) naming the variable and value.
+  static DiskCacheOptions from_env();
 };
 
 class DiskCache {
  public:
-  // The size cap comes from NORMJIT_CACHE_MAX_BYTES (bytes; unset or 0: no cap); a value that is
-  // not a number throws Error(kInvalidArgument) naming it.
+  // Options from the environment (DiskCacheOptions::from_env()).
   explicit DiskCache(std::filesystem::path dir);
+  DiskCache(std::filesystem::path dir, DiskCacheOptions options);
   static std::filesystem::path default_dir();  // NORMJIT_CACHE_DIR, $XDG_CACHE_HOME/normjit, ~/.cache/normjit
 
-  // Returns the binary for a resolved spec, from disk when present, else compiled and stored.
-  // compile_ms, when given, receives the NVRTC time (0 on a hit).
+  // Where a lookup's binary came from, and whether its entry is in the directory now.
+  struct Lookup {
+    enum class Source { kDisk, kBundle, kCompiled };
+    Binary binary;
+    Source source = Source::kCompiled;
+    double compile_ms = 0;  // NVRTC time (0 unless compiled)
+    bool on_disk = false;   // the entry is in the directory (found there, or compiled and stored)
+    std::string not_stored_why;  // compiled but not stored: why (the directory and the error)
+  };
+  // The binary for a resolved spec: from the bundle, else from the directory, else compiled and
+  // stored. A directory that cannot be used leaves the cache working in memory only (logged once).
+  Lookup lookup(const Spec& resolved_spec, const Target& target);
+  // lookup()'s binary; compile_ms, when given, receives the NVRTC time (0 on a hit).
   Binary get_or_compile(const Spec& resolved_spec, const Target& target, double* compile_ms = nullptr);
   // The cache key (hex) for a generated source and target.
   static std::string key(const GeneratedSource& src, const Target& target);
 
   const std::filesystem::path& dir() const { return dir_; }
+  bool shared() const { return options_.shared; }
+  // Whether the directory may be read and written: created if missing, then checked once
+  // (DiskCacheOptions); when not, logged once and the cache works in memory only.
+  bool usable() { return open_dir(); }
   CacheCounters counters() const;
   // Least recently used entries (by modification time, which hits refresh; never atime) are
   // removed after each write until the entries' .kernel and .cu bytes fit. 0: no cap.
-  void set_max_bytes(uint64_t bytes) { max_bytes_ = bytes; }
-  uint64_t max_bytes() const { return max_bytes_; }
+  void set_max_bytes(uint64_t bytes) { options_.max_bytes = bytes; }
+  uint64_t max_bytes() const { return options_.max_bytes; }
   // Bytes of the entries (.kernel and .cu) now in the directory.
   uint64_t size_bytes() const;
   // The entry file a resolved spec compiles to for a target (whether or not it exists yet).
   std::filesystem::path entry_path(const Spec& resolved_spec, const Target& target) const;
-  // Entries are looked up in this bundle (verified when it is opened) before the directory;
-  // NORMJIT_BUNDLE names one at construction. Throws Error(kCacheError) naming a bad bundle.
+  // Entries are looked up in this bundle (verified when it is opened) before the directory; a
+  // bundle is trusted because the user names it. Throws Error(kCacheError) naming a bad bundle.
   void use_bundle(const std::filesystem::path& bundle);
 
  private:
   void enforce_cap(const std::filesystem::path& keep);
+  // Creates the directory if missing and checks that it may be trusted, once; false (with the
+  // reason in unusable_why_, logged) when it is not to be read or written.
+  bool open_dir();
 
   std::filesystem::path dir_;
+  DiskCacheOptions options_;
   mutable std::mutex mutex_;
   CacheCounters counters_;
+  enum class DirState { kUnchecked, kUsable, kUnusable } dir_state_ = DirState::kUnchecked;
   bool writable_ = true;
-  uint64_t max_bytes_ = 0;
+  std::string unusable_why_;  // why entries are not stored (first failure)
+  uint32_t dir_gid_ = 0;      // the directory's group: a shared cache loads its members' entries
   std::map<std::string, std::string> bundle_entries_;  // entry file name -> entry bytes
 };
 
@@ -134,7 +176,9 @@ class DiskCache {
 size_t export_bundle(const std::filesystem::path& cache_dir, const std::filesystem::path& bundle,
                      const std::vector<std::string>& names = {});
 // Verifies the whole bundle first, then writes its entries into the cache directory (each
-// renamed into place); a bad bundle writes nothing. Returns how many entries it holds.
+// renamed into place, with the modes of NORMJIT_CACHE_SHARED); a bad bundle writes nothing.
+// Throws Error(kCacheError) when the directory cannot be created or fails the trust check
+// (DiskCacheOptions). Returns how many entries it holds.
 size_t import_bundle(const std::filesystem::path& bundle, const std::filesystem::path& cache_dir);
 
 }  // namespace normjit

@@ -144,6 +144,8 @@ class Runtime {
   // The tuning database key of a spec on this device.
   TuningKey tuning_key(const Spec& spec) const;
   TuningMode tuning_mode() const { return tuning_mode_; }
+  // NORMJIT_TUNING_DB, else tuning.json in the cache directory; empty when that directory is not
+  // usable (not trusted, or cannot be created): no database is read or written then.
   const std::filesystem::path& tuning_db_path() const { return tuning_db_path_; }
   // Picks the vector width the pointers' alignment allows, then gets and launches.
   void launch(const Spec& spec, const LaunchArgs& args, CUstream stream = nullptr);

@@ -18,8 +18,8 @@ TEST_CASE("backward matches the fp64 reference over ops x dtypes x N x rows") {
   // a cluster, 262144 an 8-CTA cluster without dbeta and the split route with it; fp32 x registers
   // up to 10240 (12288 without dbeta), then the split route. 12289 and 20001 are odd rows past the
   // register route (1-element packs). Ragged one-buffer cluster segments: 40960 (2 CTAs without
-  // dbeta), 81920 (4 CTAs). Session 14: 20480 / 22528, RMSNorm's one-CTA 3-pack rows by bulk
-  // copies; 19456, LayerNorm's 2-CTA bulk row of 608 threads.
+  // dbeta), 81920 (4 CTAs). 20480 / 22528: RMSNorm's one-CTA 3-pack rows by bulk copies; 19456:
+  // LayerNorm's 2-CTA bulk row of 608 threads.
   const std::vector<int64_t> ns = grid_ns({1, 7, 127, 256, 1000, 1024, 2880, 4096, 4097, 8192, 12288, 12289, 16384, 18432, 19456, 20001, 20480, 22528, 32768, 40960, 65536, 81920, 262144});
   std::vector<Case> cases;
   for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
@@ -200,7 +200,7 @@ TEST_CASE("16-CTA clusters (non-portable): pinned, and the heuristic's picks pas
 }
 
 TEST_CASE("the heuristic's bulk-copy picks (sm_90) over many rows per CTA") {
-  // The sizes whose default became a tma row in session 9: 2-3-buffer one-CTA rows and 2-CTA rows.
+  // Sizes whose default is a bulk-copied (tma) row: 2-3-buffer one-CTA rows and 2-CTA rows.
   const int arch = runtime().target().arch;
   if (arch < 90) {
     MESSAGE("SKIPPED: the heuristic picks bulk copies on sm_90 and newer only; this GPU is sm_" << arch);
@@ -214,8 +214,8 @@ TEST_CASE("the heuristic's bulk-copy picks (sm_90) over many rows per CTA") {
                            "rmsnorm.bwd.f16.w_f16.n8192.gelu", "layernorm.bwd.bf16.w_f32.n12288.bias",
                            "layernorm.bwd.f16.w_f16.n16384.bias", "layernorm.bwd.bf16.w_f32.n14336.bias.gelu",
                            "layernorm.bwd.bf16.w_f32.n32768.bias", "rmsnorm.bwd.bf16.w_f32.n32768",
-                           // Session 13: 2-pack rows of 640-896 threads (10000: ragged; 13312: mean/rstd
-                           // at the row's start), RMSNorm 2-CTA rows, 4-8-CTA rows of 2 packs.
+                           // 2-pack rows of 640-896 threads (10000: ragged; 13312: mean/rstd at the
+                           // row's start), RMSNorm 2-CTA rows, 4-8-CTA rows of 2 packs.
                            "layernorm.bwd.bf16.w_f32.n10000.bias", "layernorm.bwd.bf16.w_f32.n13312.bias.relu_bitmask",
                            "rmsnorm.bwd.bf16.w_f32.n13312", "rmsnorm.bwd.f16.w_f32.n28672.gelu",
                            "layernorm.bwd.bf16.w_f32.n40960.bias", "layernorm.bwd.bf16.w_f32.n57344.bias",

@@ -150,8 +150,9 @@ std::string fill_up(const fs::path& dir) {
 TEST_CASE("a full filesystem and a read-only one: one warning, kernels still returned, no partial entry") {
   const fs::path full = fresh_dir("enospc");
   fs::create_directories(full);
-  // A 12 KB tmpfs: the first .cu fits, no .kernel does (ENOSPC).
-  const bool full_mounted = ::mount("tmpfs", full.c_str(), "tmpfs", 0, "size=12k") == 0;
+  // A 12 KB tmpfs: the first .cu fits, no .kernel does (ENOSPC). Mode 0700: a tmpfs root is 1777
+  // by default, which the cache would refuse before it wrote anything.
+  const bool full_mounted = ::mount("tmpfs", full.c_str(), "tmpfs", 0, "size=12k,mode=0700") == 0;
   const std::string mount_error = std::strerror(errno);
   if (full_mounted) {
     CHECK(fill_up(full) == "");
@@ -177,7 +178,7 @@ TEST_CASE("a full filesystem and a read-only one: one warning, kernels still ret
   // Read-only: a read-only tmpfs, or /proc (where not even root creates a directory).
   const fs::path ro = fresh_dir("readonly");
   fs::create_directories(ro);
-  const bool mounted = ::mount("tmpfs", ro.c_str(), "tmpfs", MS_RDONLY, "size=1m") == 0;
+  const bool mounted = ::mount("tmpfs", ro.c_str(), "tmpfs", MS_RDONLY, "size=1m,mode=0700") == 0;
   {
     DiskCache cache(mounted ? ro : fs::path("/proc/normjit-cache"));
     const Binary b = cache.get_or_compile(resolve(Spec::parse("rmsnorm.fwd_infer.f16.n64")), Target{90});
