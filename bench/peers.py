@@ -10,7 +10,8 @@ of the same bytes measured in the same process.
 from dy, x, the saved statistics and gamma. Defaults follow PyTorch genai_layers'
 LayerNormBackward setting: bf16 x, fp32 weights, M = 32768.
 
-Providers (--providers): torch.eager, torch.compile, and the peer libraries liger (liger-kernel's
+Providers (--providers): torch.eager, torch.compile, normjit.torch (this project's PyTorch ops, through
+autograd in the backward, as a model calls them), and the peer libraries liger (liger-kernel's
 Triton kernels), cudnn (nvidia-cudnn-frontend graph API) and quack (quack-kernels, CuTe DSL). Every
 provider sees the same buffers, byte counts, timing and fp64 error check. A peer whose import fails
 is skipped once with the reason; a failure at one shape prints `skip <provider> <norm> N=<n>: <why>`
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-PROVIDERS = ("torch.eager", "torch.compile", "liger", "cudnn", "quack", "quack.alloc")
+PROVIDERS = ("torch.eager", "torch.compile", "normjit.torch", "liger", "cudnn", "quack", "quack.alloc")
 
 
 def median_us(fn, sets, warmup=5, reps=25, batch=10):
@@ -551,7 +552,35 @@ def quack_bwd_candidates(api, norm, n, eps, xs, dys, ys, w, b):
              + mixed_note(xs, w, "kernel compiled for that dtype pair"), build)]
 
 
+def load_normjit_torch():
+    import normjit
+    import normjit.torch as njt
+    return SimpleNamespace(njt=njt, version=normjit.version())
+
+
+def normjit_fn(api, norm, n, eps):
+    if norm == "layernorm":
+        return lambda x, w, b: api.njt.layer_norm(x, (n,), w, b, eps)
+    return lambda x, w, b: api.njt.rms_norm(x, (n,), w, eps)
+
+
+def normjit_fwd_candidates(api, norm, n, eps, xs, ys, w, b):
+    f = normjit_fn(api, norm, n, eps)
+
+    def build():
+        def call(i):
+            with torch.no_grad():  # the inference forward: y only
+                return f(xs[i], w, b)
+        return call
+    return [("normjit.torch (no grad)", build)]
+
+
+def normjit_bwd_candidates(api, norm, n, eps, xs, dys, ys, w, b):
+    return [("normjit.torch + autograd", lambda: autograd_grads(norm, normjit_fn(api, norm, n, eps), xs, dys, w, b))]
+
+
 PEER_CANDIDATES = {
+    "normjit.torch": dict(load=load_normjit_torch, fwd=normjit_fwd_candidates, bwd=normjit_bwd_candidates),
     "liger": dict(load=load_liger, fwd=liger_fwd_candidates, bwd=liger_bwd_candidates),
     "cudnn": dict(load=load_cudnn, fwd=cudnn_fwd_candidates, bwd=cudnn_bwd_candidates),
     "quack": dict(load=load_quack, fwd=quack_fwd_candidates, bwd=quack_bwd_candidates),

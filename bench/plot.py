@@ -26,6 +26,7 @@ NORMS = ("layernorm", "rmsnorm")
 # Fixed per provider so the fwd and bwd plots read alike; normjit stands out in colour and weight.
 STYLE = {
     "normjit": dict(color="#d62728", marker="o", lw=2.8, ms=7, zorder=5),
+    "normjit.torch": dict(color="#e377c2", marker="o", ls="--", lw=1.8, ms=5, zorder=4),
     "torch.eager": dict(color="#1f77b4", marker="s"),
     "torch.compile": dict(color="#ff7f0e", marker="^"),
     "liger": dict(color="#2ca02c", marker="D"),

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-PROVIDER_ORDER = ("torch.eager", "torch.compile", "liger", "cudnn", "quack")
+PROVIDER_ORDER = ("normjit.torch", "torch.eager", "torch.compile", "liger", "cudnn", "quack")
 PHASES = ("fwd", "bwd")
 
 
@@ -105,7 +105,8 @@ def main(normjit_json, peers_jsons, phase="fwd"):
         cells = []
         for p in providers:
             cells.append(f"{d[p][0]:.0f} ({d[p][1]:.1f} %)" if p in d else "n/a")
-        best_peer = max((d[p][0] for p in peers if p in d), default=None)
+        # normjit.torch is normjit through its PyTorch ops, not a peer.
+        best_peer = max((d[p][0] for p in peers if p in d and p != "normjit.torch"), default=None)
         ratio = f"{d['normjit'][0] / best_peer:.2f}x" if best_peer and "normjit" in d else "n/a"
         copy_nj = f"{d['copy_nj']:.0f}" if "copy_nj" in d else "n/a"
         print(f"| {norm} | {n} | " + " | ".join(cells) +

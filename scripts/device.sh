@@ -14,12 +14,16 @@ usage: scripts/device.sh JOB [ARGS...]
   tune SPEC...          normjit-tune over the specs, then the bench reading the database it wrote
   profile SPEC...       Nsight Compute over each spec's kernels
   specs SPEC...         the specs, pinned (.cfg_...) or not, timed in one process: any A/B
+  python                pip install . into the image's Python; pytest (GPU tests included); normjit.torch's
+                        host time, graph replay, and its cost against normjit-bench and torch eager
 env: OUT (results, default ./.out), M (rows; default 32768, 4096 past N = 65536, sweep 16384),
   BUILD_DIR (default build), BENCH_ARGS (more normjit-bench / normjit-tune options)
   test: GPU_TC (doctest -tc of the GPU cases), NORMJIT_GPU_TEST_NS, CPU_TESTS=0, MEMCHECK=0, MEMCHECK_TC
   peers: PEER_NS, PEER_PROVIDERS, PEER_PHASES (fwd bwd), PEER_S (seconds per phase's peers)
   sweep: FROM, TO, STEP, PHASES (fwd bwd)   tune: TUNE_BUDGET_S, TUNE_CANDIDATES
   profile: KERNEL (kernel-name regex, default normjit_), NCU_ARGS (default: a set of sections)
+  python: PYTEST_ARGS (more pytest options, e.g. -k), PY_NS (wrapper-cost sizes), PY_BENCH=0 (tests only),
+  PYTEST_S (pytest's time limit, default 420)
 Each job leaves OUT/JOB.md (its tables, also printed) and OUT/JOB.tgz (logs, JSON); peers adds PNGs.
 EOF
   exit "$1"
@@ -28,7 +32,7 @@ JOB=${1:-}
 [[ $JOB == -h || $JOB == --help ]] && usage 0
 [[ -z $JOB ]] && usage 2
 case $JOB in
-  test | bench | peers | sweep) ;;
+  test | bench | peers | sweep | python) ;;
   tune | profile | specs) (($# > 1)) || { echo "device.sh $JOB: no SPEC given" >&2; usage 2; } ;;
   *) echo "device.sh: unknown job '$JOB'" >&2; usage 2 ;;
 esac
@@ -200,6 +204,7 @@ job_bench() {
 
 job_peers() {
   build normjit-bench normjit-precompile
+  install_python_package  # the normjit.torch provider
   bash scripts/peers_setup.sh >"$WORK/peers_setup.log" 2>&1
   export PYTHONPATH=$PWD/.peers/site${PYTHONPATH:+:$PYTHONPATH}
   local ns=${PEER_NS:-256 1024 2880 4096 8192 12288 16384 18432 24576 32768 65536} rows=${M:-32768} ph s limit
@@ -214,7 +219,7 @@ job_peers() {
     # peers.py rewrites its JSON after every shape: a phase cut at its limit keeps what it timed.
     limit=${PEER_S:-$([[ $ph == fwd ]] && echo 200 || echo 260)}
     PYTHONUNBUFFERED=1 timeout "$limit" python3 bench/peers.py --phase "$ph" --rows "$rows" --ns "${ns// /,}" \
-      --providers "${PEER_PROVIDERS:-torch.eager,torch.compile,liger,cudnn,quack}" --json "$WORK/peers_$ph.json" \
+      --providers "${PEER_PROVIDERS:-torch.eager,torch.compile,normjit.torch,liger,cudnn,quack}" --json "$WORK/peers_$ph.json" \
       >"$WORK/peers_$ph.txt" 2>&1
     grep -hE "^skip|fell|Error" "$WORK/peers_$ph.txt" | cut -c1-160 | head -20 | md
     [[ -s $WORK/peers_$ph.json ]] || { say "peers $ph: no results (peers_$ph.txt)"; STATUS=1; continue; }
@@ -277,6 +282,50 @@ job_specs() {
   precompile specs "$(nproc)" -- "$@" || exit 1
   run_grouped specs normjit-bench -- "$@"
   tables specs "$WORK"/specs_m*.json
+}
+
+# The Python package, built against the carried .deps (spdlog and fmt header-only), into the image's
+# Python (--no-deps: the image has torch); once per machine unless the tree changed.
+install_python_package() {
+  local stamp=/tmp/normjit-python-installed tree
+  tree=$(git describe --always --dirty 2>/dev/null)-$(git diff 2>/dev/null | md5sum | cut -c1-8)
+  [[ -e $stamp && $(cat "$stamp") == "$tree" ]] && python3 -c "import normjit.torch" 2>/dev/null && return
+  if ! CMAKE_PREFIX_PATH=$PWD/.deps/root/usr python3 -m pip install -v --no-build-isolation --no-deps . \
+    >"$WORK/pip_install.log" 2>&1; then
+    tail -30 "$WORK/pip_install.log"; say "pip install . failed (pip_install.log)"; exit 1
+  fi
+  echo "$tree" >"$stamp"
+}
+
+job_python() {
+  build normjit-bench normjit-precompile
+  install_python_package
+  local root=$PWD ns=${PY_NS:-768 2880 4096 7168 12288 18432 32768} ph s=()
+  # From outside the tree, so the installed package is what is imported.
+  # shellcheck disable=SC2086  # PYTEST_ARGS is a word list
+  (cd "$WORK" && timeout "${PYTEST_S:-420}" python3 -m pytest -ra -q -p no:cacheprovider ${PYTEST_ARGS:-} \
+    "$root/tests/python") >"$WORK/pytest.log" 2>&1 || STATUS=1
+  say "pytest: $(tail -1 "$WORK/pytest.log")"
+  grep -E "^(FAILED|ERROR|SKIPPED)" "$WORK/pytest.log" | cut -c1-200 | head -30 | md
+  say ""
+  [[ ${PY_BENCH:-1} == 1 ]] || return
+  python3 bench/torch_host_time.py --rows 4096 --n 768 --json "$WORK/host_time.json" >"$WORK/host_time.txt" 2>&1 ||
+    STATUS=1
+  say "## normjit.torch per call at 4096 x 768, bf16"; md <"$WORK/host_time.txt"; say ""
+  "$BUILD_DIR/normjit-bench" --graph --rows 4096 --json "$WORK/graph_768.json" layernorm.fwd_infer.bf16.n768.bias \
+    rmsnorm.fwd_infer.bf16.n768 >"$WORK/graph_768.txt" 2>&1 || STATUS=1
+  tables launch "$WORK/graph_768.json"
+  # normjit-bench's figures for the kernels normjit.torch runs, then the wrapper against raw launches.
+  # shellcheck disable=SC2086  # a list of sizes
+  mapfile -t s < <(std_specs fwd $ns | sed 's/fwd_train/fwd_infer/'; std_specs bwd $ns)
+  precompile wrapper "$(nproc)" -- "${s[@]}" || exit 1
+  "$BUILD_DIR/normjit-bench" --rows "${M:-32768}" --json "$WORK/bench_wrapper.json" "${s[@]}" \
+    >"$WORK/bench_wrapper.txt" 2>&1 || STATUS=1
+  say "## normjit.torch against raw launches of the same kernel, M = ${M:-32768}, bf16 (bwd: fp32 weights)"
+  PYTHONUNBUFFERED=1 python3 bench/wrapper_cost.py --rows "${M:-32768}" --ns "${ns// /,}" \
+    --json "$WORK/wrapper_cost.json" --bench "$WORK/bench_wrapper.json" 2>"$WORK/wrapper_cost.err" | md || STATUS=1
+  tail -5 "$WORK/wrapper_cost.err"
+  say ""
 }
 
 "job_$JOB" "$@"

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Installs what the build needs (Debian/Ubuntu, as root), builds normjit and its tests, runs ctest.
-# GPU tests are reported as skipped when no GPU is present.
+# Installs what the build needs (Debian/Ubuntu, as root), builds normjit and its tests, runs ctest,
+# then installs the Python package (pip install . into $BUILD_DIR/venv, with torch and pytest) and
+# runs its tests. GPU tests are reported as skipped when no GPU is present. PYTHON_TESTS=0: C++ only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 need=()
-for pkg in cmake ninja-build g++ clang libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libxxhash-dev doctest-dev; do
+PYTHON_TESTS=${PYTHON_TESTS:-1}
+pkgs=(cmake ninja-build g++ clang libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libxxhash-dev doctest-dev)
+[[ $PYTHON_TESTS == 1 ]] && pkgs+=(python3-dev python3-venv)
+for pkg in "${pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -24,3 +28,17 @@ if [ "$*" != "-N" ] && ! tests/normjit_gpu_tests --list-test-cases >/dev/null 2>
   tests/normjit_gpu_tests | head -1 || true  # exits 77 by design
 fi
 ctest --output-on-failure "$@"
+cd - >/dev/null
+
+if [[ $PYTHON_TESTS == 1 && "$*" != "-N" ]]; then
+  root=$PWD venv=$BUILD_DIR/venv
+  [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
+  # Installed once; a reused venv keeps them. The build's own requirements go in too, so that
+  # --no-build-isolation reuses the build directory (pyproject.toml's build-dir) between runs.
+  if ! "$venv/bin/python" -c "import torch, numpy, pytest, nanobind, scikit_build_core" 2>/dev/null; then
+    "$venv/bin/pip" install -q --disable-pip-version-check torch numpy pytest nanobind scikit-build-core
+  fi
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation .
+  # From outside the source tree, so the tests import the installed package.
+  (cd "$BUILD_DIR" && venv/bin/python -m pytest -ra -q -p no:cacheprovider "$root/tests/python")
+fi

@@ -1,0 +1,28 @@
+"""normjit for PyTorch: drop-in norm functions and modules running normjit's kernels.
+
+    import normjit.torch as nt
+    y = nt.layer_norm(x, (4096,), weight, bias)       # as torch.nn.functional.layer_norm
+    nt.swap_norms(model)                              # nn.LayerNorm / nn.RMSNorm -> normjit's
+
+Functions and modules take torch's arguments and run normjit's kernels on CUDA tensors (compiled on
+first use per shape and dtype, then cached on disk), torch's functional ops on CPU tensors. The ops
+behind them, ``torch.ops.normjit.norm_fwd`` / ``norm_bwd`` (see ``normjit.torch.ops``), have fake
+implementations and autograd, so ``torch.compile(fullgraph=True)`` traces them. Under CUDA-graph
+capture no kernel is compiled: run each call once before capturing.
+"""
+from ._launch import loaded_kernels, runtime
+from .functional import ada_layer_norm, layer_norm, layer_norm_relu, rms_norm, rms_norm_relu
+from .modules import LayerNorm, RMSNorm, swap_norms
+
+__all__ = [
+    "LayerNorm",
+    "RMSNorm",
+    "ada_layer_norm",
+    "layer_norm",
+    "layer_norm_relu",
+    "loaded_kernels",
+    "rms_norm",
+    "rms_norm_relu",
+    "runtime",
+    "swap_norms",
+]

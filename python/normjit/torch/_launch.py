@@ -1,0 +1,246 @@
+"""The CUDA path of normjit.torch: one Runtime per device, kernels cached per spec and vector width,
+launches on torch's current stream with torch-allocated outputs and workspace.
+
+This is the hot path of every eager call: no spec parsing, no string building, one dict lookup and
+one ``max_vec_for`` call before the launch. The cache of loaded kernels is also the set of warmed
+specs: inside CUDA-graph capture a miss is an error instead of a compile.
+"""
+import math
+
+import torch
+
+from .. import _normjit
+
+DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+MAX_N = 262144
+
+# Module-level so tests can stand in for the GPU; absent from CPU-only torch builds, which never
+# reach the CUDA path.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+_is_capturing = torch.cuda.is_current_stream_capturing
+
+_runtimes = {}  # device index -> normjit Runtime
+# (device, norm, phase, x dtype, w dtype, n, has_bias, epilogue) -> (Spec, {max_vec: Kernel})
+_entries = {}
+_ones = {}  # (device, dtype, n) -> ones weight for norms called without one
+
+
+def runtime(device):
+    """The normjit Runtime of a CUDA device index, created on first use."""
+    rt = _runtimes.get(device)
+    if rt is None:
+        # Runtime() makes its device's context current: keep torch's current device.
+        with torch.cuda.device(device):
+            rt = _runtimes.setdefault(device, _normjit.Runtime(device))
+    return rt
+
+
+def loaded_kernels():
+    """Names of the kernels loaded so far (the specs warmed for CUDA-graph capture), per device."""
+    out = {}
+    for key, (_, by_vec) in _entries.items():
+        out.setdefault(key[0], []).extend(k.name for k in by_vec.values())
+    return out
+
+
+def _spec_of(key):
+    device, norm, phase, x_dtype, w_dtype, n, has_bias, epilogue = key
+    text = f"{norm}.{phase}.{DTYPE_NAMES[x_dtype]}.w_{DTYPE_NAMES[w_dtype]}.n{n}"
+    if has_bias:
+        text += ".bias"
+    if epilogue != "none":
+        text += "." + epilogue
+    return _normjit.Spec(text)
+
+
+def _load(device, spec, max_vec, by_vec):
+    if _is_capturing():
+        raise RuntimeError(
+            f"normjit: kernel {spec} (max_vec={max_vec}) is not loaded, and a CUDA graph is being captured, "
+            "where it cannot be compiled; run the op once with the same shapes, dtypes and alignment before "
+            "capturing"
+        )
+    with torch.cuda.device(device):
+        kernel = runtime(device).kernel(spec, max_vec)
+    by_vec[max_vec] = kernel
+    return kernel
+
+
+def _kernel(key, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride):
+    entry = _entries.get(key)
+    if entry is None:
+        entry = _entries.setdefault(key, (_spec_of(key), {}))
+    spec, by_vec = entry
+    vec = _normjit.max_vec_for(spec, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride)
+    kernel = by_vec.get(vec)
+    if kernel is None:
+        kernel = _load(key[0], spec, vec, by_vec)
+    return kernel
+
+
+def ones_weight(device, dtype, n):
+    """A cached ones [n] weight: the kernels always read a gamma."""
+    key = (device.index, dtype, n)
+    w = _ones.get(key)
+    if w is None:
+        w = torch.ones(n, dtype=dtype, device=device)
+        # Inside capture the fill is only recorded, not run: keep it out of the cache.
+        if device.type != "cuda" or not _is_capturing():
+            _ones[key] = w
+    return w
+
+
+def row_stride(shape, stride, n):
+    """The stride between rows of x [..., n] whose leading dimensions flatten into evenly strided rows
+    with a contiguous last dimension; 0 when they do not (x must then be made contiguous)."""
+    if n > 1 and stride[-1] != 1:
+        return 0
+    rs = None
+    count = 1
+    for i in range(len(shape) - 2, -1, -1):
+        size = shape[i]
+        if size == 1:
+            continue
+        if rs is None:
+            rs = stride[i]
+        elif stride[i] != rs * count:
+            return 0
+        count *= size
+    if rs is None:
+        return n
+    return rs if rs >= n else 0  # overlapping rows (an expanded x) take a copy
+
+
+def row_strides(shape, rs):
+    """Strides of a fresh [..., n] tensor whose rows lie rs elements apart (row-major leading dims)."""
+    strides = [1] * len(shape)
+    step = rs
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = step
+        step *= shape[i]
+    return strides
+
+
+def layout(x):
+    """(x, row stride): x itself when its rows are evenly strided, else a contiguous copy."""
+    n = x.shape[-1]
+    if x.is_contiguous():
+        return x, n
+    rs = row_stride(x.shape, x.stride(), n)
+    if rs == 0:
+        return x.contiguous(), n
+    return x, rs
+
+
+def backward_layout(x, dy):
+    """(x, dy, row stride) for a backward: x, dy and dx share one row stride, so both are made
+    contiguous unless dy's rows are strided like x's."""
+    x, rs = layout(x)
+    drs = dy.shape[-1] if dy.is_contiguous() else row_stride(dy.shape, dy.stride(), dy.shape[-1])
+    if drs != rs:
+        return x.contiguous(), dy.contiguous(), x.shape[-1]
+    return x, dy, rs
+
+
+def like_rows(x, rs):
+    """An uninitialized tensor of x's shape and dtype whose rows lie rs elements apart."""
+    if rs == x.shape[-1]:
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return torch.empty_strided(x.shape, row_strides(x.shape, rs), dtype=x.dtype, device=x.device)
+
+
+def _launch(device, kernel, args):
+    if device != _current_device():
+        # The runtime launches in the current context: make it the tensor's device.
+        with torch.cuda.device(device):
+            kernel.launch(*args[:-1], _raw_stream(device))
+    else:
+        kernel.launch(*args)
+
+
+def forward(x, weight, bias, norm, eps, training, epilogue, clip_lower, clip_upper):
+    """Launches the forward of x [..., n] (CUDA; rows evenly strided or made contiguous).
+
+    weight: [n], adalayernorm [B, n] (x [B, S, n]), or None (ones); bias like weight or None.
+    Returns (y, mean, rstd, mask): y with x's shape and row stride in x's dtype; fp32 mean / rstd
+    [rows] when training (mean: not for rmsnorm); uint8 mask [..., ceil(n / 8)] for relu_bitmask;
+    None for those not produced.
+    """
+    # Allocations take most of this function's host time: empty_like and int sizes are the cheap forms.
+    n = x.shape[-1]
+    if x.is_contiguous():
+        rs = n
+        y = torch.empty_like(x)
+    else:
+        x, rs = layout(x)
+        y = torch.empty_like(x) if rs == n else like_rows(x, rs)
+    dev = x.device
+    rows = x.numel() // n
+    mean = rstd = mask = None
+    if training:
+        rstd = torch.empty(rows, dtype=torch.float32, device=dev)
+        if norm != "rmsnorm":
+            mean = torch.empty(rows, dtype=torch.float32, device=dev)
+    if epilogue != "none":
+        mask = torch.empty(x.shape[:-1] + ((n + 7) // 8,), dtype=torch.uint8, device=dev)
+    if weight is None:
+        weight = ones_weight(dev, x.dtype, n)
+    elif not weight.is_contiguous():
+        weight = weight.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    if rows == 0:
+        return y, mean, rstd, mask
+    rpb = rows // weight.shape[0] if norm == "adalayernorm" else 0
+    device = dev.index
+    key = (device, norm, "fwd_train" if training else "fwd_infer", x.dtype, weight.dtype, n, bias is not None, epilogue)
+    xp = x.data_ptr()
+    yp = y.data_ptr()
+    gp = weight.data_ptr()
+    bp = 0 if bias is None else bias.data_ptr()
+    mp = 0 if mask is None else mask.data_ptr()
+    kernel = _kernel(key, xp, gp, bp, yp, 0, 0, 0, 0, mp, rs)
+    _launch(device, kernel, (
+        xp, gp, bp, 0 if mean is None else mean.data_ptr(), 0 if rstd is None else rstd.data_ptr(), yp,
+        0, 0, 0, 0, 0, 0, mp, clip_lower, clip_upper, rows, rs, rpb, eps, _raw_stream(device)))
+    return y, mean, rstd, mask
+
+
+def backward(dy, x, weight, mean, rstd, mask, norm, epilogue, bias_grad):
+    """Launches the backward: (dx, dweight, dbias). x, weight, mean, rstd, mask as the forward saved
+    them (weight None: ones; mean None for rmsnorm); dx has x's shape, in x's row stride when dy
+    shares it, else contiguous; dweight like weight (None without one); dbias like weight when
+    bias_grad, else None."""
+    x, dy, rs = backward_layout(x, dy)
+    if dy.dtype != x.dtype:
+        dy = dy.to(x.dtype)
+    n = x.shape[-1]
+    dev = x.device
+    dx = torch.empty_like(x) if rs == n else like_rows(x, rs)
+    gamma = ones_weight(dev, x.dtype, n) if weight is None else weight.contiguous()
+    dgamma = torch.empty_like(gamma)
+    dbeta = torch.empty_like(gamma) if bias_grad else None
+    rows = x.numel() // n
+    if rows == 0:
+        dgamma.zero_()
+        if dbeta is not None:
+            dbeta.zero_()
+    else:
+        rpb = rows // gamma.shape[0] if norm == "adalayernorm" else 0
+        device = dev.index
+        key = (device, norm, "bwd", x.dtype, gamma.dtype, n, bias_grad, epilogue)
+        xp = x.data_ptr()
+        gp = gamma.data_ptr()
+        dyp = dy.data_ptr()
+        dxp = dx.data_ptr()
+        dgp = dgamma.data_ptr()
+        dbp = 0 if dbeta is None else dbeta.data_ptr()
+        mp = 0 if mask is None else mask.data_ptr()
+        kernel = _kernel(key, xp, gp, 0, 0, dyp, dxp, dgp, dbp, mp, rs)
+        ws_bytes = kernel.workspace_bytes(rows, rpb)
+        workspace = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device=dev)
+        _launch(device, kernel, (
+            xp, gp, 0, 0 if mean is None else mean.data_ptr(), rstd.data_ptr(), 0, dyp, dxp, dgp, dbp,
+            workspace.data_ptr(), ws_bytes, mp, 0.0, math.inf, rows, rs, rpb, 0.0, _raw_stream(device)))
+    return dx, (dgamma if weight is not None else None), dbeta

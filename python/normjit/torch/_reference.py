@@ -1,0 +1,90 @@
+"""The ops' implementation for tensors off the GPU, in plain torch (fp32 math): what the CUDA
+kernels compute, with the same output layouts, so the ops run (and torch.library.opcheck checks
+them) on CPU. Not a fast path."""
+import torch
+
+from . import _launch
+
+
+def _batched(t, weight, norm):
+    """t [..., n] as [B, rows / B, n] for adalayernorm's per-batch weight, else [1, rows, n]."""
+    n = t.shape[-1]
+    b = weight.shape[0] if norm == "adalayernorm" else 1
+    return t.reshape(b, -1, n)
+
+
+def _stats(xf, norm, eps):
+    if norm == "rmsnorm":
+        mean = None
+        rstd = torch.rsqrt(xf.square().mean(-1) + eps)
+        xhat = xf * rstd[..., None]
+    else:
+        mean = xf.mean(-1)
+        rstd = torch.rsqrt((xf - mean[..., None]).square().mean(-1) + eps)
+        xhat = (xf - mean[..., None]) * rstd[..., None]
+    return mean, rstd, xhat
+
+
+def pack_mask(keep):
+    """bool [..., n] -> uint8 [..., ceil(n / 8)]; bit k of byte j is element 8j + k."""
+    n = keep.shape[-1]
+    pad = (-n) % 8
+    if pad:
+        keep = torch.cat([keep, keep.new_zeros(keep.shape[:-1] + (pad,))], -1)
+    bits = keep.reshape(keep.shape[:-1] + (-1, 8)).to(torch.int32)
+    weights = torch.tensor([1 << k for k in range(8)], dtype=torch.int32, device=keep.device)
+    return (bits * weights).sum(-1).to(torch.uint8)
+
+
+def unpack_mask(mask, n):
+    """uint8 [..., ceil(n / 8)] -> bool [..., n]."""
+    shifts = torch.arange(8, dtype=torch.int32, device=mask.device)
+    bits = (mask.to(torch.int32)[..., None] >> shifts) & 1
+    return bits.reshape(mask.shape[:-1] + (-1,))[..., :n].bool()
+
+
+def forward(x, weight, bias, norm, eps, training, epilogue, clip_lower, clip_upper):
+    """As _launch.forward."""
+    x, rs = _launch.layout(x)
+    n = x.shape[-1]
+    ref = weight if weight is not None else x.new_ones(n)
+    mean, rstd, xhat = _stats(x.float(), norm, eps)
+    yf = _batched(xhat, ref, norm) * _batched(ref.float(), ref, norm)
+    if bias is not None:
+        yf = yf + _batched(bias.float(), ref, norm)
+    yf = yf.reshape(x.shape)
+    mask = None
+    if epilogue != "none":
+        mask = pack_mask((yf > clip_lower) & (yf < clip_upper))
+        yf = yf.clamp(clip_lower, clip_upper)
+    y = _launch.like_rows(x, rs)
+    y.copy_(yf)
+    if not training:
+        mean = rstd = None
+    return y, mean, rstd, mask
+
+
+def backward(dy, x, weight, mean, rstd, mask, norm, epilogue, bias_grad):
+    """As _launch.backward."""
+    x, dy, rs = _launch.backward_layout(x, dy)
+    n = x.shape[-1]
+    ref = weight if weight is not None else x.new_ones(n)
+    xf = x.float()
+    if norm == "rmsnorm":
+        xhat = xf * rstd[..., None]
+    else:
+        xhat = (xf - mean[..., None]) * rstd[..., None]
+    g = dy.float()
+    if epilogue != "none":
+        g = g * unpack_mask(mask, n)
+    gw = (_batched(g, ref, norm) * _batched(ref.float(), ref, norm)).reshape(x.shape)
+    proj = (gw * xhat).mean(-1, keepdim=True)
+    if norm == "rmsnorm":
+        dxf = rstd[..., None] * (gw - xhat * proj)
+    else:
+        dxf = rstd[..., None] * (gw - gw.mean(-1, keepdim=True) - xhat * proj)
+    dx = _launch.like_rows(x, rs)
+    dx.copy_(dxf)
+    dweight = (_batched(g * xhat, ref, norm).sum(1).reshape(ref.shape).to(ref.dtype)) if weight is not None else None
+    dbias = _batched(g, ref, norm).sum(1).reshape(ref.shape).to(ref.dtype) if bias_grad else None
+    return dx, dweight, dbias

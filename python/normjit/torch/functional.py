@@ -1,0 +1,166 @@
+"""normjit's norms as functions with torch's signatures.
+
+CUDA tensors run normjit's kernels. CPU tensors go to torch's own ``F.layer_norm`` / ``F.rms_norm``
+unchanged, with torch's checks and dtypes, so a swapped model still runs on CPU; ada_layer_norm and
+the *_relu functions, which torch lacks, run the ops' plain-torch reference on CPU. x is f32, f16 or bf16 with any leading dimensions; weight and bias share one float dtype,
+which may differ from x's (bf16 x with fp32 weights); y is in x's dtype. The normalized size N (the
+product of normalized_shape) is 1 to 262144. x whose rows are evenly strided with a contiguous last
+dimension (``x[:, :N]`` of a wider tensor) is read in place and y gets x's strides; any other layout
+is copied to a contiguous one first.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+
+from . import _launch, ops
+
+
+def _shape_tuple(normalized_shape):
+    if isinstance(normalized_shape, int):
+        return (normalized_shape,)
+    try:
+        return tuple(normalized_shape)
+    except TypeError:
+        raise TypeError(f"normalized_shape={normalized_shape!r} is not an int or a sequence of ints") from None
+
+
+def _check_param(name, t, x, shape):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} is a {type(t).__name__}, not a torch.Tensor")
+    if t.shape != shape:
+        raise ValueError(f"{name} has shape {list(t.shape)}; expected {list(shape)}")
+    if t.dtype not in _launch.DTYPE_NAMES:
+        raise TypeError(f"{name}.dtype={t.dtype} is not supported; use float32, float16 or bfloat16")
+    if t.device != x.device:
+        raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+
+
+def _check_x(x):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x is a {type(x).__name__}, not a torch.Tensor")
+    if x.dtype not in _launch.DTYPE_NAMES:
+        raise TypeError(f"x.dtype={x.dtype} is not supported; use float32, float16 or bfloat16")
+
+
+def _check_eps(eps):
+    if not (eps > 0 and math.isfinite(eps)):
+        raise ValueError(f"eps={eps} must be finite and > 0")
+
+
+def _prepare(x, normalized_shape, weight, bias):
+    """Checks the arguments; returns (x, weight, bias, shape to restore or None), x as [..., N] with
+    the normalized dimensions flattened and a ones weight where only a bias is given."""
+    _check_x(x)
+    ns = _shape_tuple(normalized_shape)
+    k = len(ns)
+    if k == 1:
+        bad = x.dim() == 0 or x.shape[-1] != ns[0]
+    else:
+        bad = k == 0 or x.dim() < k or x.shape[x.dim() - k:] != ns
+    if bad:
+        raise ValueError(f"normalized_shape={list(ns)} does not match the last dimensions of x with shape "
+                         f"{list(x.shape)}")
+    n = ns[0] if k == 1 else math.prod(ns)
+    if not 1 <= n <= _launch.MAX_N:
+        raise ValueError(f"normalized_shape={list(ns)} normalizes {n} elements; normjit takes 1 to {_launch.MAX_N}")
+    if weight is not None:
+        _check_param("weight", weight, x, ns)
+    if bias is not None:
+        _check_param("bias", bias, x, ns)
+        if weight is not None and weight.dtype != bias.dtype:
+            raise TypeError(f"weight.dtype={weight.dtype} and bias.dtype={bias.dtype} differ; normjit takes one "
+                            "parameter dtype")
+    restore = None
+    if k > 1:
+        restore = x.shape
+        x = x.reshape(x.shape[:-k] + (n,))
+        weight = weight.reshape(n) if weight is not None else None
+        bias = bias.reshape(n) if bias is not None else None
+    if weight is None and bias is not None:
+        # The cached ones eagerly; a traced graph makes its own.
+        eager = x.is_cuda and not torch.compiler.is_compiling()
+        weight = _launch.ones_weight(x.device, bias.dtype, n) if eager else bias.new_ones(n)
+    return x, weight, bias, restore
+
+
+def _restore(out, restore):
+    if restore is None:
+        return out
+    if isinstance(out, tuple):
+        return (out[0].reshape(restore),) + out[1:]
+    return out.reshape(restore)
+
+
+def _rms_eps(x, eps):
+    return torch.finfo(x.dtype).eps if eps is None else eps
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """LayerNorm over the last dimensions: y = (x - mean) / sqrt(var + eps) * weight + bias, with var
+    the biased variance; as ``torch.nn.functional.layer_norm``."""
+    if isinstance(x, torch.Tensor) and x.is_cpu:
+        return F.layer_norm(x, _shape_tuple(normalized_shape), weight, bias, eps)
+    x2, w, b, restore = _prepare(x, normalized_shape, weight, bias)
+    _check_eps(eps)
+    return _restore(ops.call(x2, w, b, "layernorm", float(eps), "none"), restore)
+
+
+def rms_norm(x, normalized_shape, weight=None, eps=None, bias=None):
+    """RMSNorm over the last dimensions: y = x / sqrt(mean(x^2) + eps) * weight (+ bias, normjit's
+    addition); as ``torch.nn.functional.rms_norm``: eps=None means ``torch.finfo(x.dtype).eps``."""
+    if isinstance(x, torch.Tensor) and x.is_cpu:
+        y = F.rms_norm(x, _shape_tuple(normalized_shape), weight, eps)
+        return y if bias is None else y + bias
+    x2, w, b, restore = _prepare(x, normalized_shape, weight, bias)
+    eps = _rms_eps(x, eps)
+    _check_eps(eps)
+    return _restore(ops.call(x2, w, b, "rmsnorm", float(eps), "none"), restore)
+
+
+def ada_layer_norm(x, weight, bias=None, eps=1e-5):
+    """Adaptive LayerNorm: x [B, S, N], weight and bias [B, N] (one scale and shift per batch item):
+    y[b, s] = (x[b, s] - mean) / sqrt(var + eps) * weight[b] + bias[b]."""
+    _check_x(x)
+    if x.dim() != 3:
+        raise ValueError(f"x has shape {list(x.shape)}; ada_layer_norm takes x [B, S, N]")
+    if weight is None:
+        raise ValueError("weight=None: ada_layer_norm takes a weight [B, N]")
+    shape = (x.shape[0], x.shape[2])
+    _check_param("weight", weight, x, shape)
+    if bias is not None:
+        _check_param("bias", bias, x, shape)
+    if bias is not None and weight.dtype != bias.dtype:
+        raise TypeError(f"weight.dtype={weight.dtype} and bias.dtype={bias.dtype} differ; normjit takes one "
+                        "parameter dtype")
+    if not 1 <= x.shape[2] <= _launch.MAX_N:
+        raise ValueError(f"x has N={x.shape[2]}; normjit takes 1 to {_launch.MAX_N}")
+    _check_eps(eps)
+    return ops.call(x, weight, bias, "adalayernorm", float(eps), "none")
+
+
+def _relu(x, normalized_shape, weight, bias, eps, clip_lower, clip_upper, norm):
+    x2, w, b, restore = _prepare(x, normalized_shape, weight, bias)
+    if norm == "rmsnorm":
+        eps = _rms_eps(x, eps)
+    _check_eps(eps)
+    clip_lower, clip_upper = float(clip_lower), float(clip_upper)
+    if not clip_lower < clip_upper:
+        raise ValueError(f"clip_lower={clip_lower} must be below clip_upper={clip_upper}")
+    y, mask = ops.call(x2, w, b, norm, float(eps), "relu_bitmask", clip_lower, clip_upper)
+    if restore is not None:
+        y = y.reshape(restore)
+        mask = mask.reshape(restore[:x.dim() - len(_shape_tuple(normalized_shape))] + mask.shape[-1:])
+    return y, mask
+
+
+def layer_norm_relu(x, normalized_shape, weight=None, bias=None, eps=1e-5, clip_lower=0.0, clip_upper=math.inf):
+    """layer_norm followed by a clamp to [clip_lower, clip_upper] (a ReLU by default), returning
+    (y, mask): mask is uint8 [..., ceil(N / 8)], bit k of byte j set where element 8j + k of the
+    unclamped output lay strictly inside the range. The backward passes gradients only there."""
+    return _relu(x, normalized_shape, weight, bias, eps, clip_lower, clip_upper, "layernorm")
+
+
+def rms_norm_relu(x, normalized_shape, weight=None, eps=None, bias=None, clip_lower=0.0, clip_upper=math.inf):
+    """rms_norm followed by a clamp to [clip_lower, clip_upper], returning (y, mask); see layer_norm_relu."""
+    return _relu(x, normalized_shape, weight, bias, eps, clip_lower, clip_upper, "rmsnorm")

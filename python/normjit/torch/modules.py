@@ -1,0 +1,40 @@
+"""``torch.nn`` norm modules that run normjit's kernels, and swap_norms() to put them into a model."""
+import torch.nn as nn
+
+from .functional import layer_norm, rms_norm
+
+
+class LayerNorm(nn.LayerNorm):
+    """``torch.nn.LayerNorm`` (same constructor, parameters and state-dict keys) whose forward is
+    normjit's layer_norm: normjit's kernels on CUDA tensors, torch's on CPU."""
+
+    def forward(self, x):
+        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(nn.RMSNorm):
+    """``torch.nn.RMSNorm`` (same constructor, parameters and state-dict keys) whose forward is
+    normjit's rms_norm: normjit's kernels on CUDA tensors, torch's on CPU."""
+
+    def forward(self, x):
+        return rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
+_SWAPS = {nn.LayerNorm: LayerNorm, nn.RMSNorm: RMSNorm}
+
+
+def swap_norms(model):
+    """Makes every ``nn.LayerNorm`` / ``nn.RMSNorm`` in ``model`` (itself included) that normalizes
+    one dimension run normjit's kernels; returns how many it swapped.
+
+    The modules are changed in place (their class becomes normjit's subclass), so parameters,
+    buffers, hooks and references to them stay as they were. Subclasses of the torch modules (which
+    may have their own forward) and norms over several dimensions are left alone.
+    """
+    count = 0
+    for module in model.modules():
+        target = _SWAPS.get(type(module))
+        if target is not None and len(module.normalized_shape) == 1:
+            module.__class__ = target
+            count += 1
+    return count

@@ -1,0 +1,150 @@
+"""normjit's torch custom ops, ``torch.ops.normjit.norm_fwd`` and ``norm_bwd``, with fake (meta)
+implementations and autograd, for torch.compile and torch.library.opcheck; and the autograd
+Function that eager calls use instead (same kernels, without the dispatcher's per-call cost).
+
+    norm_fwd(x, weight?, bias?, norm, eps, training, epilogue, clip_lower, clip_upper)
+        -> (y, mean, rstd, mask)
+    norm_bwd(dy, x, weight?, mean, rstd, mask, norm, epilogue, bias_grad) -> (dx, dweight, dbias)
+
+norm: "layernorm", "rmsnorm" or "adalayernorm" (x [B, S, n], weight / bias [B, n]); epilogue: "none"
+or "relu_bitmask" (y clamped to [clip_lower, clip_upper], mask bit set where strictly inside).
+x [..., n] f32 / f16 / bf16; weight [n] (or None: ones) and bias in one float dtype, not
+necessarily x's. y has x's shape and dtype, and x's strides when its rows are evenly strided with a
+contiguous last dimension (e.g. ``x[:, :n]`` of a wider tensor), else contiguous strides. mean /
+rstd: fp32 [...] when training (mean is empty for rmsnorm); mask: uint8 [..., ceil(n / 8)] for
+relu_bitmask. An output that is not produced is an empty [0] tensor. norm_bwd's dx follows the
+same layout rule (x's strides when dy shares them), dweight / dbias are weight-shaped (empty
+without a weight, or without bias_grad).
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _launch, _reference
+
+_NORMS = ("layernorm", "rmsnorm", "adalayernorm")
+_EPILOGUES = ("none", "relu_bitmask")
+
+
+def _check_names(norm, epilogue):
+    if norm not in _NORMS:
+        raise ValueError(f"norm={norm!r} is not one of {', '.join(_NORMS)}")
+    if epilogue not in _EPILOGUES:
+        raise ValueError(f"epilogue={epilogue!r} is not one of {', '.join(_EPILOGUES)}")
+
+
+def _or_empty(t, like, dtype):
+    return t if t is not None else like.new_empty((0,), dtype=dtype)
+
+
+@torch.library.custom_op("normjit::norm_fwd", mutates_args=())
+def norm_fwd(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], norm: str, eps: float, training: bool,
+             epilogue: str, clip_lower: float, clip_upper: float) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    _check_names(norm, epilogue)
+    impl = _launch.forward if x.is_cuda else _reference.forward
+    y, mean, rstd, mask = impl(x, weight, bias, norm, eps, training, epilogue, clip_lower, clip_upper)
+    lead = x.shape[:-1]
+    mean = mean.view(lead) if mean is not None else x.new_empty((0,), dtype=torch.float32)
+    rstd = rstd.view(lead) if rstd is not None else x.new_empty((0,), dtype=torch.float32)
+    mask = mask.view(lead + mask.shape[-1:]) if mask is not None else x.new_empty((0,), dtype=torch.uint8)
+    return y, mean, rstd, mask
+
+
+@norm_fwd.register_fake
+def _norm_fwd_fake(x, weight, bias, norm, eps, training, epilogue, clip_lower, clip_upper):
+    _check_names(norm, epilogue)
+    x, rs = _launch.layout(x)
+    lead = x.shape[:-1]
+    y = _launch.like_rows(x, rs)
+    stat = x.new_empty(lead if training else (0,), dtype=torch.float32)
+    mean = x.new_empty(lead if training and norm != "rmsnorm" else (0,), dtype=torch.float32)
+    mask = x.new_empty(lead + ((x.shape[-1] + 7) // 8,) if epilogue != "none" else (0,), dtype=torch.uint8)
+    return y, mean, stat, mask
+
+
+@torch.library.custom_op("normjit::norm_bwd", mutates_args=())
+def norm_bwd(dy: Tensor, x: Tensor, weight: Optional[Tensor], mean: Tensor, rstd: Tensor, mask: Tensor, norm: str,
+             epilogue: str, bias_grad: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    _check_names(norm, epilogue)
+    if bias_grad and weight is None:
+        raise ValueError("bias_grad=True needs the weight (pass ones for a norm without one)")
+    impl = _launch.backward if x.is_cuda else _reference.backward
+    dx, dweight, dbias = impl(dy, x, weight, mean if norm != "rmsnorm" else None, rstd,
+                              mask if epilogue != "none" else None, norm, epilogue, bias_grad)
+    return dx, _or_empty(dweight, x, x.dtype), _or_empty(dbias, x, x.dtype)
+
+
+@norm_bwd.register_fake
+def _norm_bwd_fake(dy, x, weight, mean, rstd, mask, norm, epilogue, bias_grad):
+    _check_names(norm, epilogue)
+    x, dy, rs = _launch.backward_layout(x, dy)
+    dx = _launch.like_rows(x, rs)
+    dweight = torch.empty_like(weight, memory_format=torch.contiguous_format) if weight is not None else x.new_empty((0,))
+    dbias = (torch.empty_like(weight, memory_format=torch.contiguous_format) if bias_grad and weight is not None
+             else x.new_empty((0,)))
+    return dx, dweight, dbias
+
+
+def _setup_fwd(ctx, inputs, output):
+    x, weight, bias, norm, eps, training, epilogue, clip_lower, clip_upper = inputs
+    y, mean, rstd, mask = output
+    ctx.norm = norm
+    ctx.epilogue = epilogue
+    ctx.training = training
+    ctx.save_for_backward(x, weight, mean, rstd, mask)
+    ctx.mark_non_differentiable(mean, rstd, mask)
+
+
+def _backward_fwd(ctx, dy, dmean, drstd, dmask):
+    if not ctx.training:
+        raise RuntimeError("normjit::norm_fwd ran with training=False, which keeps no statistics for a backward; "
+                           "call it with training=True where gradients are needed")
+    x, weight, mean, rstd, mask = ctx.saved_tensors
+    want_dx, want_dw, want_db = ctx.needs_input_grad[:3]
+    dx, dw, db = torch.ops.normjit.norm_bwd(dy, x, weight, mean, rstd, mask, ctx.norm, ctx.epilogue, want_db)
+    return (dx if want_dx else None, dw if want_dw else None, db if want_db else None,
+            None, None, None, None, None, None)
+
+
+norm_fwd.register_autograd(_backward_fwd, setup_context=_setup_fwd)
+
+
+class NormFunction(torch.autograd.Function):
+    """Eager autograd for CUDA tensors: _launch.forward / backward called directly.
+    Returns y, or (y, mask) for relu_bitmask."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, norm, eps, epilogue, clip_lower, clip_upper):
+        y, mean, rstd, mask = _launch.forward(x, weight, bias, norm, eps, True, epilogue, clip_lower, clip_upper)
+        ctx.norm = norm
+        ctx.epilogue = epilogue
+        ctx.save_for_backward(x, weight, mean, rstd, mask)
+        if mask is None:
+            return y
+        ctx.mark_non_differentiable(mask)
+        return y, mask
+
+    @staticmethod
+    def backward(ctx, dy, *unused):
+        x, weight, mean, rstd, mask = ctx.saved_tensors
+        want_dx, want_dw, want_db = ctx.needs_input_grad[:3]
+        dx, dw, db = _launch.backward(dy, x, weight, mean, rstd, mask, ctx.norm, ctx.epilogue, want_db)
+        return (dx if want_dx else None, dw if want_dw else None, db if want_db else None,
+                None, None, None, None, None)
+
+
+def call(x, weight, bias, norm, eps, epilogue, clip_lower=0.0, clip_upper=math.inf):
+    """Runs a norm whose arguments are checked: eagerly on plain CUDA tensors, else through
+    torch.ops.normjit.norm_fwd (compiling, fake / meta tensors, tensor subclasses, CPU).
+    Returns y, or (y, mask) for relu_bitmask."""
+    grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad) or
+                                        (bias is not None and bias.requires_grad))
+    if not torch.compiler.is_compiling() and x.is_cuda and type(x) is Tensor:
+        if grad:
+            return NormFunction.apply(x, weight, bias, norm, eps, epilogue, clip_lower, clip_upper)
+        y, _, _, mask = _launch.forward(x, weight, bias, norm, eps, False, epilogue, clip_lower, clip_upper)
+        return y if mask is None else (y, mask)
+    y, _, _, mask = torch.ops.normjit.norm_fwd(x, weight, bias, norm, eps, grad, epilogue, clip_lower, clip_upper)
+    return y if epilogue == "none" else (y, mask)

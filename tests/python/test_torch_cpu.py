@@ -1,0 +1,456 @@
+"""normjit.torch without a GPU: fake implementations, torch.compile tracing, opcheck on the CPU
+reference, modules, swap_norms, the CPU fallback, argument errors, and the launch arguments the
+CUDA path builds (against a stub kernel)."""
+import contextlib
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+import normjit  # noqa: E402
+import normjit.torch as nt  # noqa: E402
+from normjit.torch import _launch, _reference  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+import blocks  # noqa: E402
+
+inf = math.inf
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+
+
+def fwd(x, w=None, b=None, norm="layernorm", training=True, epilogue="none", lo=0.0, hi=inf, eps=1e-5):
+    return torch.ops.normjit.norm_fwd(x, w, b, norm, eps, training, epilogue, lo, hi)
+
+
+# ---- fake implementations ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", ["meta", "fake-cuda"])
+def test_fake_forward_shapes_strides_dtypes(device):
+    ctx = FakeTensorMode() if device == "fake-cuda" else contextlib.nullcontext()
+    dev = "cuda" if device == "fake-cuda" else "meta"
+    with ctx:
+        x = torch.empty(2, 3, 768, dtype=BF16, device=dev)
+        w = torch.empty(768, dtype=F32, device=dev)
+        y, mean, rstd, mask = fwd(x, w, w)
+        assert (y.shape, y.stride(), y.dtype) == ((2, 3, 768), (2304, 768, 1), BF16)
+        assert (mean.shape, mean.dtype, rstd.shape, rstd.dtype) == ((2, 3), F32, (2, 3), F32)
+        assert mask.shape == (0,) and mask.dtype == torch.uint8
+        # rmsnorm keeps no mean; inference keeps no statistics.
+        _, mean, rstd, _ = fwd(x, w, norm="rmsnorm")
+        assert mean.shape == (0,) and rstd.shape == (2, 3)
+        _, mean, rstd, _ = fwd(x, w, training=False)
+        assert mean.shape == (0,) and rstd.shape == (0,)
+        # The mask packs 8 features a byte, rounded up.
+        x7 = torch.empty(5, 7, dtype=F16, device=dev)
+        y, _, _, mask = fwd(x7, None, None, "rmsnorm", epilogue="relu_bitmask")
+        assert (y.dtype, mask.shape, mask.dtype, mask.stride()) == (F16, (5, 1), torch.uint8, (1, 1))
+        # Rows strided evenly: y takes x's row stride; other layouts give contiguous y.
+        wide = torch.empty(4, 6, 1000, dtype=BF16, device=dev)
+        y, mean, _, _ = fwd(wide[..., :768], w)
+        assert (y.shape, y.stride(), mean.shape) == ((4, 6, 768), (6000, 1000, 1), (4, 6))
+        y, _, _, _ = fwd(torch.empty(768, 8, dtype=BF16, device=dev).t(), w)
+        assert y.stride() == (768, 1)
+
+
+def test_fake_backward_shapes():
+    with FakeTensorMode():
+        x = torch.empty(3, 5, 64, dtype=BF16, device="cuda")
+        w = torch.empty(64, dtype=F32, device="cuda")
+        stats = torch.empty(3, 5, device="cuda")
+        empty_mask = torch.empty(0, dtype=torch.uint8, device="cuda")
+        dx, dw, db = torch.ops.normjit.norm_bwd(torch.empty_like(x), x, w, stats, stats, empty_mask,
+                                                "layernorm", "none", True)
+        assert (dx.shape, dx.dtype, dw.shape, dw.dtype, db.shape, db.dtype) == ((3, 5, 64), BF16, (64,), F32,
+                                                                                 (64,), F32)
+        dx, dw, db = torch.ops.normjit.norm_bwd(torch.empty_like(x), x, None, stats, stats, empty_mask,
+                                                "rmsnorm", "none", False)
+        assert dw.shape == (0,) and db.shape == (0,)
+
+
+# ---- torch.compile -----------------------------------------------------------------------------
+
+def _two_norms(x, w, b):
+    y = nt.layer_norm(x, (x.shape[-1],), w, b)
+    z, mask = nt.rms_norm_relu(y[..., :32], (32,), None)
+    return z.float().sum() + nt.rms_norm(y, x.shape[-1:], w).float().sum() + mask.sum()
+
+
+def _inputs(device, s=7):
+    x = torch.randn(4, s, 64, dtype=BF16, device=device, requires_grad=True)
+    w = torch.randn(64, device=device, requires_grad=True)
+    b = torch.randn(64, device=device, requires_grad=True)
+    return x, w, b
+
+
+def test_compile_traces_fake_cuda_inputs_without_graph_breaks():
+    with FakeTensorMode():
+        args = _inputs("cuda")
+    explained = torch._dynamo.explain(_two_norms)(*args)
+    assert explained.graph_break_count == 0
+    assert explained.graph_count == 1
+    code = explained.graphs[0].code
+    assert code.count("torch.ops.normjit.norm_fwd") == 3, code
+
+
+def test_compile_fullgraph_meta_forward_backward_no_recompile():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(_two_norms, backend=counter, fullgraph=True)
+    for _ in range(2):
+        x, w, b = _inputs("meta")
+        compiled(x, w, b).backward()
+        assert x.grad.shape == x.shape and w.grad.shape == w.shape and b.grad.shape == b.shape
+    assert counter.frame_count == 1
+
+
+def test_compile_eager_backend_on_cpu_matches_eager():
+    torch._dynamo.reset()
+    x = torch.randn(3, 5, 48)
+
+    def f(x):
+        y, mask = nt.layer_norm_relu(x, 48)
+        return nt.ada_layer_norm(y, torch.ones(3, 48), torch.zeros(3, 48)), mask
+
+    want = f(x)
+    got = torch.compile(f, backend="aot_eager", fullgraph=True)(x)
+    torch.testing.assert_close(got[0], want[0])
+    assert torch.equal(got[1], want[1])
+
+
+# ---- opcheck on the CPU reference ------------------------------------------------------------
+
+def _grad(*ts):
+    return [t.requires_grad_() if t is not None else None for t in ts]
+
+
+FWD_CASES = {
+    "layernorm": lambda: (*_grad(torch.randn(3, 5, 16), torch.randn(16), torch.randn(16)), "layernorm", 1e-5, True,
+                          "none", 0.0, inf),
+    "rmsnorm_no_bias": lambda: (*_grad(torch.randn(4, 16), torch.randn(16)), None, "rmsnorm", 1e-6, True, "none",
+                                0.0, inf),
+    "no_weight_relu": lambda: (*_grad(torch.randn(2, 2, 13)), None, None, "layernorm", 1e-5, True, "relu_bitmask",
+                               -0.5, 1.0),
+    "adalayernorm": lambda: (*_grad(torch.randn(3, 5, 16), torch.randn(3, 16), torch.randn(3, 16)), "adalayernorm",
+                             1e-5, True, "none", 0.0, inf),
+    "strided_rows": lambda: (torch.randn(6, 40)[:, :16].requires_grad_(), *_grad(torch.randn(16), torch.randn(16)),
+                             "layernorm", 1e-5, True, "none", 0.0, inf),
+    "inference": lambda: (torch.randn(3, 16), torch.randn(16), None, "rmsnorm", 1e-5, False, "none", 0.0, inf),
+}
+
+
+@pytest.mark.parametrize("case", FWD_CASES)
+def test_opcheck_norm_fwd_cpu(case):
+    torch.library.opcheck(torch.ops.normjit.norm_fwd.default, FWD_CASES[case]())
+
+
+def test_opcheck_norm_bwd_cpu():
+    x = torch.randn(3, 5, 16)
+    w = torch.randn(16)
+    _, mean, rstd, mask = fwd(x, w, w)
+    torch.library.opcheck(torch.ops.normjit.norm_bwd.default,
+                          (torch.randn(3, 5, 16), x, w, mean, rstd, mask, "layernorm", "none", True))
+
+
+# ---- the CPU reference against float64 --------------------------------------------------------
+
+def ref64(x, w, b, norm, eps, lo=None, hi=None):
+    """The norm in float64 by plain torch ops (autograd-able); w, b [N] or, for adalayernorm, [B, N]."""
+    x = x.double()
+    if norm == "rmsnorm":
+        xhat = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+    else:
+        mu = x.mean(-1, keepdim=True)
+        xhat = (x - mu) * torch.rsqrt((x - mu).square().mean(-1, keepdim=True) + eps)
+    if norm == "adalayernorm":
+        w = w[:, None, :] if w is not None else None
+        b = b[:, None, :] if b is not None else None
+    y = xhat * w.double() if w is not None else xhat
+    y = y + b.double() if b is not None else y
+    return y if lo is None else y.clamp(lo, hi)
+
+
+@pytest.mark.parametrize("norm,relu", [("layernorm", False), ("rmsnorm", False), ("adalayernorm", False),
+                                       ("layernorm", True), ("rmsnorm", True)])
+def test_reference_matches_float64(norm, relu):
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 19, dtype=torch.float64).float().requires_grad_()
+    shape = (3, 19) if norm == "adalayernorm" else (19,)
+    w = torch.randn(shape).requires_grad_()
+    b = torch.randn(shape).requires_grad_()
+    lo, hi = (-0.3, 0.8) if relu else (None, None)
+    if relu:
+        fn = nt.layer_norm_relu if norm == "layernorm" else nt.rms_norm_relu
+        y, mask = fn(x, 19, w, bias=b, eps=1e-5, clip_lower=lo, clip_upper=hi)
+        keep = _reference.unpack_mask(mask, 19)
+        pre = ref64(x, w, b, norm, 1e-5).detach()
+        assert torch.equal(keep, (pre > lo) & (pre < hi))
+    elif norm == "adalayernorm":
+        y = nt.ada_layer_norm(x, w, b)
+    else:
+        y = (nt.layer_norm if norm == "layernorm" else nt.rms_norm)(x, 19, w, bias=b, eps=1e-5)
+    want = ref64(x, w, b, norm, 1e-5, lo, hi)
+    torch.testing.assert_close(y.double(), want, atol=1e-5, rtol=1e-5)
+    if norm == "adalayernorm" or relu:  # backward of the reference op (CPU fallbacks run torch's own)
+        dy = torch.randn_like(want)
+        got = torch.autograd.grad(y, (x, w, b), dy.float())
+        exp = torch.autograd.grad(want, (x, w, b), dy)
+        for g, e in zip(got, exp):
+            torch.testing.assert_close(g.double(), e.double(), atol=1e-4, rtol=1e-4)
+
+
+def test_mask_pack_round_trip():
+    keep = torch.rand(3, 21) > 0.5
+    packed = _reference.pack_mask(keep)
+    assert packed.shape == (3, 3) and packed.dtype == torch.uint8
+    assert torch.equal(_reference.unpack_mask(packed, 21), keep)
+    assert _reference.pack_mask(torch.tensor([[True] + [False] * 7 + [False, True]]))[0].tolist() == [1, 2]
+
+
+# ---- CPU fallback, modules, swap_norms --------------------------------------------------------
+
+def test_cpu_functions_equal_torch():
+    x = torch.randn(2, 3, 10, 12)
+    w, b = torch.randn(10, 12), torch.randn(10, 12)
+    assert torch.equal(nt.layer_norm(x, (10, 12), w, b, 1e-3), F.layer_norm(x, (10, 12), w, b, 1e-3))
+    assert torch.equal(nt.layer_norm(x, 12), F.layer_norm(x, (12,)))
+    assert torch.equal(nt.rms_norm(x, [12], w[0]), F.rms_norm(x, [12], w[0]))
+    assert torch.equal(nt.rms_norm(x, [12], w[0], 1e-3, bias=b[0]), F.rms_norm(x, [12], w[0], 1e-3) + b[0])
+    # CPU tensors get torch's dtypes too.
+    assert torch.equal(nt.layer_norm(x.double(), 12), F.layer_norm(x.double(), (12,)))
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "layernorm_no_bias", "layernorm_no_affine", "rmsnorm",
+                                  "rmsnorm_no_affine"])
+def test_module_state_dict_matches_torch(kind):
+    make = {
+        "layernorm": (lambda m: m.LayerNorm(24, eps=1e-6)),
+        "layernorm_no_bias": (lambda m: m.LayerNorm([24], bias=False)),
+        "layernorm_no_affine": (lambda m: m.LayerNorm(24, elementwise_affine=False)),
+        "rmsnorm": (lambda m: m.RMSNorm(24, dtype=torch.float64)),
+        "rmsnorm_no_affine": (lambda m: m.RMSNorm(24, eps=1e-3, elementwise_affine=False)),
+    }[kind]
+    ours, theirs = make(nt), make(nn)
+    assert isinstance(ours, type(theirs))
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    for k, v in theirs.state_dict().items():
+        assert ours.state_dict()[k].dtype == v.dtype and ours.state_dict()[k].shape == v.shape
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.uniform_(-1, 1)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(3, 24, dtype=ours.weight.dtype if ours.weight is not None else F32)
+    assert torch.equal(ours(x), theirs(x))
+    theirs.load_state_dict(ours.state_dict())
+    assert repr(ours).split("(", 1)[1] == repr(theirs).split("(", 1)[1]
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_swap_norms_in_place(norm):
+    torch.manual_seed(0)
+    model = blocks.TinyLM(layers=3, norm=norm)
+    model.extra = nn.LayerNorm((4, 8))  # two dimensions: left alone
+
+    class Custom(nn.LayerNorm):
+        pass
+
+    model.custom = Custom(8)  # a subclass with perhaps its own forward: left alone
+    tokens = torch.randint(0, 256, (2, 9))
+    before = model(tokens)
+    first = model.layers[0].input_layernorm
+    params = {id(p) for p in model.parameters()}
+    assert nt.swap_norms(model) == 7
+    assert model.layers[0].input_layernorm is first
+    assert type(first) is (nt.LayerNorm if norm == "layernorm" else nt.RMSNorm)
+    assert type(model.extra) is nn.LayerNorm and type(model.custom) is Custom
+    assert {id(p) for p in model.parameters()} == params
+    assert torch.equal(model(tokens), before)
+    assert nt.swap_norms(model) == 0
+    assert nt.swap_norms(nn.LayerNorm(8)) == 1
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+def meta(*shape, dtype=F32):
+    return torch.empty(*shape, dtype=dtype, device="meta")
+
+
+ERRORS = [
+    (lambda: nt.layer_norm(meta(2, 8), (9,)), ValueError, r"normalized_shape=\[9\].*\[2, 8\]"),
+    (lambda: nt.layer_norm(meta(8), (2, 8)), ValueError, r"normalized_shape=\[2, 8\]"),
+    (lambda: nt.layer_norm(meta(2, 8), 8.5), TypeError, r"normalized_shape=8.5"),
+    (lambda: nt.layer_norm(meta(2, 8), None), TypeError, "normalized_shape=None"),
+    (lambda: nt.layer_norm(meta(2, 8), 8, meta(7)), ValueError, r"weight has shape \[7\]"),
+    (lambda: nt.layer_norm(meta(2, 8), 8, meta(8), meta(2, 8)), ValueError,
+     r"bias has shape \[2, 8\]"),
+    (lambda: nt.layer_norm(meta(2, 8).double(), 8), TypeError, "x.dtype=torch.float64"),
+    (lambda: nt.layer_norm(meta(2, 8, dtype=torch.int32), 8), TypeError, "x.dtype=torch.int32"),
+    (lambda: nt.rms_norm(meta(2, 8), 8, meta(8).double()), TypeError, "weight.dtype=torch.float64"),
+    (lambda: nt.layer_norm(meta(2, 8), 8, meta(8), meta(8, dtype=BF16)), TypeError,
+     "bias.dtype=torch.bfloat16"),
+    (lambda: nt.layer_norm(meta(1, 262145), 262145), ValueError, "262145"),
+    (lambda: nt.layer_norm(meta(2, 0), 0), ValueError, "normalizes 0 elements"),
+    (lambda: nt.layer_norm(meta(2, 8), 8, eps=0.0), ValueError, "eps=0.0"),
+    (lambda: nt.rms_norm(meta(2, 8), 8, eps=-1.0), ValueError, "eps=-1.0"),
+    (lambda: nt.layer_norm([1.0, 2.0], 2), TypeError, "x is a list"),
+    (lambda: nt.layer_norm(meta(2, 8), 8, torch.randn(8)), ValueError, "weight is on cpu but x is on meta"),
+    (lambda: nt.ada_layer_norm(meta(2, 8), meta(2, 8)), ValueError, r"x has shape \[2, 8\]"),
+    (lambda: nt.ada_layer_norm(meta(2, 3, 8), meta(3, 8)), ValueError, r"weight has shape \[3, 8\]"),
+    (lambda: nt.layer_norm_relu(meta(2, 8), 8, clip_lower=1.0, clip_upper=1.0), ValueError,
+     "clip_lower=1.0 must be below clip_upper=1.0"),
+    (lambda: fwd(meta(2, 8), norm="groupnorm"), ValueError, "norm='groupnorm'"),
+    (lambda: fwd(meta(2, 8), epilogue="gelu"), ValueError, "epilogue='gelu'"),
+]
+
+
+@pytest.mark.parametrize("call,error,match", ERRORS, ids=[str(i) for i in range(len(ERRORS))])
+def test_argument_errors_name_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+# ---- the CUDA path's launch arguments, against a stub GPU -------------------------------------
+
+class StubKernel:
+    def __init__(self, spec, max_vec):
+        self.spec = spec.resolve(max_vec)
+        self.name = str(self.spec)
+        self.launches = []
+
+    def workspace_bytes(self, rows, rows_per_batch=0):
+        return 4096
+
+    def launch(self, *args):
+        assert len(args) == 20 and all(isinstance(a, (int, float)) for a in args)
+        self.launches.append(args)
+
+
+class StubRuntime:
+    def __init__(self):
+        self.kernels = []
+
+    def kernel(self, spec, max_vec):
+        k = StubKernel(spec, max_vec)
+        self.kernels.append(k)
+        return k
+
+
+@pytest.fixture
+def stub_gpu(monkeypatch):
+    """_launch with CPU tensors standing in for CUDA ones and a runtime that records launches."""
+    rt = StubRuntime()
+    state = {"capturing": False}
+    monkeypatch.setattr(_launch, "runtime", lambda device: rt)
+    monkeypatch.setattr(_launch, "_raw_stream", lambda device: 1234)
+    monkeypatch.setattr(_launch, "_current_device", lambda: None)
+    monkeypatch.setattr(_launch, "_is_capturing", lambda: state["capturing"])
+    monkeypatch.setattr(_launch, "_entries", {})
+    monkeypatch.setattr(_launch, "_ones", {})
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    rt.state = state
+    return rt
+
+
+FIELDS = ("x gamma beta mean rstd y dy dx dgamma dbeta workspace workspace_bytes mask clip_lower clip_upper rows "
+          "row_stride rows_per_batch eps stream").split()
+
+
+def _args(kernel, i=-1):
+    return dict(zip(FIELDS, kernel.launches[i]))
+
+
+def test_launch_forward_arguments(stub_gpu):
+    x = torch.randn(4, 6, 1000, dtype=BF16)[..., :768]  # rows 1000 elements apart
+    w = torch.randn(768)
+    y, mean, rstd, mask = _launch.forward(x, w, None, "layernorm", 1e-5, True, "none", 0.0, inf)
+    (k,) = stub_gpu.kernels
+    assert k.name.startswith("layernorm.fwd_train.bf16.w_f32.n768.cfg_")
+    a = _args(k)
+    assert (a["x"], a["gamma"], a["beta"], a["y"]) == (x.data_ptr(), w.data_ptr(), 0, y.data_ptr())
+    assert (a["mean"], a["rstd"], a["mask"]) == (mean.data_ptr(), rstd.data_ptr(), 0)
+    assert (a["rows"], a["row_stride"], a["rows_per_batch"], a["stream"]) == (24, 1000, 0, 1234)
+    assert a["eps"] == 1e-5 and (a["dy"], a["dx"], a["dgamma"], a["workspace"]) == (0, 0, 0, 0)
+    assert y.stride() == (6000, 1000, 1) and mean.shape == (24,)
+    # The same call again hits the kernel cache.
+    _launch.forward(x, w, None, "layernorm", 1e-5, True, "none", 0.0, inf)
+    assert len(stub_gpu.kernels) == 1 and len(k.launches) == 2
+
+
+def test_launch_forward_without_weight_and_with_mask(stub_gpu):
+    x = torch.randn(3, 5, 7, dtype=F16).transpose(0, 1)  # leading dims do not flatten: copied
+    y, mean, rstd, mask = _launch.forward(x, None, None, "rmsnorm", 1e-6, True, "relu_bitmask", 0.0, inf)
+    (k,) = stub_gpu.kernels
+    assert k.name.startswith("rmsnorm.fwd_train.f16.w_f16.n7.relu_bitmask.")
+    a = _args(k)
+    ones = _launch._ones[(None, F16, 7)]
+    assert torch.equal(ones, torch.ones(7, dtype=F16)) and a["gamma"] == ones.data_ptr()
+    assert (a["mean"], a["row_stride"], a["rows"]) == (0, 7, 15) and mean is None
+    assert mask.shape == (15, 1) and a["mask"] == mask.data_ptr()
+    assert y.shape == (5, 3, 7) and y.is_contiguous() and a["x"] != x.data_ptr()
+
+
+def test_launch_ada_and_backward_arguments(stub_gpu):
+    x = torch.randn(2, 3, 16)
+    w, b = torch.randn(2, 16, dtype=BF16), torch.randn(2, 16, dtype=BF16)
+    _, mean, rstd, _ = _launch.forward(x, w, b, "adalayernorm", 1e-5, True, "none", 0.0, inf)
+    assert _args(stub_gpu.kernels[0])["rows_per_batch"] == 3
+    dy = torch.randn(2, 3, 16)
+    dx, dw, db = _launch.backward(dy, x, w, mean, rstd, None, "adalayernorm", "none", False)
+    k = stub_gpu.kernels[1]
+    assert k.name.startswith("adalayernorm.bwd.f32.w_bf16.n16.cfg_")  # no dbias wanted: no .bias
+    a = _args(k)
+    assert (a["dy"], a["dx"], a["dgamma"], a["dbeta"], a["beta"], a["y"]) == (
+        dy.data_ptr(), dx.data_ptr(), dw.data_ptr(), 0, 0, 0)
+    assert a["workspace"] != 0 and a["workspace_bytes"] == 4096 and a["rows_per_batch"] == 3
+    assert db is None and dw.shape == (2, 16) and dw.dtype == BF16
+
+
+def test_launch_backward_strided_layouts(stub_gpu):
+    base = torch.randn(8, 40)
+    x = base[:, :32]
+    w = torch.randn(32)
+    _, mean, rstd, _ = _launch.forward(x, w, w, "layernorm", 1e-5, True, "none", 0.0, inf)
+    # dy strided like x: all three share x's row stride.
+    dy = torch.randn(8, 40)[:, :32]
+    dx, dw, db = _launch.backward(dy, x, w, mean, rstd, None, "layernorm", "none", True)
+    a = _args(stub_gpu.kernels[-1])
+    assert (a["row_stride"], a["x"], a["dy"]) == (40, x.data_ptr(), dy.data_ptr()) and dx.stride() == (40, 1)
+    assert stub_gpu.kernels[-1].name.startswith("layernorm.bwd.f32.w_f32.n32.bias.")
+    # A contiguous dy: x and dy are made contiguous, dx too.
+    dx, _, _ = _launch.backward(torch.randn(8, 32), x, w, mean, rstd, None, "layernorm", "none", True)
+    assert _args(stub_gpu.kernels[-1])["row_stride"] == 32 and dx.is_contiguous()
+    # An expanded dy (y.sum().backward()) has overlapping rows: copied.
+    _launch.backward(torch.ones(1, 32).expand(8, 32), x, w, mean, rstd, None, "layernorm", "none", True)
+    assert _args(stub_gpu.kernels[-1])["row_stride"] == 32
+
+
+def test_misaligned_pointers_pick_a_narrower_kernel(stub_gpu):
+    w = torch.randn(64, dtype=BF16)
+    _launch.forward(torch.randn(4, 64, dtype=BF16), w, None, "rmsnorm", 1e-5, False, "none", 0.0, inf)
+    _launch.forward(torch.randn(4 * 64 + 1, dtype=BF16)[1:].view(4, 64), w, None, "rmsnorm", 1e-5, False, "none",
+                    0.0, inf)
+    vecs = [k.spec.block for k in stub_gpu.kernels]
+    assert len(vecs) == 2 and "_v8_" in vecs[0] and "_v1_" in vecs[1]
+
+
+def test_capture_with_a_cold_kernel_names_the_spec(stub_gpu):
+    x, w = torch.randn(4, 96), torch.randn(96)
+    _launch.forward(x, w, None, "layernorm", 1e-5, False, "none", 0.0, inf)
+    stub_gpu.state["capturing"] = True
+    _launch.forward(x, w, None, "layernorm", 1e-5, False, "none", 0.0, inf)  # warmed: fine
+    with pytest.raises(RuntimeError, match=r"layernorm\.fwd_train\.f32\.w_f32\.n96 .*run the op once"):
+        _launch.forward(x, w, None, "layernorm", 1e-5, True, "none", 0.0, inf)
+
+
+def test_runtime_without_gpu_says_so():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(normjit.DriverUnavailableError):
+        normjit.Runtime(0)

@@ -1,0 +1,303 @@
+"""normjit.torch on a GPU: forward and backward against float64 torch over dtypes, sizes, leading
+shapes and strided rows; opcheck; torch.compile; CUDA graphs; training a small transformer block
+with normjit's norms against torch's; a second GPU. Skipped, with the reason, without a GPU."""
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import normjit.torch as nt  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+import blocks  # noqa: E402
+from test_torch_cpu import ref64  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+inf = math.inf
+# (x dtype, weight dtype) -> tolerance relative to the output's magnitude: about two ulps of the
+# dtype the result is stored in.
+DTYPES = {"bf16": (BF16, BF16), "f16": (F16, F16), "f32": (F32, F32), "bf16_wf32": (BF16, F32)}
+TOL = {BF16: 1.6e-2, F16: 2e-3, F32: 2e-5}
+
+
+def close(got, want, tol, what, scale=None):
+    """|got - want| <= tol * (|want| + scale), elementwise, want in float64; scale: max|want| unless
+    the caller knows the magnitude the result's rounding error follows."""
+    if want.numel():
+        scale = max(scale or 0.0, want.abs().max().item())
+    else:
+        scale = 0.0
+    torch.testing.assert_close(got.double(), want, atol=tol * max(scale, 1e-6), rtol=tol, msg=lambda m: f"{what}: {m}")
+
+
+def make_x(lead, n, dtype, strided, device):
+    """Standard-normal x [*lead, n]; strided: a view of the first n columns of a wider tensor."""
+    width = n + 8 if strided else n
+    x = torch.randn(*lead, width, device=device, dtype=F32).to(dtype)
+    return x[..., :n] if strided else x
+
+
+def check_forward_backward(fn, norm, x, w, b, eps, tol, relu=None):
+    """Runs fn (y = fn(x, w, b)) forward and backward and compares y, dx, dw, db with float64."""
+    leaves = [t for t in (x, w, b) if t is not None]
+    for t in leaves:
+        t.requires_grad_(True)
+    out = fn(x, w, b)
+    y, mask = out if relu else (out, None)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    want = ref64(x.detach(), *(t.detach() if t is not None else None for t in (w, b)), norm, eps,
+                 *(relu or (None, None)))
+    close(y, want, tol[x.dtype], "y")
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, leaves, dy)
+    leaves64 = [t.detach().double().requires_grad_(True) for t in leaves]
+    it = iter(leaves64)
+    x64, w64, b64 = (next(it) if t is not None else None for t in (x, w, b))
+    # The backward's semantics: dy passes where normjit's mask keeps y (elements on a clip edge may
+    # round either way; the mask itself is checked away from the edges).
+    want64 = ref64(x64, w64, b64, norm, eps)
+    dy64 = dy.double() if mask is None else dy.double() * _unpack(mask, y.shape[-1])
+    grads64 = torch.autograd.grad(want64, leaves64, dy64)
+    # dx = rstd * (dy*w - ...) cancels: its error scales with rstd * |dy * w|, not with |dx|
+    # (N = 1, or a row whose x-hat is near +-1, gives dx near 0 from terms of that size).
+    xd = x.detach().double()
+    xc = xd - xd.mean(-1, keepdim=True) if norm != "rmsnorm" else xd
+    rstd = torch.rsqrt(xc.square().mean(-1) + eps).max().item()
+    terms = rstd * dy.abs().max().item() * (w.abs().max().item() if w is not None else 1.0)
+    for name, g, g64, t in zip(("dx", "dweight", "dbias"), grads, grads64, leaves):
+        assert g.dtype == t.dtype and g.shape == t.shape, name
+        close(g, g64, 2 * tol[g.dtype], name, scale=terms if name == "dx" else None)
+    return mask
+
+
+def _unpack(mask, n):
+    """uint8 bit mask [..., ceil(n / 8)] -> float64 [..., n] of 0 and 1 (bit k of byte j: column 8j + k)."""
+    bits = torch.stack([(mask >> k) & 1 for k in range(8)], -1)
+    return bits.reshape(*mask.shape[:-1], -1)[..., :n].double()
+
+
+CASES = []
+for i, n in enumerate((1, 7, 768, 2880, 4097, 65536)):
+    for j, dt in enumerate(DTYPES):
+        lead = [(3,), (2, 33), (4, 1, 5), (37,)][(i + j) % 4] if n < 65536 else (3,)
+        CASES.append(pytest.param(dt, n, lead, (i + j) % 2 == 1, id=f"{dt}-n{n}-{'x'.join(map(str, lead))}"
+                                  + ("-strided" if (i + j) % 2 else "")))
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("dt,n,lead,strided", CASES)
+def test_forward_backward_against_float64(gpu, norm, dt, n, lead, strided):
+    torch.manual_seed(n)
+    x_dtype, w_dtype = DTYPES[dt]
+    x = make_x(lead, n, x_dtype, strided, gpu)
+    w = torch.randn(n, device=gpu).to(w_dtype)
+    b = torch.randn(n, device=gpu).to(w_dtype) if norm == "layernorm" else None
+    if norm == "layernorm":
+        fn = lambda x, w, b: nt.layer_norm(x, (n,), w, b)  # noqa: E731
+    else:
+        fn = lambda x, w, b: nt.rms_norm(x, [n], w)  # noqa: E731
+    check_forward_backward(fn, norm, x, w, b, 1e-5 if norm == "layernorm" else torch.finfo(x_dtype).eps, TOL)
+
+
+def test_largest_n(gpu):
+    n = 262144
+    x = torch.randn(2, n, device=gpu, dtype=BF16)
+    w = torch.randn(n, device=gpu)
+    b = torch.randn(n, device=gpu)
+    check_forward_backward(lambda x, w, b: nt.layer_norm(x, n, w, b), "layernorm", x, w, b, 1e-5, TOL)
+
+
+def test_no_weight_bias_only_and_multi_dim(gpu):
+    x = torch.randn(6, 4, 96, device=gpu, dtype=BF16)
+    check_forward_backward(lambda x, w, b: nt.layer_norm(x, 96), "layernorm", x, None, None, 1e-5, TOL)
+    b = torch.randn(96, device=gpu, dtype=BF16)
+    check_forward_backward(lambda x, w, b: nt.layer_norm(x, 96, None, b), "layernorm", x, None, b, 1e-5, TOL)
+    # Two normalized dimensions flatten into one row of 4 * 96.
+    w2 = torch.randn(4, 96, device=gpu)
+    y = nt.layer_norm(x, (4, 96), w2)
+    close(y, F.layer_norm(x.double(), (4, 96), w2.double()), TOL[BF16], "y")
+
+
+def test_ada_layer_norm(gpu):
+    x = torch.randn(3, 50, 768, device=gpu, dtype=BF16)
+    w = 1 + 0.1 * torch.randn(3, 768, device=gpu)
+    b = torch.randn(3, 768, device=gpu)
+    check_forward_backward(lambda x, w, b: nt.ada_layer_norm(x, w, b), "adalayernorm", x, w, b, 1e-5, TOL)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_relu_variants_and_mask(gpu, norm):
+    n = 1000
+    x = torch.randn(5, 7, n, device=gpu, dtype=F16)
+    w = torch.randn(n, device=gpu, dtype=F16)
+    b = torch.randn(n, device=gpu, dtype=F16)
+    lo, hi = -0.25, 1.5
+    if norm == "layernorm":
+        fn = lambda x, w, b: nt.layer_norm_relu(x, n, w, b, 1e-5, lo, hi)  # noqa: E731
+    else:
+        fn = lambda x, w, b: nt.rms_norm_relu(x, n, w, 1e-5, b, lo, hi)  # noqa: E731
+    mask = check_forward_backward(fn, norm, x, w, b, 1e-5, TOL, relu=(lo, hi))
+    assert mask.shape == (5, 7, 125) and mask.dtype == torch.uint8
+    pre = ref64(x, w, b, norm, 1e-5)
+    keep = torch.stack([(mask >> k) & 1 for k in range(8)], -1).reshape(5, 7, n).bool()
+    inside = (pre > lo + 1e-2) & (pre < hi - 1e-2)  # away from the edges, where rounding may differ
+    outside = (pre < lo - 1e-2) | (pre > hi + 1e-2)
+    assert keep[inside].all() and not keep[outside].any()
+
+
+def test_gradients_only_where_needed(gpu):
+    x = torch.randn(8, 256, device=gpu, dtype=BF16)
+    w = torch.randn(256, device=gpu, requires_grad=True)
+    b = torch.randn(256, device=gpu)
+    nt.layer_norm(x, 256, w, b).sum().backward()
+    assert w.grad is not None and x.grad is None and b.grad is None
+    x.requires_grad_(True)
+    w.requires_grad_(False)
+    nt.layer_norm(x, 256, w, b).sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    with torch.no_grad():
+        assert nt.layer_norm(x, 256, w, b).grad_fn is None
+
+
+@pytest.mark.parametrize("case", ["layernorm", "rmsnorm_relu_strided"])
+def test_opcheck_cuda(gpu, case):
+    if case == "layernorm":
+        args = (torch.randn(4, 5, 384, device=gpu, dtype=BF16, requires_grad=True),
+                torch.randn(384, device=gpu, requires_grad=True), torch.randn(384, device=gpu, requires_grad=True),
+                "layernorm", 1e-5, True, "none", 0.0, inf)
+    else:
+        args = (torch.randn(6, 400, device=gpu, dtype=F16)[:, :384].requires_grad_(),
+                torch.randn(384, device=gpu, dtype=F16, requires_grad=True), None, "rmsnorm", 1e-5, True,
+                "relu_bitmask", 0.0, inf)
+    torch.library.opcheck(torch.ops.normjit.norm_fwd.default, args)
+    x, w, b = args[:3]
+    _, mean, rstd, mask = torch.ops.normjit.norm_fwd(*args)
+    torch.library.opcheck(torch.ops.normjit.norm_bwd.default,
+                          (torch.randn_like(x), x.detach(), w.detach(), mean, rstd, mask, args[3], args[6],
+                           b is not None))
+
+
+def test_compile_fullgraph_matches_eager_without_recompiles(gpu):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(512, 512), nt.LayerNorm(512), nn.GELU(), nt.RMSNorm(512)).to(gpu)
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    for _ in range(2):
+        x = torch.randn(16, 512, device=gpu, requires_grad=True)
+        want = model(x)
+        got = compiled(x)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        (gx,) = torch.autograd.grad(got.square().sum(), x)
+        (wx,) = torch.autograd.grad(want.square().sum(), x)
+        torch.testing.assert_close(gx, wx, atol=1e-4, rtol=1e-4)
+    assert counter.frame_count == 1
+
+
+def test_cuda_graph_capture_and_replay(gpu):
+    ln = nt.LayerNorm(1024).to(gpu, BF16)
+    x = torch.randn(64, 1024, device=gpu, dtype=BF16, requires_grad=True)
+    # Warm up (loads the forward and backward kernels) on a side stream, as torch recommends.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ln(x).sum().backward()
+    torch.cuda.current_stream().wait_stream(side)
+    x.grad = None
+    ln.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = ln(x)
+        y.float().square().sum().backward()
+    for _ in range(2):
+        with torch.no_grad():
+            x.copy_(torch.randn_like(x))
+            x.grad.zero_()
+            ln.weight.grad.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        x2 = x.detach().clone().requires_grad_(True)
+        want = F.layer_norm(x2.float(), (1024,), ln.weight.float(), ln.bias.float())
+        close(y, want.double(), TOL[BF16], "replayed y")
+        want.to(BF16).float().square().sum().backward()
+        close(x.grad, x2.grad.double(), 4 * TOL[BF16], "replayed dx")
+
+
+def test_cuda_graph_capture_of_a_cold_spec_is_an_error(gpu):
+    x = torch.randn(8, 328, device=gpu, dtype=F16)  # a size no other test loads
+    with pytest.raises(RuntimeError, match=r"rmsnorm\.fwd_infer\.f16\.w_f16\.n328.*run the op once"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            nt.rms_norm(x, 328)
+    assert not torch.cuda.is_current_stream_capturing()
+    # Warmed, the same call captures.
+    nt.rms_norm(x, 328)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = nt.rms_norm(x, 328)
+    graph.replay()
+    torch.testing.assert_close(y, F.rms_norm(x, (328,)), atol=2e-3, rtol=2e-3)
+
+
+def _train(model, batches, steps):
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    losses = []
+    for step in range(steps):
+        loss = model.loss(batches[step % len(batches)])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_training_matches_torch(gpu, norm):
+    """The same bf16 model (fp32 norm weights), init and data, with torch's norms and with normjit's."""
+    torch.manual_seed(0)
+    vocab, seq = 128, 65
+    # Learnable data: each token is followed by a fixed other token.
+    successor = torch.randperm(vocab, device=gpu)
+    batches = []
+    for _ in range(16):
+        tokens = [torch.randint(0, vocab, (16,), device=gpu)]
+        for _ in range(seq - 1):
+            tokens.append(successor[tokens[-1]])
+        batches.append(torch.stack(tokens, 1))
+    reference = blocks.use_fp32_norms(blocks.TinyLM(vocab=vocab, dim=128, heads=4, layers=2, norm=norm).to(gpu, BF16))
+    model = blocks.TinyLM(vocab=vocab, dim=128, heads=4, layers=2, norm=norm).to(gpu, BF16)
+    for m in model.modules():
+        if isinstance(m, (nn.LayerNorm, nn.RMSNorm)):
+            m.float()
+    model.load_state_dict(reference.state_dict())
+    assert nt.swap_norms(model) == 5
+    steps = 300
+    want = _train(reference, batches, steps)
+    got = _train(model, batches, steps)
+    assert got[-1] < 0.5 * got[0], got[::30]
+    diffs = [abs(a - b) / max(b, 0.1) for a, b in zip(got, want)]
+    assert sum(diffs) / steps < 0.05, (got[::30], want[::30])
+    assert abs(got[0] - want[0]) < 0.02 * want[0]
+
+
+def test_second_gpu(gpu):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs; this machine has one")
+    dev = torch.device("cuda", 1)
+    ln = nt.LayerNorm(512).to(dev)
+    x = torch.randn(32, 512, device=dev, requires_grad=True)
+    assert torch.cuda.current_device() == 0
+    y = ln(x)
+    y.sum().backward()
+    assert y.device == dev and x.grad.device == dev
+    assert nt.runtime(1).device_ordinal == 1
+    assert any(name.startswith("layernorm.fwd_train.f32.w_f32.n512") for name in nt.loaded_kernels()[1])
+    torch.testing.assert_close(y, F.layer_norm(x, (512,), ln.weight, ln.bias), atol=1e-5, rtol=1e-5)
+    assert torch.cuda.current_device() == 0
