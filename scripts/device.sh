@@ -19,7 +19,7 @@ usage: scripts/device.sh JOB [ARGS...]
 env: OUT (results, default ./.out), M (rows; default 32768, 4096 past N = 65536, sweep 16384),
   BUILD_DIR (default build), BENCH_ARGS (more normjit-bench / normjit-tune options)
   test: GPU_TC (doctest -tc of the GPU cases), NORMJIT_GPU_TEST_NS, CPU_TESTS=0, MEMCHECK=0, MEMCHECK_TC
-  peers: PEER_NS, PEER_PROVIDERS, PEER_PHASES (fwd bwd), PEER_S (seconds per phase's peers)
+  peers: PEER_NS, PEER_NORMS, PEER_PROVIDERS, PEER_PHASES (fwd bwd), PEER_S (seconds per phase's peers)
   sweep: FROM, TO, STEP, PHASES (fwd bwd)   tune: TUNE_BUDGET_S, TUNE_CANDIDATES
   profile: KERNEL (kernel-name regex, default normjit_), NCU_ARGS (default: a set of sections)
   python: PYTEST_ARGS (more pytest options, e.g. -k), PY_NS (wrapper-cost sizes), PY_BENCH=0 (tests only),
@@ -219,7 +219,7 @@ job_peers() {
     # peers.py rewrites its JSON after every shape: a phase cut at its limit keeps what it timed.
     limit=${PEER_S:-$([[ $ph == fwd ]] && echo 200 || echo 260)}
     PYTHONUNBUFFERED=1 timeout "$limit" python3 bench/peers.py --phase "$ph" --rows "$rows" --ns "${ns// /,}" \
-      --providers "${PEER_PROVIDERS:-torch.eager,torch.compile,normjit.torch,liger,cudnn,quack}" --json "$WORK/peers_$ph.json" \
+      --norms "${PEER_NORMS:-layernorm,rmsnorm}" --providers "${PEER_PROVIDERS:-torch.eager,torch.compile,normjit.torch,liger,cudnn,quack}" --json "$WORK/peers_$ph.json" \
       >"$WORK/peers_$ph.txt" 2>&1
     grep -hE "^skip|fell|Error" "$WORK/peers_$ph.txt" | cut -c1-160 | head -20 | md
     [[ -s $WORK/peers_$ph.json ]] || { say "peers $ph: no results (peers_$ph.txt)"; STATUS=1; continue; }

@@ -392,7 +392,7 @@ def test_launch_forward_without_weight_and_with_mask(stub_gpu):
     ones = _launch._ones[(None, F16, 7)]
     assert torch.equal(ones, torch.ones(7, dtype=F16)) and a["gamma"] == ones.data_ptr()
     assert (a["mean"], a["row_stride"], a["rows"]) == (0, 7, 15) and mean is None
-    assert mask.shape == (15, 1) and a["mask"] == mask.data_ptr()
+    assert mask.shape == (5, 3, 1) and a["mask"] == mask.data_ptr()
     assert y.shape == (5, 3, 7) and y.is_contiguous() and a["x"] != x.data_ptr()
 
 
