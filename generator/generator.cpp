@@ -89,6 +89,8 @@ GeneratedSource generate(const Spec& spec) {
       {"NORM_KIND", spec.norm == Norm::kRMSNorm ? "kRMSNorm" : "kLayerNorm"},
       {"PER_GROUP_WEIGHTS", spec.norm == Norm::kAdaLayerNorm ? "true" : "false"},
       {"HAS_BIAS", spec.has_bias ? "true" : "false"},
+      {"ZERO_CENTERED", spec.zero_centered ? "true" : "false"},
+      {"PROLOGUE_FUNCTOR", spec.residual ? "PrologueResidualAdd" : "PrologueNone"},
       {"N", std::to_string(spec.n)},
       {"VEC", std::to_string(b.vec)},
       {"THREADS_PER_ROW", std::to_string(b.threads_per_row)},

@@ -217,6 +217,12 @@ Spec resolve(const Spec& spec, int max_vec, int sm, int max_cluster) {
       break;
     }
   s.block = picked ? *picked : fallback(s, vec);
+  if (s.residual && s.phase != Phase::kBackward && s.block->cache == RowCache::kSharedPipelined) {
+    // The pipelined rows copy only x into their buffers: the same row, held once in shared memory.
+    s.block->cache = RowCache::kShared;
+    s.block->stages = 2;
+    s.block->bulk_copy = false;
+  }
   try {
     validate(s);
   } catch (const Error& e) {

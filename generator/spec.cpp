@@ -91,7 +91,8 @@ bool dbeta_sums_in_shared(const Spec& s, const BlockConfig& b) {
     return false;
   const int64_t packs = s.n / b.vec / b.cluster;
   const int64_t values = (packs + b.threads_per_row - 1) / b.threads_per_row * b.vec;
-  return values > (b.threads_per_row > 768 ? 16 : 24);
+  // The residual's dh_out, read as dx is written, needs registers too: 8 fewer values before the move.
+  return values > (b.threads_per_row > 768 ? 16 : 24) - (s.residual ? 8 : 0);
 }
 
 int64_t shared_row_bytes(const Spec& s, const BlockConfig& b) {
@@ -114,13 +115,16 @@ Spec Spec::make(Norm norm, Phase phase, DType x, int64_t n, bool has_bias) {
 
 bool Spec::operator==(const Spec& o) const {
   return norm == o.norm && phase == o.phase && x_dtype == o.x_dtype && w_dtype == o.w_dtype && n == o.n &&
-         has_bias == o.has_bias && epilogue == o.epilogue && block == o.block;
+         has_bias == o.has_bias && zero_centered == o.zero_centered && residual == o.residual &&
+         epilogue == o.epilogue && block == o.block;
 }
 
 std::string Spec::str() const {
   std::string s = std::string(to_string(norm)) + "." + to_string(phase) + "." + to_string(x_dtype) + ".w_" +
                   to_string(w_dtype) + ".n" + std::to_string(n);
   if (has_bias) s += ".bias";
+  if (zero_centered) s += ".zero_centered";
+  if (residual) s += ".residual";
   if (epilogue != Epilogue::kNone) s += std::string(".") + to_string(epilogue);
   if (block) {
     s += ".cfg_t" + std::to_string(block->threads_per_row) + "_r" + std::to_string(block->rows_per_cta) + "_v" +
@@ -205,14 +209,20 @@ Spec Spec::parse(std::string_view text) {
   if (!n) bad_spec(text, "hidden size '" + std::string(tokens[i]) + "' is not n<integer>");
   s.n = *n;
   ++i;
-  if (i < tokens.size() && tokens[i] == "bias") {
-    s.has_bias = true;
-    ++i;
-  }
+  // Optional flags, each at most once and in this order.
+  const std::pair<const char*, bool*> flags[] = {
+      {"bias", &s.has_bias}, {"zero_centered", &s.zero_centered}, {"residual", &s.residual}};
+  for (const auto& [name, flag] : flags)
+    if (i < tokens.size() && tokens[i] == name) {
+      *flag = true;
+      ++i;
+    }
   if (i < tokens.size() && tokens[i].substr(0, 4) != "cfg_") {
     auto ep = lookup(kEpilogues, tokens[i]);
     if (!ep || *ep == Epilogue::kNone)
-      bad_spec(text, "unknown token '" + std::string(tokens[i]) + "' (expected bias, an epilogue or cfg_...)");
+      bad_spec(text, "unknown token '" + std::string(tokens[i]) +
+                         "' (expected, in this order: bias, zero_centered, residual, an epilogue (" +
+                         choices(kEpilogues).substr(5) + "), cfg_...)");
     s.epilogue = *ep;
     ++i;
   }
@@ -272,6 +282,9 @@ void validate(const Spec& s) {
                                           (b.cache == RowCache::kSharedPipelined
                                                ? " must be 2-" + std::to_string(kMaxPipeStages) + " row buffers"
                                                : std::string(" applies to pipelined rows (pipe) only; keep 2")));
+  if (s.residual && s.phase != Phase::kBackward && b.cache == RowCache::kSharedPipelined)
+    throw Error(Status::kInvalidSpec, where() + "residual forward rows cannot be pipelined (" +
+                                          (b.bulk_copy ? "tma" : "pipe") + "); use smem, reg or gmem");
   if (b.bulk_copy && (b.cache != RowCache::kSharedPipelined || b.vec * dtype_size(s.x_dtype) != 16))
     throw Error(Status::kInvalidSpec, where() + "bulk_copy (tma) needs a pipelined row of 16-byte packs; vec=" +
                                           std::to_string(b.vec) + " of " + to_string(s.x_dtype) + " is " +

@@ -85,7 +85,8 @@ ForwardRef forward(const Spec& s, const void* x, const void* gamma, const void* 
     r.mean[row] = mean;
     r.rstd[row] = rstd;
     for (int64_t i = 0; i < s.n; ++i) {
-      double y = (load(x, s.x_dtype, base + i) - mean) * rstd * load(gamma, s.w_dtype, w + i);
+      const double scale = load(gamma, s.w_dtype, w + i) + (s.zero_centered ? 1 : 0);
+      double y = (load(x, s.x_dtype, base + i) - mean) * rstd * scale;
       if (beta) y += load(beta, s.w_dtype, w + i);
       if (s.epilogue == Epilogue::kReluBitmask) y = std::min(std::max(y, clip_lower), clip_upper);
       if (s.epilogue == Epilogue::kGelu) y = gelu(y);
@@ -114,7 +115,7 @@ BackwardRef backward(const Spec& s, const void* dy, const void* x, const void* g
     double c1 = 0, c2 = 0;
     for (int64_t i = 0; i < s.n; ++i) {
       xhat[i] = (load(x, s.x_dtype, base + i) - mu) * rs;
-      const double g = load(gamma, s.w_dtype, w + i);
+      const double g = load(gamma, s.w_dtype, w + i) + (s.zero_centered ? 1 : 0);
       double d = load(dy, s.x_dtype, base + i);
       if (s.epilogue == Epilogue::kReluBitmask && !((mask[row * mask_stride + i / 8] >> (i % 8)) & 1)) d = 0;
       if (s.epilogue == Epilogue::kGelu) d *= gelu_grad(xhat[i] * g + (beta ? load(beta, s.w_dtype, w + i) : 0.0));

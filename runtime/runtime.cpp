@@ -26,26 +26,28 @@ int access_bytes(int vec, DType d) { return std::min(16, vec * dtype_size(d)); }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Every field of a spec in one word (n < 2^19, block fields < 2^11 each, vec and cluster by their
-// log2; stages 2-4). A spec without a block
-// config packs threads_per_row = 0, which no resolved spec has.
+// Every field of a spec in one word (n - 1 < 2^18, rows_per_cta - 1 < 2^10, threads_per_row <
+// 2^11, vec and cluster by their log2; stages 2-4). A spec without a block config packs
+// threads_per_row = 0, which no resolved spec has.
 uint64_t packed_key(const Spec& s) {
   const BlockConfig b = s.block.value_or(BlockConfig{});
-  uint64_t k = static_cast<uint64_t>(s.n);  // 19 bits
+  uint64_t k = static_cast<uint64_t>(s.n - 1);  // 18 bits
   k = k << 2 | static_cast<uint64_t>(s.norm);
   k = k << 2 | static_cast<uint64_t>(s.phase);
   k = k << 2 | static_cast<uint64_t>(s.x_dtype);
   k = k << 2 | static_cast<uint64_t>(s.w_dtype);
   k = k << 1 | static_cast<uint64_t>(s.has_bias);
+  k = k << 1 | static_cast<uint64_t>(s.zero_centered);
+  k = k << 1 | static_cast<uint64_t>(s.residual);
   k = k << 3 | static_cast<uint64_t>(s.epilogue);
   k = k << 11 | static_cast<uint64_t>(b.threads_per_row);
-  k = k << 11 | static_cast<uint64_t>(b.rows_per_cta);
+  k = k << 10 | (static_cast<uint64_t>(b.rows_per_cta - 1) & 1023);
   k = k << 3 | static_cast<uint64_t>(b.vec > 0 ? __builtin_ctz(static_cast<unsigned>(b.vec)) : 0);  // 1-16
   k = k << 2 | static_cast<uint64_t>(b.cache);
   k = k << 3 | static_cast<uint64_t>(__builtin_ctz(static_cast<unsigned>(std::max(1, b.cluster))));  // 1-16
   k = k << 2 | static_cast<uint64_t>(b.stages - 2);                          // 2, 3, 4
   k = k << 1 | static_cast<uint64_t>(b.bulk_copy);
-  return k;  // 19 + 2+2+2+2+1+3 + 11+11+3+2+3+2+1 = 64 bits
+  return k;  // 18 + 2+2+2+2+1+1+1+3 + 11+10+3+2+3+2+1 = 64 bits
 }
 
 bool needs_pre_activation(Epilogue e) { return e == Epilogue::kGelu; }
@@ -57,7 +59,8 @@ int max_vec_for(const Spec& spec, const LaunchArgs& a) {
   auto ok = [&](int v) {
     const int xb = access_bytes(v, spec.x_dtype), wb = access_bytes(v, spec.w_dtype);
     return spec.n % v == 0 && a.row_stride % v == 0 && aligned(a.x, xb) && aligned(a.y, xb) && aligned(a.dy, xb) &&
-           aligned(a.dx, xb) && aligned(a.gamma, wb) && aligned(a.beta, wb);
+           aligned(a.dx, xb) && aligned(a.residual, xb) && aligned(a.h, xb) && aligned(a.dh_out, xb) &&
+           aligned(a.gamma, wb) && aligned(a.beta, wb);
   };
   while (vec > 1 && !ok(vec)) vec /= 2;
   return vec;
@@ -96,6 +99,9 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
       {"dbeta", a.dbeta, backward && s.has_bias, "the backward bias gradient (spec .bias)"},
       {"workspace", a.workspace, backward, "backward scratch (Kernel::workspace_bytes)"},
       {"mask", a.mask, bitmask, "the relu_bitmask mask"},
+      {"residual", a.residual, s.residual && !backward, "the forward's residual input (spec .residual)"},
+      {"h", a.h, s.residual && !backward, "the forward's x + residual output (spec .residual)"},
+      {"dh_out", a.dh_out, s.residual && backward, "the gradient arriving on h (spec .residual)"},
   };
   for (const Field& f : fields) {
     if (f.used && !f.ptr) fail(std::string(f.name) + " is null; " + phase + " needs it (" + f.role + ")");
@@ -137,6 +143,9 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
   check_align("y", a.y, xb, vec_why.c_str());
   check_align("dy", a.dy, xb, vec_why.c_str());
   check_align("dx", a.dx, xb, vec_why.c_str());
+  check_align("residual", a.residual, xb, vec_why.c_str());
+  check_align("h", a.h, xb, vec_why.c_str());
+  check_align("dh_out", a.dh_out, xb, vec_why.c_str());
   check_align("gamma", a.gamma, wb, vec_why.c_str());
   check_align("beta", a.beta, wb, vec_why.c_str());
   check_align("dgamma", a.dgamma, dtype_size(s.w_dtype), "its dtype");
@@ -220,6 +229,9 @@ NormParams Kernel::params_for(const LaunchArgs& a) const {
   p.eps = a.eps;
   p.clip_lower = a.clip_lower;
   p.clip_upper = a.clip_upper;
+  p.residual = a.residual;
+  p.h = a.h;
+  p.dh_out = a.dh_out;
   return p;
 }
 
@@ -394,6 +406,7 @@ Spec Runtime::choose(const Spec& spec, int max_vec) const {
 
 Spec Runtime::tuned_choice(const Spec& spec) {
   // Remembered per spec: the database lookup builds strings, too slow for every in-process hit.
+  if (spec.n < 1) validate(spec);  // packed_key needs n >= 1
   const uint64_t unresolved = packed_key(spec);
   {
     std::lock_guard<std::mutex> lock(tuning_mutex_);

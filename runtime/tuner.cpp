@@ -104,6 +104,7 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   const size_t x_bytes = size_t(rows) * n * xs;
   Spec fwd = spec;
   fwd.phase = Phase::kForwardTraining;
+  fwd.residual = false;  // a residual backward's x is h: its statistics come from the plain forward
   const std::vector<BlockConfig> candidates = candidate_configs(spec, target_.arch, 16, limit);
   size_t workspace = 0;
   for (const BlockConfig& b : candidates) {
@@ -115,7 +116,8 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   NORMJIT_CU(cuCtxSetCurrent(context_));
   using detail::DeviceBuffer;
   DeviceBuffer x(x_bytes), y(x_bytes), dy(backward ? x_bytes : 0), gamma(n * ws), beta(n * ws), mean(rows * 4),
-      rstd(rows * 4), mask(size_t(rows) * mask_row_bytes(n)), dgamma(n * ws), dbeta(n * ws), work(workspace);
+      rstd(rows * 4), mask(size_t(rows) * mask_row_bytes(n)), dgamma(n * ws), dbeta(n * ws), work(workspace),
+      residual(spec.residual ? x_bytes : 0), h(spec.residual && !backward ? x_bytes : 0);
   {
     const detail::FillKernels fill(target_, device_.sm_count);
     const unsigned seed = static_cast<unsigned>(n * 7919 + static_cast<int>(spec.phase));
@@ -123,6 +125,7 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
     fill.run(gamma.get(), spec.w_dtype, n, seed + 1, 0.5f, 1.0f);
     fill.run(beta.get(), spec.w_dtype, n, seed + 2, 0.5f, 0.0f);
     if (backward) fill.run(dy.get(), spec.x_dtype, rows * n, seed + 3, 1.0f, 0.0f);
+    if (spec.residual) fill.run(residual.get(), spec.x_dtype, rows * n, seed + 4, 1.0f, 0.0f);
     NORMJIT_CU(cuCtxSynchronize());  // the fills finish before their module is unloaded
   }
   LaunchArgs a;
@@ -139,6 +142,10 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   a.eps = 1e-5f;
   a.clip_lower = 0.f;
   a.clip_upper = 6.f;
+  if (spec.residual && !backward) {
+    a.residual = residual.get();
+    a.h = h.get();
+  }
   if (backward) {
     LaunchArgs f = a;
     f.mean = spec.norm != Norm::kRMSNorm ? static_cast<float*>(mean.get()) : nullptr;
@@ -154,6 +161,7 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
     a.dbeta = spec.has_bias ? dbeta.get() : nullptr;
     a.workspace = work.get();
     a.workspace_bytes = workspace;
+    if (spec.residual) a.dh_out = residual.get();
   }
 
   const auto with = [&](const BlockConfig& b) {

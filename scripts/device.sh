@@ -14,6 +14,8 @@ usage: scripts/device.sh JOB [ARGS...]
   tune SPEC...          normjit-tune over the specs, then the bench reading the database it wrote
   profile SPEC...       Nsight Compute over each spec's kernels
   specs SPEC...         the specs, pinned (.cfg_...) or not, timed in one process: any A/B
+  fusions               normjit-bench over the residual-add and zero-centred specs beside the plain ones;
+                        bench/fusions.py: add + RMSNorm fused, unfused, torch eager/compile, Liger, QuACK
   python                pip install . into the image's Python; pytest (GPU tests included); normjit.torch's
                         host time, graph replay, and its cost against normjit-bench and torch eager
 env: OUT (results, default ./.out), M (rows; default 32768, 4096 past N = 65536, sweep 16384),
@@ -22,6 +24,7 @@ env: OUT (results, default ./.out), M (rows; default 32768, 4096 past N = 65536,
   peers: PEER_NS, PEER_NORMS, PEER_PROVIDERS, PEER_PHASES (fwd bwd), PEER_S (seconds per phase's peers)
   sweep: FROM, TO, STEP, PHASES (fwd bwd)   tune: TUNE_BUDGET_S, TUNE_CANDIDATES
   profile: KERNEL (kernel-name regex, default normjit_), NCU_ARGS (default: a set of sections)
+  fusions: FUSION_NS (sizes), FUSION_PROVIDERS (bench/fusions.py --providers)
   python: PYTEST_ARGS (more pytest options, e.g. -k), PY_NS (wrapper-cost sizes), PY_BENCH=0 (tests only),
   PYTEST_S (pytest's time limit, default 420)
 Each job leaves OUT/JOB.md (its tables, also printed) and OUT/JOB.tgz (logs, JSON); peers adds PNGs.
@@ -32,7 +35,7 @@ JOB=${1:-}
 [[ $JOB == -h || $JOB == --help ]] && usage 0
 [[ -z $JOB ]] && usage 2
 case $JOB in
-  test | bench | peers | sweep | python) ;;
+  test | bench | peers | sweep | python | fusions) ;;
   tune | profile | specs) (($# > 1)) || { echo "device.sh $JOB: no SPEC given" >&2; usage 2; } ;;
   *) echo "device.sh: unknown job '$JOB'" >&2; usage 2 ;;
 esac
@@ -326,6 +329,33 @@ job_python() {
     --json "$WORK/wrapper_cost.json" --bench "$WORK/bench_wrapper.json" 2>"$WORK/wrapper_cost.err" | md || STATUS=1
   tail -5 "$WORK/wrapper_cost.err"
   say ""
+}
+
+job_fusions() {
+  build normjit-bench normjit-precompile
+  local ns=${FUSION_NS:-1024 2880 4096 5120 7168 8192 12288 16384} n s=()
+  # Each fused spec right after its plain one, in one process per row count.
+  for n in $ns; do
+    s+=("rmsnorm.fwd_train.bf16.n$n" "rmsnorm.fwd_train.bf16.n$n.residual"
+      "rmsnorm.fwd_train.bf16.n$n.zero_centered.residual"
+      "layernorm.fwd_train.bf16.n$n.bias" "layernorm.fwd_train.bf16.n$n.bias.residual"
+      "rmsnorm.bwd.bf16.w_f32.n$n" "rmsnorm.bwd.bf16.w_f32.n$n.residual"
+      "layernorm.bwd.bf16.w_f32.n$n.bias" "layernorm.bwd.bf16.w_f32.n$n.bias.residual")
+  done
+  precompile fusions "$(nproc)" -- "${s[@]}" || exit 1
+  run_grouped fusions normjit-bench -- "${s[@]}"
+  say "## normjit-bench: fused specs beside the plain ones (bytes: each input read once, each output written once)"
+  tables specs "$WORK"/fusions_m*.json
+  install_python_package
+  local pp
+  pp=$(bash scripts/peers_setup.sh 2>"$WORK/peers_setup.err" | tail -1)
+  cat "$WORK/peers_setup.err"
+  say "## add + RMSNorm through normjit.torch against the unfused work and the peers"
+  # shellcheck disable=SC2086  # FUSION_NS is a word list
+  env "$pp" PYTHONUNBUFFERED=1 python3 bench/fusions.py --ns "$(tr ' ' , <<<"$ns")" \
+    ${FUSION_PROVIDERS:+--providers "$FUSION_PROVIDERS"} --json "$WORK/fusions_torch.json" \
+    2>"$WORK/fusions_torch.err" | md || STATUS=1
+  tail -5 "$WORK/fusions_torch.err"
 }
 
 "job_$JOB" "$@"

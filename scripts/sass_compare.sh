@@ -11,7 +11,8 @@
 # Typical use: dump a build of the old templates to /tmp/base, change and rebuild, then
 #   scripts/sass_compare.sh dump build /tmp/new /tmp/base/specs.txt
 #   scripts/sass_compare.sh diff /tmp/base /tmp/new
-# cuobjdump comes from NVIDIA's pip wheel, fetched once into .tools/ (git-ignored).
+# cuobjdump and nvdisasm (which it runs) come from NVIDIA's pip wheels, fetched once into .tools/
+# (git-ignored).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 usage() { echo "usage: $0 dump BUILD_DIR OUT_DIR [SPECS] | diff BASE_DIR NEW_DIR" >&2; exit 2; }
@@ -26,8 +27,8 @@ dump)
   build=$2 out=$3 specs=${4:-}
   [[ -f $build/libnormjit.so ]] || { echo "$build/libnormjit.so not found: build normjit first" >&2; exit 1; }
   TOOLS=$PWD/.tools/cuda-binutils
-  if [[ ! -x $TOOLS/nvidia/cu13/bin/cuobjdump ]]; then
-    mkdir -p "$TOOLS" && pip download -q --no-deps nvidia-cuda-cuobjdump -d "$TOOLS"
+  if [[ ! -x $TOOLS/nvidia/cu13/bin/cuobjdump || ! -x $TOOLS/nvidia/cu13/bin/nvdisasm ]]; then
+    mkdir -p "$TOOLS" && pip download -q --no-deps nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm -d "$TOOLS"
     for w in "$TOOLS"/*.whl; do python3 -m zipfile -e "$w" "$TOOLS"; done
     chmod +x "$TOOLS"/nvidia/cu13/bin/*
   fi
@@ -39,7 +40,7 @@ dump)
     -L"$out/lib" -lnormjit -Wl,-rpath,"$(cd "$out/lib" && pwd)" -pthread
   "$out/sass_dump" "$out" $specs
   for cubin in "$out"/*.cubin; do
-    "$TOOLS"/nvidia/cu13/bin/cuobjdump -sass "$cubin" > "${cubin%.cubin}.sass"
+    NVDISASM_PATH=$TOOLS/nvidia/cu13/bin "$TOOLS"/nvidia/cu13/bin/cuobjdump -sass "$cubin" > "${cubin%.cubin}.sass"
   done
   ;;
 diff)

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -180,6 +181,9 @@ int main(int argc, char** argv) {
       nj::Spec fwd_spec = spec;
       fwd_spec.block.reset();
       if (backward) fwd_spec.phase = nj::Phase::kForwardTraining;
+      // A residual backward's x is h: its statistics come from the plain forward of x.
+      if (backward) fwd_spec.residual = false;
+      const bool residual = spec.residual;
       const nj::Kernel& forward = rt.get(fwd_spec);
       const bool training = forward.spec().phase == nj::Phase::kForwardTraining;
       const bool has_mean = (training || backward) && spec.norm != nj::Norm::kRMSNorm;
@@ -189,7 +193,7 @@ int main(int argc, char** argv) {
       const size_t x_bytes = size_t(rows) * n * xs;
       const size_t mask_bytes = size_t(rows) * nj::mask_row_bytes(n);
       // Rotate over enough buffer sets that the tensors one launch touches exceed 4x the L2.
-      const int64_t per_set = int64_t((backward ? 3 : 2) * x_bytes);
+      const int64_t per_set = int64_t(((backward ? 3 : 2) + (residual ? (backward ? 1 : 2) : 0)) * x_bytes);
       // --graph: at least 16 sets, and enough that the copy (2·M·N·itemsize per set, less than the
       // kernel touches) also exceeds 4x L2 per replay.
       constexpr int64_t kMaxGraphSets = 2048;
@@ -204,11 +208,13 @@ int main(int argc, char** argv) {
                      4.0 * dev.l2_bytes / 1e6);
       // Each input read once, each output written once. Backward, as genai_layers counts it:
       // dy, x read and dx written (3·M·N·itemsize), gamma read and dgamma (+ dbeta) written.
+      // Residual: the forward also reads residual and writes h, the backward reads dh_out.
       const double weight_bytes = double(groups) * n * ws;
       const double bytes =
-          backward ? 3.0 * x_bytes + weight_bytes * (2 + (spec.has_bias ? 1 : 0))
-                   : 2.0 * x_bytes + weight_bytes * (spec.has_bias ? 2 : 1) +
-                         double(rows) * 4 * ((training ? 1 : 0) + (has_mean ? 1 : 0)) + (bitmask ? mask_bytes : 0);
+          (residual ? (backward ? 1.0 : 2.0) * x_bytes : 0.0) +
+          (backward ? 3.0 * x_bytes + weight_bytes * (2 + (spec.has_bias ? 1 : 0))
+                    : 2.0 * x_bytes + weight_bytes * (spec.has_bias ? 2 : 1) +
+                          double(rows) * 4 * ((training ? 1 : 0) + (has_mean ? 1 : 0)) + (bitmask ? mask_bytes : 0));
       // --graph also replays a copy of the launch's own bytes (half read, half written) per set: the
       // M·N copy above moves fewer bytes than a backward does.
       const size_t same_half = graph ? (size_t(bytes / 2) + 15) / 16 * 16 : 0;
@@ -217,12 +223,16 @@ int main(int argc, char** argv) {
           gamma(groups * n * ws), beta(spec.has_bias ? groups * n * ws : 0), mean(rows * 4 * sets),
           rstd(rows * 4 * sets), mask(bitmask ? mask_bytes * sets : 0), dgamma(backward ? groups * n * ws : 0),
           dbeta(backward && spec.has_bias ? groups * n * ws : 0),
-          workspace(backward ? kernel.workspace_bytes(rows, rpb) : 0);
+          workspace(backward ? kernel.workspace_bytes(rows, rpb) : 0),
+          residual_in(residual && !backward ? x_bytes * sets : 0), h_out(residual && !backward ? x_bytes * sets : 0),
+          dh_out(residual && backward ? x_bytes * sets : 0);
       const unsigned s0 = seed + 17 * static_cast<unsigned>(si);
       util.run(x.get(), spec.x_dtype, (long long)(rows * n * sets), s0, 2.0f, 0.5f);
       util.run(gamma.get(), spec.w_dtype, groups * n, s0 + 1, 0.5f, 1.0f);
       if (spec.has_bias) util.run(beta.get(), spec.w_dtype, groups * n, s0 + 2, 0.5f, 0.0f);
       if (backward) util.run(dy.get(), spec.x_dtype, (long long)(rows * n * sets), s0 + 3, 1.0f, 0.0f);
+      if (residual_in.bytes) util.run(residual_in.get(), spec.x_dtype, (long long)(rows * n * sets), s0 + 4, 1.0f, 0.0f);
+      if (dh_out.bytes) util.run(dh_out.get(), spec.x_dtype, (long long)(rows * n * sets), s0 + 5, 1.0f, 0.0f);
       NORMJIT_CU(cuMemsetD8(y.ptr, 0xff, y.bytes));  // poison: NaN in every dtype
       auto forward_args = [&](int set) {
         nj::LaunchArgs a;
@@ -239,6 +249,10 @@ int main(int argc, char** argv) {
         a.row_stride = n;
         a.rows_per_batch = rpb;
         a.eps = 1e-5f;
+        if (residual_in.bytes) {
+          a.residual = static_cast<char*>(residual_in.get()) + size_t(set) * x_bytes;
+          a.h = static_cast<char*>(h_out.get()) + size_t(set) * x_bytes;
+        }
         return a;
       };
       auto backward_args = [&](int set) {
@@ -251,6 +265,7 @@ int main(int argc, char** argv) {
         a.dbeta = spec.has_bias ? dbeta.get() : nullptr;
         a.workspace = workspace.get();
         a.workspace_bytes = workspace.bytes;
+        if (residual) a.dh_out = static_cast<char*>(dh_out.get()) + size_t(set) * x_bytes;
         return a;
       };
       auto launch = [&](int set, CUstream stream) {
@@ -295,6 +310,7 @@ int main(int argc, char** argv) {
         const int64_t check = std::min<int64_t>(rows, verify_rows);
         std::vector<char> hx(n * xs), hout(n * xs), hdy(n * xs), hg(n * ws), hb(spec.has_bias ? n * ws : 0);
         std::vector<uint8_t> hmask(nj::mask_row_bytes(n));
+        std::vector<char> hres(residual ? n * xs : 0), hh(residual ? n * xs : 0);
         const nj::reference::Tolerance tol =
             backward ? nj::reference::backward_tolerance(spec.x_dtype) : nj::reference::tolerance(spec.x_dtype);
         for (int64_t c = 0; c < check; ++c) {
@@ -305,6 +321,17 @@ int main(int argc, char** argv) {
           NORMJIT_CU(cuMemcpyDtoH(hg.data(), gamma.ptr + w_row * n * ws, hg.size()));
           if (spec.has_bias) NORMJIT_CU(cuMemcpyDtoH(hb.data(), beta.ptr + w_row * n * ws, hb.size()));
           NORMJIT_CU(cuMemcpyDtoH(hx.data(), x.ptr + x_off, hx.size()));
+          if (residual && !backward) {
+            // h must be x + residual rounded to the x dtype, bit for bit; the reference normalizes it.
+            NORMJIT_CU(cuMemcpyDtoH(hres.data(), residual_in.ptr + x_off, hres.size()));
+            NORMJIT_CU(cuMemcpyDtoH(hh.data(), h_out.ptr + x_off, hh.size()));
+            for (int64_t i = 0; i < n; ++i) {
+              nj::reference::store(hx.data(), spec.x_dtype, i,
+                                   nj::reference::load(hx.data(), spec.x_dtype, i) +
+                                       nj::reference::load(hres.data(), spec.x_dtype, i));
+              if (std::memcmp(hx.data() + i * xs, hh.data() + i * xs, xs) != 0) note(INFINITY);
+            }
+          }
           NORMJIT_CU(cuMemcpyDtoH(hout.data(), y.ptr + x_off, hout.size()));
           float stat_mean = 0, stat_rstd = 0;
           if (training || backward) NORMJIT_CU(cuMemcpyDtoH(&stat_rstd, rstd.ptr + stat_off, 4));
@@ -320,6 +347,10 @@ int main(int argc, char** argv) {
             want = nj::reference::backward(one, hdy.data(), hx.data(), hg.data(), spec.has_bias ? hb.data() : nullptr,
                                            &stat_mean, &stat_rstd, hmask.data(), 1, n)
                        .dx;
+            if (residual) {
+              NORMJIT_CU(cuMemcpyDtoH(hres.data(), dh_out.ptr + x_off, hres.size()));
+              for (int64_t i = 0; i < n; ++i) want[i] += nj::reference::load(hres.data(), spec.x_dtype, i);
+            }
           } else {
             nj::Spec one = spec;
             if (ada) one.norm = nj::Norm::kLayerNorm;

@@ -39,6 +39,11 @@ struct LaunchArgs {
   size_t workspace_bytes = 0;
   // relu_bitmask epilogue.
   uint8_t* mask = nullptr;  // [rows, ceil(n / 8)] uint8; forward writes, backward reads
+  // residual specs. Forward: h = x + residual is written and normalized; backward (x is h): dx =
+  // dnorm(dy) + dh_out, the gradient of both x and residual. All [rows, row_stride] x dtype.
+  const void* residual = nullptr;  // forward input
+  void* h = nullptr;               // forward output
+  const void* dh_out = nullptr;    // backward input: the gradient arriving on h
   float clip_lower = 0.f;
   float clip_upper = INFINITY;
   int64_t rows = 0;

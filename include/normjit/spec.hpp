@@ -53,7 +53,7 @@ struct BlockConfig {
 };
 
 // Names one kernel. Canonical string (print/parse round-trip):
-//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.<epilogue>][.cfg_t<T>_r<R>_v<V>[_c<C>]_<reg|gmem|smem|pipe[3|4]|tma[3|4]>]
+//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.zero_centered][.residual][.<epilogue>][.cfg_t<T>_r<R>_v<V>[_c<C>]_<reg|gmem|smem|pipe[3|4]|tma[3|4]>]
 // (_c<C> only for clusters of C > 1 CTAs per row; pipe3 / pipe4: a pipelined row of 3 / 4 buffers;
 // tma: a pipelined row filled by bulk copies)
 // e.g. "layernorm.fwd_train.bf16.w_f32.n4096.bias" or "rmsnorm.fwd_infer.f16.w_f16.n7.cfg_t1_r256_v1_reg".
@@ -64,6 +64,13 @@ struct Spec {
   DType w_dtype = DType::kBF16;
   int64_t n = 0;
   bool has_bias = false;  // forward: beta is added; backward: dbeta (dbias) is produced
+  // Zero-centred weight (Gemma, TransformerEngine): the scale is 1 + gamma; dgamma keeps its meaning.
+  bool zero_centered = false;
+  // Residual add. Forward: h = x + residual (rounded to x's dtype) is written out and normalized.
+  // Backward (x is then h): dx = dnorm(dy) + dh_out, the gradient of both x and residual.
+  // Forward rows of a pipelined block config (pipe, tma) are not supported: resolve() picks the
+  // non-pipelined shared-memory row instead.
+  bool residual = false;
   Epilogue epilogue = Epilogue::kNone;
   std::optional<BlockConfig> block;  // filled by the heuristic when absent
 
@@ -84,7 +91,8 @@ const char* to_string(Epilogue v);
 const char* to_string(RowCache v);
 int dtype_size(DType d);
 // Backward shared-memory rows whose threads hold more values than registers fit two fp32 sums
-// for (16 per thread above 768 threads, 24 at most 768) keep the dbeta sums in shared memory too;
+// for (16 per thread above 768 threads, 24 at most 768; 8 fewer with a residual) keep the dbeta sums
+// in shared memory too;
 // the dgamma sums stay in registers.
 bool dbeta_sums_in_shared(const Spec& s, const BlockConfig& b);
 // Dynamic shared memory per CTA of a shared-memory row (smem or pipe) split over b.cluster

@@ -63,7 +63,7 @@ size_t spec_hash(const Spec& s) {
   size_t h = 0;
   auto mix = [&h](int64_t v) { h = (h ^ static_cast<size_t>(v)) * 0x100000001b3ull; };
   for (int64_t v : {int64_t(s.norm), int64_t(s.phase), int64_t(s.x_dtype), int64_t(s.w_dtype), s.n,
-                    int64_t(s.has_bias), int64_t(s.epilogue)})
+                    int64_t(s.has_bias), int64_t(s.epilogue), int64_t(s.zero_centered), int64_t(s.residual)})
     mix(v);
   if (const auto& b = s.block)
     for (int v : {b->threads_per_row, b->rows_per_cta, b->vec, int(b->cache), b->cluster, b->stages, int(b->bulk_copy)})
@@ -265,6 +265,8 @@ NB_MODULE(_normjit, m) {
       .def_prop_ro("epilogue", [](const Spec& s) { return normjit::to_string(s.epilogue); })
       .def_prop_ro("n", [](const Spec& s) { return s.n; })
       .def_prop_ro("has_bias", [](const Spec& s) { return s.has_bias; })
+      .def_prop_ro("zero_centered", [](const Spec& s) { return s.zero_centered; })
+      .def_prop_ro("residual", [](const Spec& s) { return s.residual; })
       .def_prop_ro("block", [](const Spec& s) -> std::optional<std::string> {
         if (!s.block) return std::nullopt;
         return block_string(s);
@@ -284,8 +286,12 @@ NB_MODULE(_normjit, m) {
            [](const normjit::Kernel& k, uintptr_t x, uintptr_t gamma, uintptr_t beta, uintptr_t mean, uintptr_t rstd,
               uintptr_t y, uintptr_t dy, uintptr_t dx, uintptr_t dgamma, uintptr_t dbeta, uintptr_t workspace,
               size_t workspace_bytes, uintptr_t mask, float clip_lower, float clip_upper, int64_t rows,
-              int64_t row_stride, int64_t rows_per_batch, float eps, uintptr_t stream) {
+              int64_t row_stride, int64_t rows_per_batch, float eps, uintptr_t stream, uintptr_t residual,
+              uintptr_t h, uintptr_t dh_out) {
              normjit::LaunchArgs a = pointer_args(x, gamma, beta, y, dy, dx, dgamma, dbeta, mask);
+             a.residual = reinterpret_cast<const void*>(residual);
+             a.h = reinterpret_cast<void*>(h);
+             a.dh_out = reinterpret_cast<const void*>(dh_out);
              a.mean = reinterpret_cast<float*>(mean);
              a.rstd = reinterpret_cast<float*>(rstd);
              a.workspace = reinterpret_cast<void*>(workspace);
@@ -298,10 +304,13 @@ NB_MODULE(_normjit, m) {
              a.eps = eps;
              k.launch(a, reinterpret_cast<CUstream>(stream));
            },
+           "x"_a, "gamma"_a, "beta"_a, "mean"_a, "rstd"_a, "y"_a, "dy"_a, "dx"_a, "dgamma"_a, "dbeta"_a,
+           "workspace"_a, "workspace_bytes"_a, "mask"_a, "clip_lower"_a, "clip_upper"_a, "rows"_a, "row_stride"_a,
+           "rows_per_batch"_a, "eps"_a, "stream"_a, "residual"_a = 0, "h"_a = 0, "dh_out"_a = 0,
            nb::call_guard<nb::gil_scoped_release>(),
-           "Launches on `stream` (0: the legacy default stream). Arguments, all positional: x, gamma, beta, mean, "
-           "rstd, y, dy, dx, dgamma, dbeta, workspace, workspace_bytes, mask, clip_lower, clip_upper, rows, "
-           "row_stride, rows_per_batch, eps, stream; pointers as ints, 0 where unused.");
+           "Launches on `stream` (0: the legacy default stream). Arguments: x, gamma, beta, mean, rstd, y, dy, dx, "
+           "dgamma, dbeta, workspace, workspace_bytes, mask, clip_lower, clip_upper, rows, row_stride, "
+           "rows_per_batch, eps, stream, then residual, h, dh_out (residual specs); pointers as ints, 0 where unused.");
 
   nb::class_<normjit::Runtime>(m, "Runtime", "normjit on one GPU: its kernels, loaded once, and the disk cache.")
       .def("__init__",
@@ -344,13 +353,19 @@ NB_MODULE(_normjit, m) {
 
   m.def("max_vec_for",
         [](const Spec& spec, uintptr_t x, uintptr_t gamma, uintptr_t beta, uintptr_t y, uintptr_t dy, uintptr_t dx,
-           uintptr_t dgamma, uintptr_t dbeta, uintptr_t mask, int64_t row_stride) {
+           uintptr_t dgamma, uintptr_t dbeta, uintptr_t mask, int64_t row_stride, uintptr_t residual, uintptr_t h,
+           uintptr_t dh_out) {
           normjit::LaunchArgs a = pointer_args(x, gamma, beta, y, dy, dx, dgamma, dbeta, mask);
           a.row_stride = row_stride;
+          a.residual = reinterpret_cast<const void*>(residual);
+          a.h = reinterpret_cast<void*>(h);
+          a.dh_out = reinterpret_cast<const void*>(dh_out);
           return normjit::max_vec_for(spec, a);
         },
-        "The widest vector (elements) the pointers (ints), row stride and n allow. Arguments, all positional: "
-        "spec, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride.");
+        "spec"_a, "x"_a, "gamma"_a, "beta"_a, "y"_a, "dy"_a, "dx"_a, "dgamma"_a, "dbeta"_a, "mask"_a, "row_stride"_a,
+        "residual"_a = 0, "h"_a = 0, "dh_out"_a = 0,
+        "The widest vector (elements) the pointers (ints), row stride and n allow. Arguments: spec, x, gamma, beta, "
+        "y, dy, dx, dgamma, dbeta, mask, row_stride, then residual, h, dh_out.");
 
   m.def("_precompile", &precompile, "specs"_a, "arch"_a = "sm_90", "cache_dir"_a = nb::none(), "jobs"_a = 0,
         "progress"_a = nb::none());

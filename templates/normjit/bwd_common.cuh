@@ -5,6 +5,7 @@
 // split route by [rows][2] row sums.
 #pragma once
 #include "normjit/common.cuh"
+#include "normjit/prologue.cuh"
 
 namespace normjit {
 
@@ -47,7 +48,7 @@ __device__ __forceinline__ void pack_xhat_grad(const Pack<XT, kVec>& x, const Pa
     if constexpr (Cfg::kHasBias) b = load_pack<WT, kVec>(beta + col);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      pre[j] = xhat[j] * to_float(g.v[j]);
+      pre[j] = xhat[j] * scale_of<Cfg>(g.v[j]);
       if constexpr (Cfg::kHasBias) pre[j] += to_float(b.v[j]);
     }
   }

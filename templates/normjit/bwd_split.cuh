@@ -51,7 +51,7 @@ __device__ __forceinline__ void norm_bwd_rowsums(const NormParams& p) {
         float xhat[kVec], d[kVec];
         pack_xhat_grad<Cfg>(xs[i], dys[i], g, beta, p, row, col, 0, mean, rstd, xhat, d);
         float gf[kVec];
-        unpack(g, gf);
+        unpack_scale<Cfg>(g, gf);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           const float gd = d[j] * gf[j];
@@ -85,7 +85,7 @@ __device__ __forceinline__ void norm_bwd_tiles(const NormParams& p) {
   const WT* beta = Cfg::kHasBias && p.beta ? static_cast<const WT*>(p.beta) + weight_offset : nullptr;
   const Pack<WT, kVec> g = load_pack<WT, kVec>(static_cast<const WT*>(p.gamma) + weight_offset + col);
   float gf[kVec];
-  unpack(g, gf);
+  unpack_scale<Cfg>(g, gf);
   const float2* sums = bwd_row_sums<Cfg>(p);
   const long long begin = static_cast<long long>(blockIdx.y) * p.row_chunk;
   const long long end = begin + p.row_chunk < p.rows_per_group ? begin + p.row_chunk : p.rows_per_group;
@@ -106,12 +106,16 @@ __device__ __forceinline__ void norm_bwd_tiles(const NormParams& p) {
     float xhat[kVec], d[kVec];
     pack_xhat_grad<Cfg>(x, dy, g, beta, p, row, col, 0, mean, rstd, xhat, d);
     Pack<XT, kVec> o;
+    float dxf[kVec];
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       acc_g[j] += d[j] * xhat[j];
       acc_b[j] += d[j];
-      o.v[j] = Convert<XT>::from(rstd * (d[j] * gf[j] - c1 - xhat[j] * c2));
+      dxf[j] = rstd * (d[j] * gf[j] - c1 - xhat[j] * c2);
     }
+    Cfg::Prologue::template add_to_dx<XT, kVec>(p, static_cast<XT*>(p.dx) + offset, dxf);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(dxf[j]);
     store_pack<XT, kVec>(static_cast<XT*>(p.dx) + offset, o);
   }
   Pack<float, kVec> pg, pb;

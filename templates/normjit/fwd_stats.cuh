@@ -4,6 +4,7 @@
 // Packs follow RowShape: pack p of a row (segment) belongs to lane p % kThreads.
 #pragma once
 #include "normjit/common.cuh"
+#include "normjit/prologue.cuh"
 
 namespace normjit {
 
@@ -20,6 +21,17 @@ __device__ __forceinline__ void load_chunk(Pack<XT, kVec> (&packs)[kCount], cons
   for (int i = 0; i < kCount; ++i)
     if (const int pack = (first_pack + i) * S::kThreads + lane; active && pack < S::kVecs)
       packs[i] = load_pack<XT, kVec>(source + pack * kVec);
+}
+
+// The same for the forward's first read of its input: through the prologue (x + residual, ...).
+template <class Cfg, int kCount, class XT, int kVec>
+__device__ __forceinline__ void load_input_chunk(const NormParams& p, Pack<XT, kVec> (&packs)[kCount], const XT* x,
+                                                 int first_pack, int lane, bool active) {
+  using S = FwdShape<Cfg>;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i)
+    if (const int pack = (first_pack + i) * S::kThreads + lane; active && pack < S::kVecs)
+      packs[i] = Cfg::Prologue::template load<XT, kVec>(p, x + pack * kVec);
 }
 
 // Σ (x - center) and Σ ((x - center) - shift)^2 over the valid elements of kCount packs.

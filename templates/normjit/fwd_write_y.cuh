@@ -42,7 +42,7 @@ __device__ __forceinline__ void write_packs(const NormParams& p, const Pack<XT, 
       }
       float xf[kVec], gf[kVec], bf[kVec];
       unpack(packs[i], xf);
-      unpack(g, gf);
+      unpack_scale<Cfg>(g, gf);
       if constexpr (Cfg::kHasBias) unpack(b, bf);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {

@@ -154,7 +154,7 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
           store_pack<float, kVec>(shared_b + col, b);
         }
         float gf[kVec];
-        unpack(g, gf);
+        unpack_scale<Cfg>(g, gf);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           acc_g[i][j] += d[j] * xhat[j];
@@ -194,7 +194,7 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
           float xhat[kVec], d[kVec];
           pack_xhat_grad<Cfg>(xv, dyv, g, beta, p, row, col, w.segment_col, mean, rstd, xhat, d);
           float gf[kVec];
-          unpack(g, gf);
+          unpack_scale<Cfg>(g, gf);
 #pragma unroll
           for (int j = 0; j < kVec; ++j) gdv[j] = d[j] * gf[j];
         } else {
@@ -204,9 +204,18 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
         Pack<XT, kVec> o;
         float xf[kVec];
         unpack(xv, xf);
+        if constexpr (Cfg::Prologue::kAddsToDx) {
+          float dxf[kVec];
 #pragma unroll
-        for (int j = 0; j < kVec; ++j)
-          o.v[j] = Convert<XT>::from(dx_element<Cfg>(gdv[j], xf[j], mean, rstd, c1, c2, slope, intercept));
+          for (int j = 0; j < kVec; ++j) dxf[j] = dx_element<Cfg>(gdv[j], xf[j], mean, rstd, c1, c2, slope, intercept);
+          Cfg::Prologue::template add_to_dx<XT, kVec>(p, dx + pack * kVec, dxf);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(dxf[j]);
+        } else {  // converted as each is formed: the schedule of the kernels before prologues existed
+#pragma unroll
+          for (int j = 0; j < kVec; ++j)
+            o.v[j] = Convert<XT>::from(dx_element<Cfg>(gdv[j], xf[j], mean, rstd, c1, c2, slope, intercept));
+        }
         // Clustered rows: plain stores came out split (see store_output_pack).
         store_output_pack<XT, kVec, (S::kCluster > 1)>(dx + pack * kVec, o);
       }

@@ -53,7 +53,7 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i) {
       const int pack = i * S::kThreads + lane;
-      if (active && pack < S::kVecs) cache[i] = load_pack<XT, kVec>(x + pack * kVec);
+      if (active && pack < S::kVecs) cache[i] = Cfg::Prologue::template load<XT, kVec>(p, x + pack * kVec);
     }
     if constexpr (kLayerNorm) {
       // Sums of deviations from a center and of their squares; the small deviation sum corrects
@@ -86,7 +86,7 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
       for (int i = 0; i < S::kChunk; ++i) {
         const int pack = (base + i) * S::kThreads + lane;
         if (active && pack < S::kVecs) {
-          chunk[i] = load_pack<XT, kVec>(x + pack * kVec);
+          chunk[i] = Cfg::Prologue::template load<XT, kVec>(p, x + pack * kVec);
           store_pack<XT, kVec>(shared_row + pack * kVec, chunk[i]);
         }
       }
@@ -103,7 +103,7 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
     Moments local{0.f, 0.f, 0.f};
     for (int base = 0; base < S::kIters; base += S::kChunk) {
       Pack<XT, kVec> chunk[S::kChunk];
-      load_chunk<Cfg>(chunk, x, base, lane, active);
+      load_input_chunk<Cfg>(p, chunk, x, base, lane, active);
       if (!active) continue;
       if constexpr (kLayerNorm) {
         const float count = pack_count<Cfg, S::kChunk>(base, lane);
@@ -136,8 +136,8 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
     if constexpr (S::kCluster > 1) cluster_wait();
   } else {
     // Second pass: from shared memory (kShared) or global memory again (kGlobal).
-    write_row<Cfg>(p, Cfg::kCache == RowCache::kShared ? shared_row : x, lane, row, active, y, gamma, beta, center,
-                   shift, rstd, segment_col);
+    write_row<Cfg>(p, Cfg::kCache == RowCache::kShared ? shared_row : Cfg::Prologue::reread(p, x), lane, row, active,
+                   y, gamma, beta, center, shift, rstd, segment_col);
     if constexpr (S::kCluster > 1) cluster_wait();
   }
 }
@@ -186,6 +186,7 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
   constexpr int kScratch = S::kThreads / 32;
   static_assert(Cfg::kRowsPerCta == 1 && S::kThreads > 32, "a pipelined row fills its CTA");
   static_assert(kStages >= 2, "a pipelined row needs a buffer to fill while it works on another");
+  static_assert(Cfg::Prologue::kNormalizesX, "pipelined rows copy x alone into their buffers");
   __shared__ float sum_scratch[kScratch];
   __shared__ float2 pair_scratch[kScratch];
   __shared__ float2 cluster_slots[2];  // alternate per row (see cluster_sum)

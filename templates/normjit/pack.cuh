@@ -54,6 +54,26 @@ __device__ __forceinline__ void store_pack(T* p, const Pack<T, kVec>& v) {
   *reinterpret_cast<Pack<T, kVec>*>(p) = v;
 }
 
+// A pack loaded where it is written in the code: the volatile asm keeps the compiler from hoisting
+// an unrolled loop's loads ahead of it, which holds every pack's registers at once (the fused
+// backward's last pass spilled so at 768-1024 threads). Packs of 2 bytes use the plain load.
+template <class T, int kVec>
+__device__ __forceinline__ Pack<T, kVec> load_pack_in_order(const T* p) {
+  constexpr int kBytes = static_cast<int>(sizeof(T)) * kVec;
+  Pack<T, kVec> v;
+  unsigned* w = reinterpret_cast<unsigned*>(&v);
+  if constexpr (kBytes == 16) {
+    asm volatile("ld.global.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p));
+  } else if constexpr (kBytes == 8) {
+    asm volatile("ld.global.v2.b32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
+  } else if constexpr (kBytes == 4) {
+    asm volatile("ld.global.b32 %0, [%1];" : "=r"(w[0]) : "l"(p));
+  } else {
+    v = load_pack<T, kVec>(p);
+  }
+  return v;
+}
+
 // A pack's elements as floats. A bf16 pair shares one 32-bit word: its halves come out with one
 // instruction each (shift, mask), where to_float per element first extracts the upper half (two).
 template <class T, int kVec>

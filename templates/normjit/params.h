@@ -27,6 +27,10 @@ struct NormParams {
   float eps;                 // added to the variance (LayerNorm) or mean square (RMSNorm)
   float clip_lower;          // relu_bitmask: lower clip
   float clip_upper;          // relu_bitmask: upper clip
+  // Residual add (last, so the other fields keep their offsets in kernels without it).
+  const void* residual;  // forward: [rows, row_stride] x dtype, added to x
+  void* h;               // forward: [rows, row_stride] x dtype, x + residual (the normalized input)
+  const void* dh_out;    // backward: [rows, row_stride] x dtype, the gradient arriving on h, added to dx
 };
 
 }  // namespace normjit

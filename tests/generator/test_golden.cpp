@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "normjit/normjit.hpp"
 
@@ -22,6 +24,8 @@ TEST_CASE("generated source matches the golden files") {
       "adalayernorm.fwd_train.f16.w_f16.n768.bias",
       "layernorm.fwd_train.f32.w_f32.n768.bias.relu_bitmask",
       "rmsnorm.bwd.f16.w_f16.n128.bias.gelu",
+      "rmsnorm.fwd_train.bf16.w_bf16.n4096.zero_centered.residual",
+      "layernorm.bwd.bf16.w_f32.n4096.bias.residual",
   };
   const bool update = std::getenv("NORMJIT_UPDATE_GOLDEN") != nullptr;
   for (const std::string text : specs) {
@@ -71,4 +75,43 @@ TEST_CASE("epilogues are a template slot: the norm kernels are the same text for
             .source.find("#if 0") != std::string::npos);
   CHECK(generate(resolve(Spec::parse("layernorm.bwd.bf16.n262144.bias"))).source.find("__cluster_dims__(16, 1, 1)") !=
         std::string::npos);
+}
+
+TEST_CASE("fusions are template slots: a fused spec's source differs from its plain twin in the bindings only") {
+  // Lines of `fused` not in `plain`, and the other way round, after removing the kernel's name.
+  auto differing = [](const std::string& plain_text, const std::string& fused_text) {
+    const Spec plain = resolve(Spec::parse(plain_text));
+    Spec fused = resolve(Spec::parse(fused_text));
+    fused.block = plain.block;  // the same block config, whatever each would pick
+    auto lines = [](const Spec& s) {
+      std::vector<std::string> out;
+      std::istringstream in(generate(s).source);
+      for (std::string line; std::getline(in, line);)
+        if (line.find("normjit_") == std::string::npos && line.find("// normjit kernel") == std::string::npos)
+          out.push_back(line);
+      return out;
+    };
+    const std::vector<std::string> a = lines(plain), b = lines(fused);
+    std::vector<std::string> diff;
+    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i)
+      if (i >= a.size() || i >= b.size() || a[i] != b[i])
+        diff.push_back((i < a.size() ? a[i] : "") + " | " + (i < b.size() ? b[i] : ""));
+    return diff;
+  };
+  for (const auto& [plain, fused] : std::vector<std::pair<std::string, std::string>>{
+           {"rmsnorm.fwd_train.bf16.n4096", "rmsnorm.fwd_train.bf16.n4096.zero_centered.residual"},
+           {"layernorm.bwd.bf16.w_f32.n65536.bias", "layernorm.bwd.bf16.w_f32.n65536.bias.residual"},
+           {"adalayernorm.fwd_infer.f16.n768.bias.relu_bitmask", "adalayernorm.fwd_infer.f16.n768.bias.residual.relu_bitmask"}}) {
+    CAPTURE(fused);
+    const std::vector<std::string> diff = differing(plain, fused);
+    // The lines that bind the fusions, and kDbetaShared: the residual backward holds dh_out too, so
+    // its dbeta sums move to shared memory at fewer values per thread (dbeta_sums_in_shared).
+    REQUIRE(diff.size() <= 3);
+    CHECK(!diff.empty());
+    for (const std::string& d : diff) {
+      INFO(d);
+      CHECK((d.find("using Prologue = ") != std::string::npos || d.find("kZeroCenteredGamma = ") != std::string::npos ||
+             d.find("kDbetaShared = ") != std::string::npos));
+    }
+  }
 }

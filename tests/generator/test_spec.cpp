@@ -57,6 +57,47 @@ TEST_CASE("canonical form is stable and human readable") {
   CHECK(e.epilogue == Epilogue::kReluBitmask);
   CHECK(e.str() == "adalayernorm.bwd.bf16.w_f32.n768.bias.relu_bitmask");
   CHECK(Spec::parse("rmsnorm.fwd_infer.f16.n64.gelu").epilogue == Epilogue::kGelu);
+  // The fusions: flags after bias, in a fixed order, before the epilogue.
+  const Spec f = Spec::parse("rmsnorm.bwd.bf16.w_f32.n7168.bias.zero_centered.residual.relu_bitmask");
+  CHECK(f.has_bias);
+  CHECK(f.zero_centered);
+  CHECK(f.residual);
+  CHECK(f.epilogue == Epilogue::kReluBitmask);
+  CHECK(f.str() == "rmsnorm.bwd.bf16.w_f32.n7168.bias.zero_centered.residual.relu_bitmask");
+  CHECK(f != Spec::parse("rmsnorm.bwd.bf16.w_f32.n7168.bias.residual.relu_bitmask"));
+  CHECK(f != Spec::parse("rmsnorm.bwd.bf16.w_f32.n7168.bias.zero_centered.relu_bitmask"));
+  CHECK(Spec::parse("layernorm.fwd_infer.f16.n64.residual").str() == "layernorm.fwd_infer.f16.w_f16.n64.residual");
+}
+
+TEST_CASE("residual forward rows are never pipelined: resolve() holds the row in shared memory instead") {
+  // sm_90's picks pipeline the forward's large rows (pipe, tma), which copy x alone into their buffers.
+  int changed = 0;
+  for (int64_t n = 1024; n <= kMaxHiddenSize; n += 1024)
+    for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm}) {
+      const Spec plain = resolve(Spec::make(norm, Phase::kForwardTraining, DType::kBF16, n, true));
+      Spec with = plain;
+      with.block.reset();
+      with.residual = true;
+      const Spec fused = resolve(with);
+      const std::string name = fused.str();
+      CAPTURE(name);
+      REQUIRE(fused.block);
+      CHECK(fused.block->cache != RowCache::kSharedPipelined);
+      if (plain.block->cache == RowCache::kSharedPipelined) {
+        ++changed;
+        CHECK(fused.block->cache == RowCache::kShared);
+        CHECK(fused.block->threads_per_row == plain.block->threads_per_row);
+        CHECK(fused.block->cluster == plain.block->cluster);
+      } else {
+        CHECK(*fused.block == *plain.block);
+      }
+      // The backward keeps its pick: dh_out is read where dx is written.
+      Spec bwd = Spec::make(norm, Phase::kBackward, DType::kBF16, n, true);
+      const Spec bwd_plain = resolve(bwd);
+      bwd.residual = true;
+      CHECK(*resolve(bwd).block == *bwd_plain.block);
+    }
+  CHECK(changed > 0);
 }
 
 TEST_CASE("bad spec strings are rejected with a message naming the problem") {
@@ -81,6 +122,11 @@ TEST_CASE("bad spec strings are rejected with a message naming the problem") {
       {"layernorm.fwd_train.bf16.w_bf16.n64.gelu.relu_bitmask", "trailing token 'relu_bitmask'"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.none", "unknown token 'none'"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.bias.bias", "unknown token 'bias'"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.residual.bias", "unknown token 'bias'"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.residual.zero_centered", "in this order: bias, zero_centered, residual"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.relu_bitmask.residual", "trailing token 'residual'"},
+      {"rmsnorm.fwd_train.bf16.w_bf16.n65536.residual.cfg_t256_r1_v8_c4_tma", "residual forward rows cannot be pipelined (tma)"},
+      {"rmsnorm.fwd_infer.bf16.w_bf16.n16384.residual.cfg_t512_r1_v8_pipe", "residual forward rows cannot be pipelined (pipe)"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t32_r4_v8", "row cache"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t32_r4_v3_reg", "vec=3"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t32_r4_v16_reg", "vec=16"},

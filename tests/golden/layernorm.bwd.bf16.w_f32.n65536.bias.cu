@@ -8,9 +8,11 @@ struct Cfg {
   using XT = normjit::bf16;
   using WT = normjit::f32;
   using Epilogue = normjit::EpilogueNone;
+  using Prologue = normjit::PrologueNone;
   static constexpr normjit::NormKind kNorm = normjit::NormKind::kLayerNorm;
   static constexpr bool kPerGroupWeights = false;
   static constexpr bool kHasBias = true;
+  static constexpr bool kZeroCenteredGamma = false;  // the scale is 1 + gamma
   static constexpr int kN = 65536;
   static constexpr int kVec = 8;
   static constexpr int kThreadsPerRow = 1024;

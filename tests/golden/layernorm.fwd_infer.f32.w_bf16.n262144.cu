@@ -8,10 +8,12 @@ struct Cfg {
   using XT = normjit::f32;
   using WT = normjit::bf16;
   using Epilogue = normjit::EpilogueNone;
+  using Prologue = normjit::PrologueNone;
   static constexpr normjit::NormKind kNorm = normjit::NormKind::kLayerNorm;
   static constexpr bool kPerGroupWeights = false;
   static constexpr bool kTraining = false;
   static constexpr bool kHasBias = false;
+  static constexpr bool kZeroCenteredGamma = false;  // the scale is 1 + gamma
   static constexpr int kN = 262144;
   static constexpr int kVec = 4;
   static constexpr int kThreadsPerRow = 1024;

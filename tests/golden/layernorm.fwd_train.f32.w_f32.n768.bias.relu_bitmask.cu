@@ -8,10 +8,12 @@ struct Cfg {
   using XT = normjit::f32;
   using WT = normjit::f32;
   using Epilogue = normjit::EpilogueReluBitmask;
+  using Prologue = normjit::PrologueNone;
   static constexpr normjit::NormKind kNorm = normjit::NormKind::kLayerNorm;
   static constexpr bool kPerGroupWeights = false;
   static constexpr bool kTraining = true;
   static constexpr bool kHasBias = true;
+  static constexpr bool kZeroCenteredGamma = false;  // the scale is 1 + gamma
   static constexpr int kN = 768;
   static constexpr int kVec = 4;
   static constexpr int kThreadsPerRow = 64;

@@ -8,9 +8,11 @@ struct Cfg {
   using XT = normjit::f16;
   using WT = normjit::f16;
   using Epilogue = normjit::EpilogueGelu;
+  using Prologue = normjit::PrologueNone;
   static constexpr normjit::NormKind kNorm = normjit::NormKind::kRMSNorm;
   static constexpr bool kPerGroupWeights = false;
   static constexpr bool kHasBias = true;
+  static constexpr bool kZeroCenteredGamma = false;  // the scale is 1 + gamma
   static constexpr int kN = 128;
   static constexpr int kVec = 8;
   static constexpr int kThreadsPerRow = 16;

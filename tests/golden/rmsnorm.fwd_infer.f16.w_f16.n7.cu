@@ -8,10 +8,12 @@ struct Cfg {
   using XT = normjit::f16;
   using WT = normjit::f16;
   using Epilogue = normjit::EpilogueNone;
+  using Prologue = normjit::PrologueNone;
   static constexpr normjit::NormKind kNorm = normjit::NormKind::kRMSNorm;
   static constexpr bool kPerGroupWeights = false;
   static constexpr bool kTraining = false;
   static constexpr bool kHasBias = false;
+  static constexpr bool kZeroCenteredGamma = false;  // the scale is 1 + gamma
   static constexpr int kN = 7;
   static constexpr int kVec = 1;
   static constexpr int kThreadsPerRow = 8;

@@ -60,6 +60,13 @@ ForwardRun run_forward(const Case& c) {
   g.upload(run.gamma.data(), run.gamma.size());
   b.upload(run.beta.data(), run.beta.size());
   y.poison();
+  // residual specs: h = x + residual is written and normalized.
+  const std::vector<char> residual_host = s.residual ? random_tensor(s.x_dtype, sh.elems, 0.0, 1.0) : std::vector<char>{};
+  DeviceMem residual(residual_host.size()), h(residual_host.size());
+  if (s.residual) {
+    residual.upload(residual_host.data(), residual_host.size());
+    h.poison();
+  }
   mean.poison();
   rstd.poison();
   mask.poison();
@@ -78,6 +85,10 @@ ForwardRun run_forward(const Case& c) {
   a.row_stride = sh.stride;
   a.rows_per_batch = c.rows_per_batch;
   a.eps = 1e-5f;
+  if (s.residual) {
+    a.residual = residual.get() + c.x_offset * sh.xs;
+    a.h = h.get() + c.x_offset * sh.xs;
+  }
   launch(s, a);
   run.y.resize(run.x.size());
   y.download(run.y.data(), run.y.size());
@@ -88,7 +99,20 @@ ForwardRun run_forward(const Case& c) {
   run.mask.resize(sh.mask_bytes);
   mask.download(run.mask.data(), run.mask.size());
 
-  const auto ref = reference::forward(s, run.x.data() + c.x_offset * sh.xs, run.gamma.data(),
+  // The sum the kernel must have stored, computed as it does: in fp32, rounded once to the x dtype.
+  std::vector<char> h_want = run.x;
+  if (s.residual) {
+    run.h.resize(run.x.size());
+    h.download(run.h.data(), run.h.size());
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t i = 0; i < sh.n; ++i) {
+        const int64_t e = c.x_offset + r * sh.stride + i;
+        reference::store(h_want.data(), s.x_dtype, e,
+                         reference::load(run.x.data(), s.x_dtype, e) + reference::load(residual_host.data(), s.x_dtype, e));
+        if (std::memcmp(h_want.data() + e * sh.xs, run.h.data() + e * sh.xs, sh.xs) != 0) ++run.h_mismatches;
+      }
+  }
+  const auto ref = reference::forward(s, h_want.data() + c.x_offset * sh.xs, run.gamma.data(),
                                       s.has_bias ? run.beta.data() : nullptr, c.rows, sh.stride, 1e-5,
                                       c.rows_per_batch, c.clip_lower, c.clip_upper);
   reference::Tolerance tol = reference::tolerance(s.x_dtype);
@@ -119,8 +143,11 @@ ForwardRun run_forward(const Case& c) {
   const std::vector<char> poison(16, static_cast<char>(0xff));
   for (int64_t r = 0; r <= c.rows; ++r)
     for (int64_t i = (r == c.rows ? 0 : sh.n); i < sh.stride; ++i)
-      if (std::memcmp(run.y.data() + (c.x_offset + r * sh.stride + i) * sh.xs, poison.data(), sh.xs) != 0)
+      if (std::memcmp(run.y.data() + (c.x_offset + r * sh.stride + i) * sh.xs, poison.data(), sh.xs) != 0 ||
+          (s.residual &&
+           std::memcmp(run.h.data() + (c.x_offset + r * sh.stride + i) * sh.xs, poison.data(), sh.xs) != 0))
         worst.value = INFINITY;
+  if (s.residual && run.h_mismatches > 0) worst.value = INFINITY;
   if (training && std::memcmp(&run.rstd[c.rows], poison.data(), 4) != 0) worst.value = INFINITY;
   if (bitmask && run.mask[c.rows * mask_row_bytes(sh.n)] != 0xff) worst.value = INFINITY;
   run.worst = worst.value;
@@ -132,11 +159,16 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
   const Spec& s = c.spec;
   const Shapes sh = shapes_of(c);
   const ForwardRun fwd = run_forward(c);  // mean, rstd and mask from the GPU forward
+  // A residual spec's backward reads h, the forward's normalized input, and adds dh_out to dx.
+  const std::vector<char>& x_host = s.residual ? fwd.h : fwd.x;
   const std::vector<char> dy_host = random_tensor(s.x_dtype, sh.elems, 0.0, 1.0);
+  const std::vector<char> dh_host = s.residual ? random_tensor(s.x_dtype, sh.elems, 0.0, 1.0) : std::vector<char>{};
+  DeviceMem dh(dh_host.size());
+  if (s.residual) dh.upload(dh_host.data(), dh_host.size());
   DeviceMem x(fwd.x.size()), dy(dy_host.size()), dx(fwd.x.size()), g(fwd.gamma.size()), b(fwd.beta.size()),
       mean(4 * (c.rows + 1)), rstd(4 * (c.rows + 1)), mask(sh.mask_bytes), dg(sh.groups * sh.n * sh.ws),
       db(sh.groups * sh.n * sh.ws);
-  x.upload(fwd.x.data(), fwd.x.size());
+  x.upload(x_host.data(), x_host.size());
   dy.upload(dy_host.data(), dy_host.size());
   g.upload(fwd.gamma.data(), fwd.gamma.size());
   b.upload(fwd.beta.data(), fwd.beta.size());
@@ -159,6 +191,7 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
   a.rows = c.rows;
   a.row_stride = sh.stride;
   a.rows_per_batch = c.rows_per_batch;
+  if (s.residual) a.dh_out = dh.get() + c.x_offset * sh.xs;
   BackwardRun run;
   for (int rep = 0; rep < reps; ++rep) {
     dx.poison();
@@ -175,11 +208,15 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
     if (all_dx) all_dx->push_back(run.dx_bytes);
   }
 
-  const auto ref = reference::backward(s, dy_host.data() + c.x_offset * sh.xs, fwd.x.data() + c.x_offset * sh.xs,
+  auto ref = reference::backward(s, dy_host.data() + c.x_offset * sh.xs, x_host.data() + c.x_offset * sh.xs,
                                        fwd.gamma.data(), s.has_bias ? fwd.beta.data() : nullptr, fwd.mean.data(),
                                        fwd.rstd.data(), fwd.mask.data(), c.rows, sh.stride, c.rows_per_batch);
   reference::Tolerance tx = reference::backward_tolerance(s.x_dtype), tw = reference::backward_tolerance(s.w_dtype);
   if (c.atol >= 0) tx = tw = {c.atol, c.rtol};
+  if (s.residual)
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t i = 0; i < sh.n; ++i)
+        ref.dx[r * sh.n + i] += reference::load(dh_host.data(), s.x_dtype, c.x_offset + r * sh.stride + i);
   Worst wdx, wdg, wdb;
   for (int64_t r = 0; r < c.rows; ++r)
     for (int64_t i = 0; i < sh.n; ++i)

@@ -129,13 +129,17 @@ struct ForwardRun {
   double worst = 0;          // y, mean, rstd against the reference
   int64_t mask_mismatches = 0;  // mask vs (lower < y < upper) of the y the GPU stored
   int64_t mask_ref_mismatches = 0;  // mask vs the reference, away from the clip boundaries
+  // residual specs: h as the GPU wrote it, and its elements that differ from x + residual rounded
+  // to the x dtype (bit for bit; the reference normalizes that sum).
+  std::vector<char> h;
+  int64_t h_mismatches = 0;
 };
 
 ForwardRun run_forward(const Case& c);
 
 struct BackwardRun {
   double forward = 0;                     // the forward that fed it (y, mean, rstd), worst err / tol
-  double dx = 0, dgamma = 0, dbeta = 0;  // worst err / tol per output
+  double dx = 0, dgamma = 0, dbeta = 0;  // worst err / tol per output (residual: dx includes dh_out)
   std::vector<char> dx_bytes, dgamma_bytes, dbeta_bytes;
 };
 

@@ -328,7 +328,8 @@ class StubKernel:
         return 4096
 
     def launch(self, *args):
-        assert len(args) == 20 and all(isinstance(a, (int, float)) for a in args)
+        # 20 positional arguments, then residual, h, dh_out for residual specs.
+        assert len(args) in (20, 23) and all(isinstance(a, (int, float)) for a in args)
         self.launches.append(args)
 
 
@@ -359,7 +360,7 @@ def stub_gpu(monkeypatch):
 
 
 FIELDS = ("x gamma beta mean rstd y dy dx dgamma dbeta workspace workspace_bytes mask clip_lower clip_upper rows "
-          "row_stride rows_per_batch eps stream").split()
+          "row_stride rows_per_batch eps stream residual h dh_out").split()
 
 
 def _args(kernel, i=-1):
@@ -454,3 +455,158 @@ def test_runtime_without_gpu_says_so():
         pytest.skip("a GPU is present")
     with pytest.raises(normjit.DriverUnavailableError):
         normjit.Runtime(0)
+
+
+# ---- the fusions: residual add and zero-centred weights ----------------------------------------
+
+def _add_norm_composed(x, residual, w, b, eps, norm, zero_centered):
+    """The unfused composition in torch: h rounded to x's dtype, then the norm."""
+    h = x + residual
+    scale = w + 1 if zero_centered else w
+    if norm == "rmsnorm":
+        y = F.rms_norm(h.float(), h.shape[-1:], scale.float(), eps)
+        y = y + b.float() if b is not None else y
+    else:
+        y = F.layer_norm(h.float(), h.shape[-1:], scale.float(), b.float() if b is not None else None, eps)
+    return y.to(x.dtype), h
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_add_norm_cpu_matches_the_composition_with_gradients(norm, zero_centered):
+    torch.manual_seed(0)
+    x, r = torch.randn(3, 5, 24), torch.randn(3, 5, 24)
+    w, b = torch.randn(24) * 0.1, torch.randn(24)
+    args = [t.clone().requires_grad_() for t in (x, r, w, b)]
+    ref_args = [t.clone().requires_grad_() for t in (x, r, w, b)]
+    if norm == "rmsnorm":
+        y, h = nt.add_rms_norm(args[0], args[1], args[2], 1e-6, args[3], zero_centered=zero_centered)
+    else:
+        y, h = nt.add_layer_norm(args[0], args[1], args[2], args[3], 1e-6, zero_centered=zero_centered)
+    y_ref, h_ref = _add_norm_composed(*ref_args, 1e-6, norm, zero_centered)
+    torch.testing.assert_close(h, h_ref)
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-5)
+    dy, dh = torch.randn_like(y), torch.randn_like(h)
+    (y * dy + h * dh).sum().backward()
+    (y_ref * dy + h_ref * dh).sum().backward()
+    for got, want, name in zip(args, ref_args, ("x", "residual", "weight", "bias")):
+        torch.testing.assert_close(got.grad, want.grad, atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    # dx and dresidual are one gradient.
+    assert torch.equal(args[0].grad, args[1].grad)
+
+
+def test_zero_centered_norms_cpu():
+    x, w, b = torch.randn(4, 16), torch.randn(16), torch.randn(16)
+    torch.testing.assert_close(nt.layer_norm(x, 16, w, b, zero_centered=True), F.layer_norm(x, (16,), w + 1, b))
+    torch.testing.assert_close(nt.rms_norm(x, 16, w, 1e-6, zero_centered=True), F.rms_norm(x, (16,), w + 1, 1e-6))
+    with pytest.raises(ValueError, match="zero_centered=True needs a weight"):
+        nt.rms_norm(x, 16, None, zero_centered=True)
+
+
+def test_fused_ops_fake_shapes_and_layouts():
+    with FakeTensorMode():
+        x = torch.empty(4, 6, 1000, dtype=BF16, device="cuda")[..., :768]  # rows 1000 apart
+        r = torch.empty(4, 6, 1000, dtype=BF16, device="cuda")[..., :768]
+        w = torch.empty(768, dtype=F32, device="cuda")
+        y, h, mean, rstd, mask = torch.ops.normjit.fused_norm_fwd(x, r, w, w, "layernorm", 1e-5, True, True, "none",
+                                                                  0.0, inf)
+        assert y.stride() == h.stride() == (6000, 1000, 1) and y.dtype == h.dtype == BF16
+        assert mean.shape == rstd.shape == (4, 6) and mask.shape == (0,)
+        # A residual strided unlike x: both made contiguous.
+        y, h, _, rstd, _ = torch.ops.normjit.fused_norm_fwd(x, r.contiguous(), w, None, "rmsnorm", 1e-5, True, False,
+                                                            "none", 0.0, inf)
+        assert y.is_contiguous() and h.is_contiguous() and rstd.shape == (4, 6)
+        # Without a residual, h is empty.
+        _, h, _, _, _ = torch.ops.normjit.fused_norm_fwd(x, None, w, None, "rmsnorm", 1e-5, False, True, "none", 0.0,
+                                                         inf)
+        assert h.shape == (0,)
+        dx, dw, db = torch.ops.normjit.fused_norm_bwd(torch.empty_like(y), torch.empty_like(y), y, w, mean, rstd,
+                                                      mask, "layernorm", True, "none", True)
+        assert dx.shape == y.shape and dw.shape == db.shape == (768,)
+
+
+FUSED_FWD_CASES = {
+    "add_rms": lambda: (*_grad(torch.randn(3, 5, 16), torch.randn(3, 5, 16), torch.randn(16)), None, "rmsnorm", 1e-6,
+                        True, False, "none", 0.0, inf),
+    "add_ln_zero_centered": lambda: (*_grad(torch.randn(4, 16), torch.randn(4, 16), torch.randn(16),
+                                            torch.randn(16)), "layernorm", 1e-5, True, True, "none", 0.0, inf),
+    "zero_centered_only": lambda: (torch.randn(4, 16, requires_grad=True), None, *_grad(torch.randn(16)), None,
+                                   "rmsnorm", 1e-5, True, True, "none", 0.0, inf),
+    "add_relu": lambda: (*_grad(torch.randn(2, 13), torch.randn(2, 13)), None, None, "layernorm", 1e-5, True, False,
+                         "relu_bitmask", -0.5, 1.0),
+}
+
+
+@pytest.mark.parametrize("case", FUSED_FWD_CASES)
+def test_opcheck_fused_norm_fwd_cpu(case):
+    torch.library.opcheck(torch.ops.normjit.fused_norm_fwd.default, FUSED_FWD_CASES[case]())
+
+
+def test_opcheck_fused_norm_bwd_cpu():
+    x, r, w = torch.randn(3, 16), torch.randn(3, 16), torch.randn(16)
+    _, h, mean, rstd, mask = torch.ops.normjit.fused_norm_fwd(x, r, w, w, "layernorm", 1e-5, True, True, "none", 0.0,
+                                                              inf)
+    torch.library.opcheck(torch.ops.normjit.fused_norm_bwd.default,
+                          (torch.randn(3, 16), torch.randn(3, 16), h, w, mean, rstd, mask, "layernorm", True, "none",
+                           True))
+
+
+def _block_with_add(x, r, w):
+    y, h = nt.add_rms_norm(x, r, w, 1e-6)
+    z, h2 = nt.add_layer_norm(y, h, w, None, 1e-5, zero_centered=True)
+    return z.float().sum() + h2.float().sum()
+
+
+def test_compile_fullgraph_traces_the_fused_ops():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(_block_with_add, backend=counter, fullgraph=True)
+    for _ in range(2):
+        x = torch.randn(4, 7, 64, dtype=BF16, device="meta", requires_grad=True)
+        r = torch.randn(4, 7, 64, dtype=BF16, device="meta", requires_grad=True)
+        w = torch.randn(64, device="meta", requires_grad=True)
+        compiled(x, r, w).backward()
+        assert x.grad.shape == r.grad.shape == x.shape and w.grad.shape == w.shape
+    assert counter.frame_count == 1
+    with FakeTensorMode():
+        args = (torch.empty(2, 64, dtype=BF16, device="cuda"), torch.empty(2, 64, dtype=BF16, device="cuda"),
+                torch.empty(64, device="cuda"))
+    explained = torch._dynamo.explain(_block_with_add)(*args)
+    assert explained.graph_break_count == 0
+    assert explained.graphs[0].code.count("torch.ops.normjit.fused_norm_fwd") == 2
+
+
+def test_add_norm_argument_errors():
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match=r"residual \(\[2, 4\]"):
+        nt.add_rms_norm(x, torch.randn(2, 4))
+    with pytest.raises(ValueError, match="must match x"):
+        nt.add_layer_norm(x, x.double())
+    with pytest.raises(TypeError, match="residual is a list"):
+        nt.add_rms_norm(x, [1.0])
+
+
+def test_launch_fused_arguments(stub_gpu):
+    x = torch.randn(4, 6, 1000, dtype=BF16)[..., :768]
+    r = torch.randn(4, 6, 1000, dtype=BF16)[..., :768]
+    w = torch.randn(768)
+    y, h, mean, rstd, mask = _launch.forward_fused(x, r, w, None, "rmsnorm", 1e-6, True, True, "none", 0.0, inf)
+    (k,) = stub_gpu.kernels
+    assert k.name.startswith("rmsnorm.fwd_train.bf16.w_f32.n768.zero_centered.residual.cfg_")
+    a = _args(k)
+    assert (a["x"], a["residual"], a["h"], a["y"], a["dh_out"]) == (x.data_ptr(), r.data_ptr(), h.data_ptr(),
+                                                                    y.data_ptr(), 0)
+    assert a["row_stride"] == 1000 and h.stride() == y.stride() == (6000, 1000, 1) and mean is None
+    dy, dh = torch.randn(4, 6, 768, dtype=BF16), torch.randn(4, 6, 768, dtype=BF16)
+    dx, dw, db = _launch.backward_fused(dy, dh, h, w, None, rstd, None, "rmsnorm", True, "none", False)
+    k = stub_gpu.kernels[-1]
+    assert k.name.startswith("rmsnorm.bwd.bf16.w_f32.n768.zero_centered.residual.cfg_")
+    a = _args(k)
+    # dy and dh_out are contiguous, h is not: all three taken contiguous, as dx.
+    assert a["row_stride"] == 768 and dx.is_contiguous() and a["dh_out"] == dh.data_ptr() and a["h"] == 0
+    # Without dh_out (h unused downstream), the plain backward kernel.
+    _launch.backward_fused(dy, None, h, w, None, rstd, None, "rmsnorm", True, "none", False)
+    assert stub_gpu.kernels[-1].name.startswith("rmsnorm.bwd.bf16.w_f32.n768.zero_centered.cfg_")
+    assert len(stub_gpu.kernels[-1].launches[-1]) == 20

@@ -301,3 +301,143 @@ def test_second_gpu(gpu):
     assert any(name.startswith("layernorm.fwd_train.f32.w_f32.n512") for name in nt.loaded_kernels()[1])
     torch.testing.assert_close(y, F.layer_norm(x, (512,), ln.weight, ln.bias), atol=1e-5, rtol=1e-5)
     assert torch.cuda.current_device() == 0
+
+
+# ---- the fusions: residual add and zero-centred weights ----------------------------------------
+
+ADD_CASES = []
+for i, n in enumerate((7, 768, 4097, 5120, 18432)):
+    for j, dt in enumerate(("bf16", "f16", "f32", "bf16_wf32")):
+        lead = [(3,), (2, 33), (4, 1, 5), (37,)][(i + j) % 4]
+        ADD_CASES.append(pytest.param(dt, n, lead, (i + j) % 2 == 1, id=f"{dt}-n{n}-{'x'.join(map(str, lead))}"
+                                      + ("-strided" if (i + j) % 2 else "")))
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("zero_centered", [False, True], ids=["gamma", "zero_centered"])
+@pytest.mark.parametrize("dt,n,lead,strided", ADD_CASES)
+def test_add_norm_against_float64(gpu, norm, zero_centered, dt, n, lead, strided):
+    """h = x + residual is bit-identical to torch's add in x's dtype; y = norm(h) and the gradients
+    (dx = dresidual = dnorm(dy) + dh) against float64."""
+    torch.manual_seed(n + 7 * strided)
+    x_dtype, w_dtype = DTYPES[dt]
+    x, r = make_x(lead, n, x_dtype, strided, gpu), make_x(lead, n, x_dtype, not strided, gpu)
+    w = (0.2 if zero_centered else 1.0) * torch.randn(n, device=gpu)
+    w = w.to(w_dtype)
+    b = torch.randn(n, device=gpu).to(w_dtype) if norm == "layernorm" else None
+    eps = 1e-5
+    leaves = [t.requires_grad_(True) for t in (x, r, w, b) if t is not None]
+    if norm == "layernorm":
+        y, h = nt.add_layer_norm(x, r, w, b, eps, zero_centered=zero_centered)
+    else:
+        y, h = nt.add_rms_norm(x, r, w, eps, zero_centered=zero_centered)
+    assert y.dtype == h.dtype == x_dtype and y.shape == h.shape == x.shape
+    assert torch.equal(h, x.detach() + r.detach()), "h differs from x + residual"
+    h64 = h.detach().double().requires_grad_(True)
+    w64 = w.detach().double().requires_grad_(True)
+    b64 = b.detach().double().requires_grad_(True) if b is not None else None
+    want = ref64(h64, w64 + 1 if zero_centered else w64, b64, norm, eps)
+    close(y, want.detach(), TOL[x_dtype], "y")
+    dy, dh = torch.randn_like(y), torch.randn_like(h)
+    grads = torch.autograd.grad((y, h), leaves, (dy, dh))
+    grads64 = torch.autograd.grad(want, [t for t in (h64, w64, b64) if t is not None], dy.double())
+    dx64 = grads64[0] + dh.double()
+    hd = h.detach().double()
+    hc = hd - hd.mean(-1, keepdim=True) if norm == "layernorm" else hd
+    rstd = torch.rsqrt(hc.square().mean(-1) + eps).max().item()
+    scale = (w.detach().double() + (1 if zero_centered else 0)).abs().max().item()
+    terms = rstd * dy.abs().max().item() * scale + dh.abs().max().item()
+    dx, dres = grads[0], grads[1]
+    assert torch.equal(dx, dres), "dx and dresidual differ"
+    close(dx, dx64, 2 * TOL[x_dtype], "dx", scale=terms)
+    for name, g, g64, t in zip(("dweight", "dbias"), grads[2:], grads64[1:], leaves[2:]):
+        assert g.dtype == t.dtype and g.shape == t.shape, name
+        close(g, g64, 2 * TOL[g.dtype], name)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_zero_centered_norm_against_float64(gpu, norm):
+    n = 2880
+    x = torch.randn(3, 40, n, device=gpu, dtype=BF16)
+    w = 0.2 * torch.randn(n, device=gpu)
+    b = torch.randn(n, device=gpu) if norm == "layernorm" else None
+    if norm == "layernorm":
+        fn = lambda x, w, b: nt.layer_norm(x, n, w, b, zero_centered=True)  # noqa: E731
+    else:
+        fn = lambda x, w, b: nt.rms_norm(x, n, w, 1e-5, zero_centered=True)  # noqa: E731
+    leaves = [t.requires_grad_(True) for t in (x, w, b) if t is not None]
+    y = fn(x, w, b)
+    w64 = w.detach().double().requires_grad_(True)
+    b64 = b.detach().double().requires_grad_(True) if b is not None else None
+    x64 = x.detach().double().requires_grad_(True)
+    want = ref64(x64, w64 + 1, b64, norm, 1e-5)
+    close(y, want.detach(), TOL[BF16], "y")
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, leaves, dy)
+    grads64 = torch.autograd.grad(want, [t for t in (x64, w64, b64) if t is not None], dy.double())
+    close(grads[0], grads64[0], 2 * TOL[BF16], "dx", scale=5 * dy.abs().max().item())
+    for name, g, g64 in zip(("dweight", "dbias"), grads[1:], grads64[1:]):
+        close(g, g64, 2 * TOL[F32], name)
+
+
+def test_opcheck_fused_cuda(gpu):
+    x = torch.randn(4, 5, 384, device=gpu, dtype=BF16, requires_grad=True)
+    r = torch.randn(4, 5, 384, device=gpu, dtype=BF16, requires_grad=True)
+    w = torch.randn(384, device=gpu, requires_grad=True)
+    args = (x, r, w, None, "rmsnorm", 1e-6, True, True, "none", 0.0, inf)
+    torch.library.opcheck(torch.ops.normjit.fused_norm_fwd.default, args)
+    _, h, mean, rstd, mask = torch.ops.normjit.fused_norm_fwd(*args)
+    torch.library.opcheck(torch.ops.normjit.fused_norm_bwd.default,
+                          (torch.randn_like(x), torch.randn_like(x), h, w.detach(), mean, rstd, mask, "rmsnorm", True,
+                           "none", False))
+
+
+class _PreNormBlock(nn.Module):
+    """Two pre-norm sublayers on a residual stream: the add of each feeds the next norm."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.w1, self.w2 = nn.Parameter(0.1 * torch.randn(dim)), nn.Parameter(torch.ones(dim))
+        self.fc1, self.fc2 = nn.Linear(dim, dim), nn.Linear(dim, dim)
+
+    def forward(self, x, residual, fused):
+        if fused:
+            y, h = nt.add_rms_norm(x, residual, self.w1, 1e-6, zero_centered=True)
+            y2, h2 = nt.add_layer_norm(self.fc1(y), h, self.w2, None, 1e-5)
+        else:
+            h = x + residual
+            y = F.rms_norm(h, h.shape[-1:], self.w1 + 1, 1e-6)
+            h2 = self.fc1(y) + h
+            y2 = F.layer_norm(h2, h2.shape[-1:], self.w2, None, 1e-5)
+        return self.fc2(y2) + h2
+
+
+def test_fused_block_compile_and_graph_replay(gpu):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch.manual_seed(0)
+    block = _PreNormBlock(512).to(gpu)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(lambda x, r: block(x, r, True), backend=counter, fullgraph=True)
+    x = torch.randn(16, 512, device=gpu, requires_grad=True)
+    r = torch.randn(16, 512, device=gpu)
+    want = block(x, r, False)
+    for fn in (lambda x, r: block(x, r, True), compiled):
+        got = fn(x, r)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        (gx,) = torch.autograd.grad(got.square().sum(), x)
+        (wx,) = torch.autograd.grad(want.square().sum(), x, retain_graph=True)
+        torch.testing.assert_close(gx, wx, atol=1e-3, rtol=1e-3)
+    assert counter.frame_count == 1
+    # Captured in a CUDA graph (kernels already loaded above), replayed on new inputs.
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = block(x, r, True)
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+        r.copy_(torch.randn_like(r))
+    graph.replay()
+    torch.cuda.synchronize()
+    with torch.no_grad():
+        torch.testing.assert_close(out, block(x, r, False), atol=1e-4, rtol=1e-4)

@@ -38,6 +38,18 @@ TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
             s.epilogue = ep;
             specs.push_back(resolve(s));
           }
+  // The fusions (residual add, zero-centred weights) with every op and phase.
+  for (Norm norm : norms)
+    for (Phase phase : phases)
+      for (DType x : {DType::kF32, DType::kBF16})
+        for (int64_t n : {7, 768, 4097, 18432, 65536, 262144})
+          for (int fusion = 1; fusion < 4; ++fusion) {
+            Spec s = Spec::make(norm, phase, x, n, norm != Norm::kRMSNorm);
+            s.w_dtype = x == DType::kBF16 ? DType::kF32 : x;
+            s.zero_centered = fusion & 1;
+            s.residual = fusion & 2;
+            specs.push_back(resolve(s));
+          }
   // Every strategy and the size extremes, per x dtype.
   for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
     for (int64_t n : {2, 32, 256, 768, 2880, 4096, 5120, 8192, 12288, 16384, 18432, 28672, 40960, 65536, 81920, 131072, 262144})

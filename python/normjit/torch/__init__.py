@@ -3,6 +3,7 @@
     import normjit.torch as nt
     y = nt.layer_norm(x, (4096,), weight, bias)       # as torch.nn.functional.layer_norm
     nt.swap_norms(model)                              # nn.LayerNorm / nn.RMSNorm -> normjit's
+    y, h = nt.add_rms_norm(x, residual, weight)       # h = x + residual; y = rms_norm(h)
 
 Functions and modules take torch's arguments and run normjit's kernels on CUDA tensors (compiled on
 first use per shape and dtype, then cached on disk), torch's functional ops on CPU tensors. The ops
@@ -11,13 +12,16 @@ implementations and autograd, so ``torch.compile(fullgraph=True)`` traces them. 
 capture no kernel is compiled: run each call once before capturing.
 """
 from ._launch import loaded_kernels, runtime
-from .functional import ada_layer_norm, layer_norm, layer_norm_relu, rms_norm, rms_norm_relu
+from .functional import (ada_layer_norm, add_layer_norm, add_rms_norm, layer_norm, layer_norm_relu, rms_norm,
+                         rms_norm_relu)
 from .modules import LayerNorm, RMSNorm, swap_norms
 
 __all__ = [
     "LayerNorm",
     "RMSNorm",
     "ada_layer_norm",
+    "add_layer_norm",
+    "add_rms_norm",
     "layer_norm",
     "layer_norm_relu",
     "loaded_kernels",

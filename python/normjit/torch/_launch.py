@@ -21,7 +21,8 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None)
 _is_capturing = torch.cuda.is_current_stream_capturing
 
 _runtimes = {}  # device index -> normjit Runtime
-# (device, norm, phase, x dtype, w dtype, n, has_bias, epilogue) -> (Spec, {max_vec: Kernel})
+# (device, norm, phase, x dtype, w dtype, n, has_bias, epilogue, zero_centered, residual)
+#   -> (Spec, {max_vec: Kernel})
 _entries = {}
 _ones = {}  # (device, dtype, n) -> ones weight for norms called without one
 
@@ -45,10 +46,14 @@ def loaded_kernels():
 
 
 def _spec_of(key):
-    device, norm, phase, x_dtype, w_dtype, n, has_bias, epilogue = key
+    device, norm, phase, x_dtype, w_dtype, n, has_bias, epilogue, zero_centered, residual = key
     text = f"{norm}.{phase}.{DTYPE_NAMES[x_dtype]}.w_{DTYPE_NAMES[w_dtype]}.n{n}"
     if has_bias:
         text += ".bias"
+    if zero_centered:
+        text += ".zero_centered"
+    if residual:
+        text += ".residual"
     if epilogue != "none":
         text += "." + epilogue
     return _normjit.Spec(text)
@@ -67,12 +72,12 @@ def _load(device, spec, max_vec, by_vec):
     return kernel
 
 
-def _kernel(key, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride):
+def _kernel(key, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride, residual=0, h=0, dh_out=0):
     entry = _entries.get(key)
     if entry is None:
         entry = _entries.setdefault(key, (_spec_of(key), {}))
     spec, by_vec = entry
-    vec = _normjit.max_vec_for(spec, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride)
+    vec = _normjit.max_vec_for(spec, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride, residual, h, dh_out)
     kernel = by_vec.get(vec)
     if kernel is None:
         kernel = _load(key[0], spec, vec, by_vec)
@@ -150,13 +155,13 @@ def like_rows(x, rs):
     return torch.empty_strided(x.shape, row_strides(x.shape, rs), dtype=x.dtype, device=x.device)
 
 
-def _launch(device, kernel, args):
+def _launch(device, kernel, args, fused=()):
     if device != _current_device():
         # The runtime launches in the current context: make it the tensor's device.
         with torch.cuda.device(device):
-            kernel.launch(*args[:-1], _raw_stream(device))
+            kernel.launch(*args[:-1], _raw_stream(device), *fused)
     else:
-        kernel.launch(*args)
+        kernel.launch(*args, *fused)
 
 
 def forward(x, weight, bias, norm, eps, training, epilogue, clip_lower, clip_upper):
@@ -167,9 +172,32 @@ def forward(x, weight, bias, norm, eps, training, epilogue, clip_lower, clip_upp
     [rows] when training (mean: not for rmsnorm); uint8 mask [..., ceil(n / 8)] for relu_bitmask;
     None for those not produced.
     """
+    y, _, mean, rstd, mask = forward_fused(x, None, weight, bias, norm, eps, training, False, epilogue, clip_lower,
+                                           clip_upper)
+    return y, mean, rstd, mask
+
+
+def _shared_layout(x, other):
+    """(x, other, row stride): both as they are when their rows are strided alike, else contiguous."""
+    x, rs = layout(x)
+    other, ors = layout(other)
+    if ors != rs:
+        return x.contiguous(), other.contiguous(), x.shape[-1]
+    return x, other, rs
+
+
+def forward_fused(x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower, clip_upper):
+    """forward with the fusions: residual (x's shape and dtype, or None) is added to x first, and
+    the sum h is written out and normalized; zero_centered scales by 1 + weight.
+    Returns (y, h, mean, rstd, mask); h is None without a residual."""
     # Allocations take most of this function's host time: empty_like and int sizes are the cheap forms.
     n = x.shape[-1]
-    if x.is_contiguous():
+    h = None
+    if residual is not None:
+        x, residual, rs = _shared_layout(x, residual)
+        y = like_rows(x, rs)
+        h = like_rows(x, rs)
+    elif x.is_contiguous():
         rs = n
         y = torch.empty_like(x)
     else:
@@ -191,20 +219,22 @@ def forward(x, weight, bias, norm, eps, training, epilogue, clip_lower, clip_upp
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()
     if rows == 0:
-        return y, mean, rstd, mask
+        return y, h, mean, rstd, mask
     rpb = rows // weight.shape[0] if norm == "adalayernorm" else 0
     device = dev.index
-    key = (device, norm, "fwd_train" if training else "fwd_infer", x.dtype, weight.dtype, n, bias is not None, epilogue)
+    key = (device, norm, "fwd_train" if training else "fwd_infer", x.dtype, weight.dtype, n, bias is not None, epilogue,
+           zero_centered, residual is not None)
     xp = x.data_ptr()
     yp = y.data_ptr()
     gp = weight.data_ptr()
     bp = 0 if bias is None else bias.data_ptr()
     mp = 0 if mask is None else mask.data_ptr()
-    kernel = _kernel(key, xp, gp, bp, yp, 0, 0, 0, 0, mp, rs)
+    fused = () if residual is None else (residual.data_ptr(), h.data_ptr(), 0)
+    kernel = _kernel(key, xp, gp, bp, yp, 0, 0, 0, 0, mp, rs, *fused)
     _launch(device, kernel, (
         xp, gp, bp, 0 if mean is None else mean.data_ptr(), 0 if rstd is None else rstd.data_ptr(), yp,
-        0, 0, 0, 0, 0, 0, mp, clip_lower, clip_upper, rows, rs, rpb, eps, _raw_stream(device)))
-    return y, mean, rstd, mask
+        0, 0, 0, 0, 0, 0, mp, clip_lower, clip_upper, rows, rs, rpb, eps, _raw_stream(device)), fused)
+    return y, h, mean, rstd, mask
 
 
 def backward(dy, x, weight, mean, rstd, mask, norm, epilogue, bias_grad):
@@ -212,9 +242,22 @@ def backward(dy, x, weight, mean, rstd, mask, norm, epilogue, bias_grad):
     them (weight None: ones; mean None for rmsnorm); dx has x's shape, in x's row stride when dy
     shares it, else contiguous; dweight like weight (None without one); dbias like weight when
     bias_grad, else None."""
+    return backward_fused(dy, None, x, weight, mean, rstd, mask, norm, False, epilogue, bias_grad)
+
+
+def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered, epilogue, bias_grad):
+    """backward with the fusions: x is the forward's h when it had a residual, and dh_out (the
+    gradient arriving on h, or None) is added to dx, which is then the gradient of both x and the
+    residual; zero_centered as the forward."""
     x, dy, rs = backward_layout(x, dy)
     if dy.dtype != x.dtype:
         dy = dy.to(x.dtype)
+    if dh_out is not None:
+        if dh_out.dtype != x.dtype:
+            dh_out = dh_out.to(x.dtype)
+        drs = dh_out.shape[-1] if dh_out.is_contiguous() else row_stride(dh_out.shape, dh_out.stride(), x.shape[-1])
+        if drs != rs:
+            x, dy, dh_out, rs = x.contiguous(), dy.contiguous(), dh_out.contiguous(), x.shape[-1]
     n = x.shape[-1]
     dev = x.device
     dx = torch.empty_like(x) if rs == n else like_rows(x, rs)
@@ -229,7 +272,7 @@ def backward(dy, x, weight, mean, rstd, mask, norm, epilogue, bias_grad):
     else:
         rpb = rows // gamma.shape[0] if norm == "adalayernorm" else 0
         device = dev.index
-        key = (device, norm, "bwd", x.dtype, gamma.dtype, n, bias_grad, epilogue)
+        key = (device, norm, "bwd", x.dtype, gamma.dtype, n, bias_grad, epilogue, zero_centered, dh_out is not None)
         xp = x.data_ptr()
         gp = gamma.data_ptr()
         dyp = dy.data_ptr()
@@ -237,10 +280,11 @@ def backward(dy, x, weight, mean, rstd, mask, norm, epilogue, bias_grad):
         dgp = dgamma.data_ptr()
         dbp = 0 if dbeta is None else dbeta.data_ptr()
         mp = 0 if mask is None else mask.data_ptr()
-        kernel = _kernel(key, xp, gp, 0, 0, dyp, dxp, dgp, dbp, mp, rs)
+        fused = () if dh_out is None else (0, 0, dh_out.data_ptr())
+        kernel = _kernel(key, xp, gp, 0, 0, dyp, dxp, dgp, dbp, mp, rs, *fused)
         ws_bytes = kernel.workspace_bytes(rows, rpb)
         workspace = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device=dev)
         _launch(device, kernel, (
             xp, gp, 0, 0 if mean is None else mean.data_ptr(), rstd.data_ptr(), 0, dyp, dxp, dgp, dbp,
-            workspace.data_ptr(), ws_bytes, mp, 0.0, math.inf, rows, rs, rpb, 0.0, _raw_stream(device)))
+            workspace.data_ptr(), ws_bytes, mp, 0.0, math.inf, rows, rs, rpb, 0.0, _raw_stream(device)), fused)
     return dx, (dgamma if weight is not None else None), dbeta

@@ -45,11 +45,29 @@ def unpack_mask(mask, n):
 
 def forward(x, weight, bias, norm, eps, training, epilogue, clip_lower, clip_upper):
     """As _launch.forward."""
-    x, rs = _launch.layout(x)
+    y, _, mean, rstd, mask = forward_fused(x, None, weight, bias, norm, eps, training, False, epilogue, clip_lower,
+                                           clip_upper)
+    return y, mean, rstd, mask
+
+
+def _scale(ref, zero_centered):
+    return ref.float() + 1 if zero_centered else ref.float()
+
+
+def forward_fused(x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower, clip_upper):
+    """As _launch.forward_fused."""
+    h = None
+    if residual is not None:
+        x, residual, rs = _launch._shared_layout(x, residual)
+        h = _launch.like_rows(x, rs)
+        h.copy_(x.float() + residual.float())  # rounded to x's dtype, as the kernel stores it
+        x = h
+    else:
+        x, rs = _launch.layout(x)
     n = x.shape[-1]
     ref = weight if weight is not None else x.new_ones(n)
     mean, rstd, xhat = _stats(x.float(), norm, eps)
-    yf = _batched(xhat, ref, norm) * _batched(ref.float(), ref, norm)
+    yf = _batched(xhat, ref, norm) * _batched(_scale(ref, zero_centered), ref, norm)
     if bias is not None:
         yf = yf + _batched(bias.float(), ref, norm)
     yf = yf.reshape(x.shape)
@@ -61,11 +79,16 @@ def forward(x, weight, bias, norm, eps, training, epilogue, clip_lower, clip_upp
     y.copy_(yf)
     if not training:
         mean = rstd = None
-    return y, mean, rstd, mask
+    return y, h, mean, rstd, mask
 
 
 def backward(dy, x, weight, mean, rstd, mask, norm, epilogue, bias_grad):
     """As _launch.backward."""
+    return backward_fused(dy, None, x, weight, mean, rstd, mask, norm, False, epilogue, bias_grad)
+
+
+def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered, epilogue, bias_grad):
+    """As _launch.backward_fused."""
     x, dy, rs = _launch.backward_layout(x, dy)
     n = x.shape[-1]
     ref = weight if weight is not None else x.new_ones(n)
@@ -77,12 +100,14 @@ def backward(dy, x, weight, mean, rstd, mask, norm, epilogue, bias_grad):
     g = dy.float()
     if epilogue != "none":
         g = g * unpack_mask(mask, n)
-    gw = (_batched(g, ref, norm) * _batched(ref.float(), ref, norm)).reshape(x.shape)
+    gw = (_batched(g, ref, norm) * _batched(_scale(ref, zero_centered), ref, norm)).reshape(x.shape)
     proj = (gw * xhat).mean(-1, keepdim=True)
     if norm == "rmsnorm":
         dxf = rstd[..., None] * (gw - xhat * proj)
     else:
         dxf = rstd[..., None] * (gw - gw.mean(-1, keepdim=True) - xhat * proj)
+    if dh_out is not None:
+        dxf = dxf + dh_out.float()
     dx = _launch.like_rows(x, rs)
     dx.copy_(dxf)
     dweight = (_batched(g * xhat, ref, norm).sum(1).reshape(ref.shape).to(ref.dtype)) if weight is not None else None

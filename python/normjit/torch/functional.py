@@ -48,7 +48,7 @@ def _check_eps(eps):
         raise ValueError(f"eps={eps} must be finite and > 0")
 
 
-def _prepare(x, normalized_shape, weight, bias):
+def _prepare(x, normalized_shape, weight, bias, zero_centered=False):
     """Checks the arguments; returns (x, weight, bias, shape to restore or None), x as [..., N] with
     the normalized dimensions flattened and a ones weight where only a bias is given."""
     _check_x(x)
@@ -77,6 +77,8 @@ def _prepare(x, normalized_shape, weight, bias):
         x = x.reshape(x.shape[:-k] + (n,))
         weight = weight.reshape(n) if weight is not None else None
         bias = bias.reshape(n) if bias is not None else None
+    if zero_centered and weight is None:
+        raise ValueError("zero_centered=True needs a weight: the scale is 1 + weight")
     if weight is None and bias is not None:
         # The cached ones eagerly; a traced graph makes its own.
         eager = x.is_cuda and not torch.compiler.is_compiling()
@@ -96,26 +98,72 @@ def _rms_eps(x, eps):
     return torch.finfo(x.dtype).eps if eps is None else eps
 
 
-def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+def _zero_centered_weight(weight, zero_centered):
+    if not zero_centered:
+        return weight
+    if weight is None:
+        raise ValueError("zero_centered=True needs a weight: the scale is 1 + weight")
+    return weight + 1
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, zero_centered=False):
     """LayerNorm over the last dimensions: y = (x - mean) / sqrt(var + eps) * weight + bias, with var
-    the biased variance; as ``torch.nn.functional.layer_norm``."""
+    the biased variance; as ``torch.nn.functional.layer_norm``. zero_centered: the scale is
+    1 + weight (Gemma, TransformerEngine's zero_centered_gamma); weight's gradient keeps its meaning."""
     if isinstance(x, torch.Tensor) and x.is_cpu:
-        return F.layer_norm(x, _shape_tuple(normalized_shape), weight, bias, eps)
-    x2, w, b, restore = _prepare(x, normalized_shape, weight, bias)
+        return F.layer_norm(x, _shape_tuple(normalized_shape), _zero_centered_weight(weight, zero_centered), bias, eps)
+    x2, w, b, restore = _prepare(x, normalized_shape, weight, bias, zero_centered)
     _check_eps(eps)
+    if zero_centered:
+        return _restore(ops.call_fused(x2, None, w, b, "layernorm", float(eps), True), restore)
     return _restore(ops.call(x2, w, b, "layernorm", float(eps), "none"), restore)
 
 
-def rms_norm(x, normalized_shape, weight=None, eps=None, bias=None):
+def rms_norm(x, normalized_shape, weight=None, eps=None, bias=None, *, zero_centered=False):
     """RMSNorm over the last dimensions: y = x / sqrt(mean(x^2) + eps) * weight (+ bias, normjit's
-    addition); as ``torch.nn.functional.rms_norm``: eps=None means ``torch.finfo(x.dtype).eps``."""
+    addition); as ``torch.nn.functional.rms_norm``: eps=None means ``torch.finfo(x.dtype).eps``.
+    zero_centered: the scale is 1 + weight (Gemma)."""
     if isinstance(x, torch.Tensor) and x.is_cpu:
-        y = F.rms_norm(x, _shape_tuple(normalized_shape), weight, eps)
+        y = F.rms_norm(x, _shape_tuple(normalized_shape), _zero_centered_weight(weight, zero_centered), eps)
         return y if bias is None else y + bias
-    x2, w, b, restore = _prepare(x, normalized_shape, weight, bias)
+    x2, w, b, restore = _prepare(x, normalized_shape, weight, bias, zero_centered)
     eps = _rms_eps(x, eps)
     _check_eps(eps)
+    if zero_centered:
+        return _restore(ops.call_fused(x2, None, w, b, "rmsnorm", float(eps), True), restore)
     return _restore(ops.call(x2, w, b, "rmsnorm", float(eps), "none"), restore)
+
+
+def _add_norm(x, residual, weight, bias, eps, zero_centered, norm):
+    _check_x(x)
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual is a {type(residual).__name__}, not a torch.Tensor")
+    if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
+        raise ValueError(f"residual ({list(residual.shape)}, {residual.dtype}, {residual.device}) must match x "
+                         f"({list(x.shape)}, {x.dtype}, {x.device})")
+    x2, w, b, _ = _prepare(x, x.shape[-1:] if x.dim() else (), weight, bias, zero_centered)
+    if norm == "rmsnorm":
+        eps = _rms_eps(x, eps)
+    _check_eps(eps)
+    if not x.is_cuda:
+        # The op's plain-torch reference, with its autograd.
+        y, h, _, _, _ = torch.ops.normjit.fused_norm_fwd(x2, residual, w, b, norm, float(eps),
+                                                         torch.is_grad_enabled(), zero_centered, "none", 0.0,
+                                                         math.inf)
+        return y, h
+    return ops.call_fused(x2, residual, w, b, norm, float(eps), zero_centered)
+
+
+def add_rms_norm(x, residual, weight=None, eps=None, bias=None, *, zero_centered=False):
+    """The pre-norm block's residual add and RMSNorm in one kernel: h = x + residual (rounded to x's
+    dtype), y = rms_norm(h, weight, eps) over the last dimension. Returns (y, h): h is the new
+    residual stream. Gradients: dx = dresidual = dnorm(dy) + dh, and the weight's (bias's)."""
+    return _add_norm(x, residual, weight, bias, eps, zero_centered, "rmsnorm")
+
+
+def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, zero_centered=False):
+    """add_rms_norm's LayerNorm: h = x + residual, y = layer_norm(h, weight, bias, eps); returns (y, h)."""
+    return _add_norm(x, residual, weight, bias, eps, zero_centered, "layernorm")
 
 
 def ada_layer_norm(x, weight, bias=None, eps=1e-5):

@@ -120,7 +120,10 @@ class NormFunction(torch.autograd.Function):
         y, mean, rstd, mask = _launch.forward(x, weight, bias, norm, eps, True, epilogue, clip_lower, clip_upper)
         ctx.norm = norm
         ctx.epilogue = epilogue
-        ctx.save_for_backward(x, weight, mean, rstd, mask)
+        # mean / rstd never reach the caller, so nothing can modify them in place: attributes skip
+        # save_for_backward's per-tensor bookkeeping (16 us of a 270 us forward + backward on the device host).
+        ctx.stats = (mean, rstd)
+        ctx.save_for_backward(x, weight, mask)
         if mask is None:
             return y
         ctx.mark_non_differentiable(mask)
@@ -128,7 +131,8 @@ class NormFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, *unused):
-        x, weight, mean, rstd, mask = ctx.saved_tensors
+        x, weight, mask = ctx.saved_tensors
+        mean, rstd = ctx.stats
         want_dx, want_dw, want_db = ctx.needs_input_grad[:3]
         dx, dw, db = _launch.backward(dy, x, weight, mean, rstd, mask, ctx.norm, ctx.epilogue, want_db)
         return (dx if want_dx else None, dw if want_dw else None, db if want_db else None,
@@ -148,3 +152,152 @@ def call(x, weight, bias, norm, eps, epilogue, clip_lower=0.0, clip_upper=math.i
         return y if mask is None else (y, mask)
     y, _, _, mask = torch.ops.normjit.norm_fwd(x, weight, bias, norm, eps, grad, epilogue, clip_lower, clip_upper)
     return y if epilogue == "none" else (y, mask)
+
+
+# The fusions: a residual add before the norm (h = x + residual, written out and normalized) and
+# zero-centred weights (scale 1 + weight). Separate ops, so the plain ones keep their schema.
+#
+#     fused_norm_fwd(x, residual?, weight?, bias?, norm, eps, training, zero_centered, epilogue,
+#                    clip_lower, clip_upper) -> (y, h, mean, rstd, mask)
+#     fused_norm_bwd(dy, dh_out?, x, weight?, mean, rstd, mask, norm, zero_centered, epilogue,
+#                    bias_grad) -> (dx, dweight, dbias)
+#
+# h is x's shape, dtype and layout (empty [0] without a residual). The backward's x is the
+# forward's h, and its dx (dnorm(dy) + dh_out) is the gradient of both x and residual.
+
+
+@torch.library.custom_op("normjit::fused_norm_fwd", mutates_args=())
+def fused_norm_fwd(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], norm: str,
+                   eps: float, training: bool, zero_centered: bool, epilogue: str, clip_lower: float,
+                   clip_upper: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    _check_names(norm, epilogue)
+    impl = _launch.forward_fused if x.is_cuda else _reference.forward_fused
+    y, h, mean, rstd, mask = impl(x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower,
+                                  clip_upper)
+    lead = x.shape[:-1]
+    h = h if h is not None else x.new_empty((0,))
+    mean = mean.view(lead) if mean is not None else x.new_empty((0,), dtype=torch.float32)
+    rstd = rstd.view(lead) if rstd is not None else x.new_empty((0,), dtype=torch.float32)
+    mask = mask.view(lead + mask.shape[-1:]) if mask is not None else x.new_empty((0,), dtype=torch.uint8)
+    return y, h, mean, rstd, mask
+
+
+@fused_norm_fwd.register_fake
+def _fused_norm_fwd_fake(x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower,
+                         clip_upper):
+    if residual is None:
+        y, mean, rstd, mask = _norm_fwd_fake(x, weight, bias, norm, eps, training, epilogue, clip_lower, clip_upper)
+        return y, x.new_empty((0,)), mean, rstd, mask
+    _check_names(norm, epilogue)
+    x, residual, rs = _launch._shared_layout(x, residual)
+    lead = x.shape[:-1]
+    stat = x.new_empty(lead if training else (0,), dtype=torch.float32)
+    mean = x.new_empty(lead if training and norm != "rmsnorm" else (0,), dtype=torch.float32)
+    mask = x.new_empty(lead + ((x.shape[-1] + 7) // 8,) if epilogue != "none" else (0,), dtype=torch.uint8)
+    return _launch.like_rows(x, rs), _launch.like_rows(x, rs), mean, stat, mask
+
+
+@torch.library.custom_op("normjit::fused_norm_bwd", mutates_args=())
+def fused_norm_bwd(dy: Tensor, dh_out: Optional[Tensor], x: Tensor, weight: Optional[Tensor], mean: Tensor,
+                   rstd: Tensor, mask: Tensor, norm: str, zero_centered: bool, epilogue: str,
+                   bias_grad: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    _check_names(norm, epilogue)
+    if bias_grad and weight is None:
+        raise ValueError("bias_grad=True needs the weight (pass ones for a norm without one)")
+    impl = _launch.backward_fused if x.is_cuda else _reference.backward_fused
+    dx, dweight, dbias = impl(dy, dh_out, x, weight, mean if norm != "rmsnorm" else None, rstd,
+                              mask if epilogue != "none" else None, norm, zero_centered, epilogue, bias_grad)
+    return dx, _or_empty(dweight, x, x.dtype), _or_empty(dbias, x, x.dtype)
+
+
+@fused_norm_bwd.register_fake
+def _fused_norm_bwd_fake(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered, epilogue, bias_grad):
+    dx, dweight, dbias = _norm_bwd_fake(dy, x, weight, mean, rstd, mask, norm, epilogue, bias_grad)
+    if dh_out is not None:
+        x, dy, rs = _launch.backward_layout(x, dy)
+        drs = _launch.row_stride(dh_out.shape, dh_out.stride(), x.shape[-1])
+        if drs != rs:
+            dx = _launch.like_rows(x, x.shape[-1])
+    return dx, dweight, dbias
+
+
+def _setup_fused_fwd(ctx, inputs, output):
+    x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower, clip_upper = inputs
+    y, h, mean, rstd, mask = output
+    ctx.norm = norm
+    ctx.epilogue = epilogue
+    ctx.training = training
+    ctx.zero_centered = zero_centered
+    ctx.residual = residual is not None
+    ctx.save_for_backward(h if residual is not None else x, weight, mean, rstd, mask)
+    ctx.mark_non_differentiable(mean, rstd, mask)
+
+
+def _backward_fused_fwd(ctx, dy, dh, dmean, drstd, dmask):
+    if not ctx.training:
+        raise RuntimeError("normjit::fused_norm_fwd ran with training=False, which keeps no statistics for a "
+                           "backward; call it with training=True where gradients are needed")
+    x, weight, mean, rstd, mask = ctx.saved_tensors
+    want_dx, want_dres, want_dw, want_db = ctx.needs_input_grad[:4]
+    dh_out = dh if ctx.residual else None
+    dx, dw, db = torch.ops.normjit.fused_norm_bwd(dy, dh_out, x, weight, mean, rstd, mask, ctx.norm,
+                                                   ctx.zero_centered, ctx.epilogue, want_db)
+    return (dx if want_dx else None, dx if want_dres else None, dw if want_dw else None, db if want_db else None,
+            None, None, None, None, None, None, None)
+
+
+fused_norm_fwd.register_autograd(_backward_fused_fwd, setup_context=_setup_fused_fwd)
+
+
+class FusedNormFunction(torch.autograd.Function):
+    """Eager autograd of the fusions on CUDA tensors. Returns (y, h) with a residual, else y; and
+    the mask last for relu_bitmask."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias, norm, eps, zero_centered, epilogue, clip_lower, clip_upper):
+        y, h, mean, rstd, mask = _launch.forward_fused(x, residual, weight, bias, norm, eps, True, zero_centered,
+                                                       epilogue, clip_lower, clip_upper)
+        ctx.norm = norm
+        ctx.epilogue = epilogue
+        ctx.zero_centered = zero_centered
+        ctx.residual = residual is not None
+        ctx.stats = (mean, rstd)  # see NormFunction
+        ctx.save_for_backward(h if residual is not None else x, weight, mask)
+        out = (y,) if residual is None else (y, h)
+        if mask is not None:
+            ctx.mark_non_differentiable(mask)
+            out += (mask,)
+        return out if len(out) > 1 else y
+
+    @staticmethod
+    def backward(ctx, dy, *rest):
+        x, weight, mask = ctx.saved_tensors
+        mean, rstd = ctx.stats
+        want_dx, want_dres, want_dw, want_db = ctx.needs_input_grad[:4]
+        dh_out = rest[0] if ctx.residual else None
+        dx, dw, db = _launch.backward_fused(dy, dh_out, x, weight, mean, rstd, mask, ctx.norm, ctx.zero_centered,
+                                            ctx.epilogue, want_db)
+        return (dx if want_dx else None, dx if want_dres else None, dw if want_dw else None,
+                db if want_db else None, None, None, None, None, None, None)
+
+
+def call_fused(x, residual, weight, bias, norm, eps, zero_centered, epilogue="none", clip_lower=0.0,
+               clip_upper=math.inf):
+    """call() with the fusions. Returns (y, h) with a residual, else y; the mask last for relu_bitmask."""
+    grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, residual, weight, bias))
+    if not torch.compiler.is_compiling() and x.is_cuda and type(x) is Tensor:
+        if grad:
+            return FusedNormFunction.apply(x, residual, weight, bias, norm, eps, zero_centered, epilogue, clip_lower,
+                                           clip_upper)
+        y, h, _, _, mask = _launch.forward_fused(x, residual, weight, bias, norm, eps, False, zero_centered, epilogue,
+                                                 clip_lower, clip_upper)
+    else:
+        y, h, _, _, mask = torch.ops.normjit.fused_norm_fwd(x, residual, weight, bias, norm, eps, grad, zero_centered,
+                                                            epilogue, clip_lower, clip_upper)
+        if residual is None:
+            h = None
+        if epilogue == "none":
+            mask = None
+    out = tuple(t for t in (y, h, mask) if t is not None)
+    return out if len(out) > 1 else y

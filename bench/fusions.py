@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""The fused residual add + RMSNorm (h = x + residual, y = rms_norm(h)) against the same work unfused
+and against the peers that fuse it, timed as bench/peers.py times the norms.
+
+Per N (bf16 x, residual and weight, M rows), forward and backward:
+  normjit          normjit.torch.add_rms_norm, one kernel each way
+  normjit.unfused  torch's add, then normjit.torch.rms_norm (backward: autograd adds dh to dnorm)
+  torch.eager      torch's add, then F.rms_norm
+  torch.compile    the unfused composition, compiled (Inductor fuses what it can)
+  liger            LigerFusedAddRMSNormFunction (liger-kernel; casting_mode="gemma": fp32 math,
+                   y rounded once, as the others)
+  quack            quack.rmsnorm.rmsnorm_fwd(residual=...) / rmsnorm_bwd(dresidual_out=...)
+Bytes, each input read once and each output written once: forward x, residual, weight read and
+y, h written; backward dy, dh, h, weight read and dx (= dresidual), dweight written (the saved fp32
+rstd is not counted). "% copy" divides by a device-to-device copy of M·N bf16 elements in the same
+process. Backward times are of torch.autograd.grad over the graph one forward left (retained), so
+each provider's backward runs as a model would run it. Outputs are checked against float64.
+"""
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from peers import dist_version, median_us, read_cutlass_pth  # noqa: E402
+
+EPS = 1e-6
+
+
+def unfused_torch(x, r, w):
+    h = x + r
+    return F.rms_norm(h, h.shape[-1:], w, EPS), h
+
+
+def providers(names):
+    out = {}
+    if "normjit" in names or "normjit.unfused" in names:
+        import normjit.torch as nt
+        if "normjit" in names:
+            out["normjit"] = lambda x, r, w: nt.add_rms_norm(x, r, w, EPS)
+        if "normjit.unfused" in names:
+            def normjit_unfused(x, r, w):
+                h = x + r
+                return nt.rms_norm(h, h.shape[-1:], w, EPS), h
+            out["normjit.unfused"] = normjit_unfused
+    if "torch.eager" in names:
+        out["torch.eager"] = unfused_torch
+    if "torch.compile" in names:
+        out["torch.compile"] = "compile"  # built per shape
+    if "liger" in names:
+        try:
+            from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction as Liger
+            out["liger"] = lambda x, r, w: Liger.apply(x, r, w, EPS, 0.0, "gemma", False)
+            print(f"liger {dist_version('liger_kernel')}")
+        except Exception as e:  # noqa: BLE001
+            print(f"skip liger: {type(e).__name__}: {e}"[:200])
+    if "quack" in names:
+        try:
+            import importlib
+            read_cutlass_pth()
+            q = importlib.import_module("quack.rmsnorm")  # the package re-exports a function of that name
+
+            class QuackAdd(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx, x, r, w):
+                    y, h, rstd = q.rmsnorm_fwd(x, w, residual=r, eps=EPS, store_rstd=True)
+                    ctx.save_for_backward(h, w, rstd)
+                    return y, h
+
+                @staticmethod
+                def backward(ctx, dy, dh):
+                    h, w, rstd = ctx.saved_tensors
+                    dx, dw, _, dres = q.rmsnorm_bwd(h, w, dy, rstd, dresidual_out=dh, has_residual=True)
+                    return dx, dres, dw
+
+            out["quack"] = QuackAdd.apply
+            print(f"quack {dist_version('quack-kernels')}")
+        except Exception as e:  # noqa: BLE001
+            print(f"skip quack: {type(e).__name__}: {e}"[:200])
+    return out
+
+
+def reference(x, r, w):
+    h = (x.float() + r.float()).to(x.dtype)
+    hd = h.double()
+    y = hd * torch.rsqrt(hd.square().mean(-1, keepdim=True) + EPS) * w.double()
+    return y, h
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ns", default="1024,2880,4096,5120,7168,8192,12288,16384")
+    ap.add_argument("--rows", type=int, default=32768)
+    ap.add_argument("--providers", default="normjit,normjit.unfused,torch.eager,torch.compile,liger,quack")
+    ap.add_argument("--phases", default="fwd,bwd")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    print(f"Device: {props.name}, torch {torch.__version__}; bf16 x, residual and weight; M={args.rows}")
+    names = args.providers.split(",")
+    provs = providers(names)
+    phases = args.phases.split(",")
+    results = []
+    for n in (int(v) for v in args.ns.split(",")):
+        m = args.rows
+        elem = m * n * 2
+        # Enough buffer sets that one pass over them exceeds 4x L2 (the backward touches 4 M·N tensors).
+        sets = max(2, math.ceil(4 * props.L2_cache_size / (4 * elem)))
+        xs = [torch.randn(m, n, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
+        rs = [torch.randn(m, n, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
+        w = (1 + 0.1 * torch.randn(n, device=dev)).to(torch.bfloat16)
+        src = torch.empty(sets, m * n, device=dev, dtype=torch.bfloat16).normal_()
+        dst = torch.empty_like(src)
+        copy_us = median_us(lambda i: dst[i].copy_(src[i]), sets)
+        copy_gbs = 2 * elem / copy_us / 1e3
+        row = {"n": n, "rows": m, "copy_gbs": copy_gbs}
+        y_ref, h_ref = reference(xs[0], rs[0], w)
+        for name, f in provs.items():
+            if f == "compile":
+                torch._dynamo.reset()
+                f = torch.compile(unfused_torch, dynamic=False)
+            try:
+                with torch.no_grad():
+                    y, h = f(xs[0], rs[0], w)
+                err_y = ((y.double() - y_ref).abs() / (1 + y_ref.abs())).max().item()
+                h_exact = torch.equal(h, h_ref)
+                entry = {"y_err": err_y, "h_exact": h_exact}
+                if "fwd" in phases:
+                    with torch.no_grad():
+                        us = median_us(lambda i: f(xs[i], rs[i], w), sets)
+                    gbs = (4 * elem + 2 * n) / us / 1e3
+                    entry.update(fwd_us=us, fwd_gbs=gbs, fwd_pct=100 * gbs / copy_gbs)
+                if "bwd" in phases:
+                    graphs = []
+                    for i in range(sets):
+                        xi, ri, wi = (t.detach().requires_grad_() for t in (xs[i], rs[i], w))
+                        yi, hi = f(xi, ri, wi)
+                        graphs.append(((yi, hi), (xi, ri, wi), (torch.randn_like(yi), torch.randn_like(hi))))
+
+                    def bwd(i):
+                        outs, ins, grads = graphs[i]
+                        return torch.autograd.grad(outs, ins, grads, retain_graph=True)
+
+                    us = median_us(bwd, sets)
+                    gbs = (4 * elem + 2 * 2 * n) / us / 1e3
+                    entry.update(bwd_us=us, bwd_gbs=gbs, bwd_pct=100 * gbs / copy_gbs)
+                    del graphs
+                row[name] = entry
+                print(f"N={n} {name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                    for k, v in entry.items()), flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"skip {name} N={n}: {type(e).__name__}: {e}"[:240], flush=True)
+        results.append(row)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"device": props.name, "torch": torch.__version__,
+                                                   "results": results}, indent=1))
+        del xs, rs, src, dst
+        torch.cuda.empty_cache()
+    # A table per phase: % of copy, and normjit's speed-up over the unfused normjit and over the best peer.
+    for ph in phases:
+        cols = [p for p in provs]
+        print(f"\n{ph}: % of copy (GB/s)\n")
+        print("| N | " + " | ".join(cols) + " | fused / unfused normjit | normjit / best peer |")
+        print("|---" * (len(cols) + 3) + "|")
+        for row in results:
+            cells, peers = [], []
+            for p in cols:
+                e = row.get(p, {})
+                if f"{ph}_pct" in e:
+                    cells.append(f"{e[f'{ph}_pct']:.1f} ({e[f'{ph}_gbs']:.0f})")
+                    if p in ("liger", "quack", "torch.compile", "torch.eager"):
+                        peers.append(e[f"{ph}_gbs"])
+                else:
+                    cells.append("–")
+            nj = row.get("normjit", {}).get(f"{ph}_gbs")
+            un = row.get("normjit.unfused", {}).get(f"{ph}_gbs")
+            speedup = f"{nj / un:.2f}x" if nj and un else "–"
+            vs = f"{nj / max(peers):.2f}x" if nj and peers else "–"
+            print(f"| {row['n']} | " + " | ".join(cells) + f" | {speedup} | {vs} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+// The fusions against the fp64 reference: the residual add (h = x + residual written bit for bit,
+// the norm of h; backward dx = dnorm(dy) + dh_out) and zero-centred weights (scale 1 + gamma),
+// over every norm, the x dtypes, odd and large N, strided and unaligned rows, the epilogues, and
+// every row cache the kernels have.
+#include "tests/gpu/gpu_common.hpp"
+
+using namespace gpu_test;
+
+namespace {
+
+struct Fusion {
+  bool zero_centered, residual;
+};
+constexpr Fusion kFusions[] = {{false, true}, {true, false}, {true, true}};
+
+std::vector<Case> fusion_cases(Phase phase) {
+  const std::vector<int64_t> ns =
+      grid_ns({1, 7, 127, 768, 1000, 4097, 7168, 12289, 18432, 20001, 32768, 65536, 100000, 131072, 262144});
+  std::vector<Case> cases;
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
+    for (DType x : {DType::kF32, DType::kBF16, DType::kF16})
+      for (int64_t n : ns)
+        for (const Fusion& f : kFusions) {
+          Case c;
+          c.spec = Spec::make(norm, phase, x, n, norm != Norm::kRMSNorm);
+          c.spec.w_dtype = x == DType::kBF16 ? DType::kF32 : x;
+          c.spec.zero_centered = f.zero_centered;
+          c.spec.residual = f.residual;
+          for (int64_t rows : {int64_t(1), n >= 65536 ? int64_t(3) : int64_t(37)}) {
+            c.rows = rows;
+            c.rows_per_batch = norm == Norm::kAdaLayerNorm ? rows : 0;
+            cases.push_back(c);
+          }
+          if (norm == Norm::kAdaLayerNorm && n <= 32768) {  // several batches
+            c.rows = 3 * 9;
+            c.rows_per_batch = 9;
+            cases.push_back(c);
+          }
+        }
+  // Strided and unaligned rows (narrower vectors), and the epilogues, with the residual.
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm})
+    for (int64_t n : {int64_t(768), int64_t(4096), int64_t(18432)}) {
+      Case c;
+      c.spec = Spec::make(norm, phase, DType::kBF16, n, true);
+      c.spec.residual = true;
+      c.spec.zero_centered = norm == Norm::kRMSNorm;
+      c.rows = 41;
+      c.row_stride = n + 24;
+      cases.push_back(c);
+      c.x_offset = 1;
+      cases.push_back(c);
+      c.x_offset = 0;
+      c.row_stride = 0;
+      c.clip_upper = 1.5f;
+      for (Epilogue e : {Epilogue::kReluBitmask, Epilogue::kGelu}) {
+        c.spec.epilogue = e;
+        cases.push_back(c);
+      }
+    }
+  return cases;
+}
+
+void warm_cases(const std::vector<Case>& cases) {
+  std::vector<Spec> specs;
+  for (const auto& c : cases) {
+    specs.push_back(c.spec);
+    Spec f = c.spec;
+    f.phase = Phase::kForwardTraining;
+    specs.push_back(f);
+  }
+  warm(specs);
+}
+
+}  // namespace
+
+TEST_CASE("fusions forward: residual add and zero-centred weights match the reference") {
+  std::vector<Case> cases = fusion_cases(Phase::kForwardTraining);
+  for (Case c : fusion_cases(Phase::kForwardInference))
+    if (c.rows > 1) cases.push_back(c);
+  // Every forward row cache with the residual: registers (one CTA and a cluster), one CTA's shared
+  // row and a cluster's, rows streamed twice from global memory.
+  for (const char* text : {"layernorm.fwd_train.bf16.w_bf16.n32768.bias.residual.cfg_t512_r1_v8_c2_reg",
+                           "rmsnorm.fwd_train.bf16.w_f32.n65536.zero_centered.residual.cfg_t512_r1_v8_smem",
+                           "layernorm.fwd_train.f16.w_f16.n131072.bias.residual.cfg_t512_r1_v8_c4_smem",
+                           "rmsnorm.fwd_train.bf16.w_bf16.n100000.residual.cfg_t1024_r1_v8_gmem",
+                           "layernorm.fwd_train.f32.w_f32.n20001.bias.zero_centered.residual.cfg_t1024_r1_v1_gmem",
+                           "adalayernorm.fwd_train.bf16.w_bf16.n4096.bias.residual.cfg_t128_r1_v8_smem"})
+    cases.push_back(pinned_case(text, 3.0));
+  warm_cases(cases);
+  int64_t h_checked = 0;
+  for (const Case& c : cases) {
+    const std::string name = c.spec.str();
+    CAPTURE(name);
+    CAPTURE(c.rows);
+    CAPTURE(c.row_stride);
+    CAPTURE(c.x_offset);
+    const ForwardRun r = run_forward(c);
+    CHECK(r.worst <= 1.0);
+    CHECK(r.h_mismatches == 0);
+    CHECK(r.mask_mismatches == 0);
+    if (c.spec.residual) h_checked += c.rows * c.spec.n;
+  }
+  CHECK(h_checked > 0);
+  MESSAGE(cases.size() << " fused forward cases checked on " << runtime().device().name << "; " << h_checked
+                       << " elements of h bit for bit");
+}
+
+TEST_CASE("fusions backward: dx + dh_out and zero-centred weights match the reference") {
+  std::vector<Case> cases = fusion_cases(Phase::kBackward);
+  // Every backward route with dh_out: registers, shared rows, pipelined (cp.async, bulk copies),
+  // clusters, and the split route.
+  for (const char* text : {"layernorm.bwd.bf16.w_f32.n16384.bias.residual.cfg_t512_r1_v8_smem",
+                           "rmsnorm.bwd.bf16.w_f32.n4096.zero_centered.residual.cfg_t256_r1_v8_tma3",
+                           "rmsnorm.bwd.f32.w_f32.n4096.bias.residual.cfg_t256_r1_v4_pipe",
+                           "layernorm.bwd.bf16.w_f32.n65536.bias.residual.cfg_t1024_r1_v8_c4_tma",
+                           "rmsnorm.bwd.f16.w_f16.n8192.zero_centered.residual.cfg_t64_r1_v8_c16_smem",
+                           "layernorm.bwd.f32.w_f32.n20001.bias.zero_centered.residual.cfg_t1024_r1_v1_gmem"})
+    cases.push_back(pinned_case(text, 3.0));
+  warm_cases(cases);
+  for (const Case& c : cases) {
+    const std::string name = c.spec.str();
+    CAPTURE(name);
+    CAPTURE(c.rows);
+    CAPTURE(c.row_stride);
+    CAPTURE(c.x_offset);
+    const BackwardRun r = run_backward(c);
+    CHECK(r.forward <= 1.0);
+    CHECK(r.dx <= 1.0);
+    CHECK(r.dgamma <= 1.0);
+    CHECK(r.dbeta <= 1.0);
+  }
+  MESSAGE(cases.size() << " fused backward cases checked on " << runtime().device().name);
+}
