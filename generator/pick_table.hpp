@@ -20,6 +20,7 @@ struct TableBlock {
 
 struct TableRow {
   bool backward = false;
+  bool residual_only = false;   // phase bwd+residual: backward specs with the residual add only
   std::optional<Norm> norm;     // nullopt: any; kLayerNorm covers AdaLayerNorm
   std::optional<bool> has_bias;  // nullopt: any
   int x_bytes = 0;

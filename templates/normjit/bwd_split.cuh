@@ -113,7 +113,7 @@ __device__ __forceinline__ void norm_bwd_tiles(const NormParams& p) {
       acc_b[j] += d[j];
       dxf[j] = rstd * (d[j] * gf[j] - c1 - xhat[j] * c2);
     }
-    Cfg::Prologue::template add_to_dx<XT, kVec>(p, static_cast<XT*>(p.dx) + offset, dxf);
+    Cfg::Prologue::template add_to_dx<XT, kVec, dx_loads_in_order<Cfg>>(p, static_cast<XT*>(p.dx) + offset, dxf);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(dxf[j]);
     store_pack<XT, kVec>(static_cast<XT*>(p.dx) + offset, o);

@@ -208,7 +208,7 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
           float dxf[kVec];
 #pragma unroll
           for (int j = 0; j < kVec; ++j) dxf[j] = dx_element<Cfg>(gdv[j], xf[j], mean, rstd, c1, c2, slope, intercept);
-          Cfg::Prologue::template add_to_dx<XT, kVec>(p, dx + pack * kVec, dxf);
+          Cfg::Prologue::template add_to_dx<XT, kVec, dx_loads_in_order<Cfg>>(p, dx + pack * kVec, dxf);
 #pragma unroll
           for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(dxf[j]);
         } else {  // converted as each is formed: the schedule of the kernels before prologues existed

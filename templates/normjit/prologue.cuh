@@ -3,8 +3,9 @@
 // is not empty) and three hooks the norm kernels call:
 //   load<XT, kVec>(p, x): the pack the forward normalizes, for the pack of x at `x` (first pass);
 //   reread<XT>(p, x): where a row streamed twice (gmem) reads that input again in its second pass;
-//   add_to_dx<XT, kVec>(p, dx, v): v, a pack of dx (fp32) about to be stored at `dx`, gets any
-//     gradient the prologue's inputs add.
+//   add_to_dx<XT, kVec, kInOrder>(p, dx, v): v, a pack of dx (fp32) about to be stored at `dx`, gets
+//     any gradient the prologue's inputs add; kInOrder: its loads stay in program order
+//     (dx_loads_in_order).
 // Pointers of x, h, residual, dx and dh_out share one row stride, so a pack's offset from p.x (or
 // p.dx) finds it in the others.
 #pragma once
@@ -23,7 +24,7 @@ struct PrologueNone {
   static __device__ __forceinline__ const XT* reread(const NormParams&, const XT* x) {
     return x;
   }
-  template <class XT, int kVec>
+  template <class XT, int kVec, bool kInOrder>
   static __device__ __forceinline__ void add_to_dx(const NormParams&, const XT*, float (&)[kVec]) {}
 };
 
@@ -48,15 +49,27 @@ struct PrologueResidualAdd {
   static __device__ __forceinline__ const XT* reread(const NormParams& p, const XT* x) {
     return static_cast<const XT*>(p.h) + (x - static_cast<const XT*>(p.x));
   }
-  template <class XT, int kVec>
+  // kInOrder: dh_out is loaded where it is used, not hoisted with the loop's other loads (which
+  // spills wide rows: pack.cuh); narrow rows keep the plain load, which ptxas batches.
+  template <class XT, int kVec, bool kInOrder>
   static __device__ __forceinline__ void add_to_dx(const NormParams& p, const XT* dx, float (&v)[kVec]) {
     const long long offset = dx - static_cast<const XT*>(p.dx);
+    const XT* src = static_cast<const XT*>(p.dh_out) + offset;
     float g[kVec];
-    unpack(load_pack_in_order<XT, kVec>(static_cast<const XT*>(p.dh_out) + offset), g);
+    if constexpr (kInOrder)
+      unpack(load_pack_in_order<XT, kVec>(src), g);
+    else
+      unpack(load_pack<XT, kVec>(src), g);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) v[j] += g[j];
   }
 };
+
+// Whether a backward's dx loop keeps the prologue's loads in program order: pipelined rows, and
+// CTAs of 640 threads or more (at most 96 registers a thread), spill when ptxas hoists them.
+template <class Cfg>
+inline constexpr bool dx_loads_in_order =
+    Cfg::kCache == RowCache::kSharedPipelined || Cfg::kThreadsPerRow * Cfg::kRowsPerCta >= 640;
 
 // The scale a weight value gives: gamma, or 1 + gamma for zero-centred weights.
 template <class Cfg, class WT>

@@ -78,6 +78,11 @@ inline std::vector<PickClass> pick_classes() {
                            "rmsnorm.fwd_train.f16.w_f16.n1.gelu", "layernorm.bwd.bf16.w_bf16.n1.bias"}) {
     out.push_back({90, kMaxCluster, Spec::parse(text), 16});
   }
+  // The residual add: its own backward rows, and its forward's pipelined picks turned into smem.
+  for (const char* text : {"layernorm.bwd.bf16.w_f32.n1.bias.residual", "rmsnorm.bwd.bf16.w_f32.n1.residual",
+                           "rmsnorm.bwd.bf16.w_f32.n1.bias.zero_centered.residual.relu_bitmask",
+                           "layernorm.fwd_train.bf16.w_bf16.n1.bias.residual", "rmsnorm.fwd_infer.bf16.w_bf16.n1.residual"})
+    for (auto [sm, max_cluster] : gpus) out.push_back({sm, max_cluster, Spec::parse(text), 16});
   out.push_back({90, kMaxCluster, Spec::parse("layernorm.bwd.bf16.w_f32.n1.bias"), 4});
   out.push_back({90, kMaxCluster, Spec::parse("rmsnorm.fwd_train.bf16.w_bf16.n1"), 4});
   return out;

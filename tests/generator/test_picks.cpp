@@ -126,7 +126,7 @@ TEST_CASE("a bad pick table names the table, the line and the problem") {
   };
   const Bad bad[] = {
       {"fwd layernorm * x2 v8 1 8", "expected: phase norm bias x vec n_from n_to block"},
-      {"mid layernorm * x2 v8 1 8 t32_r1_v8_reg", "phase must be fwd or bwd, not 'mid'"},
+      {"mid layernorm * x2 v8 1 8 t32_r1_v8_reg", "phase must be fwd, bwd or bwd+residual, not 'mid'"},
       {"fwd groupnorm * x2 v8 1 8 t32_r1_v8_reg", "norm must be layernorm, rmsnorm or *"},
       {"fwd * yes x2 v8 1 8 t32_r1_v8_reg", "bias must be bias, - or *"},
       {"fwd * * x3 v8 1 8 t32_r1_v8_reg", "x must be x2 or x4"},
@@ -184,6 +184,7 @@ TEST_CASE("every block of every table row compiles without local memory at the t
                                   r.x_bytes == 2 ? DType::kF16 : DType::kF32, n, r.has_bias.value_or(true));
               s.w_dtype = DType::kF32;
               s.epilogue = ep;
+              s.residual = r.residual_only;
               if (const auto b = detail::apply_pick_block(tb, s, kMaxCluster)) {
                 s.block = b;
                 if (seen.insert(s.str() + " sm_" + std::to_string(sm)).second) jobs.push_back({s, sm});
@@ -229,4 +230,16 @@ TEST_CASE("every block of every table row compiles without local memory at the t
   for (const auto& s : known)
     if (!spills.count(s)) FAIL_CHECK("listed in known_spills.txt but no longer spills (update the list): " << s);
   MESSAGE(jobs.size() << " table blocks compiled at the top of their rows; " << spills.size() << " known spills");
+}
+
+TEST_CASE("bwd+residual rows serve residual backward specs only, and the plain rows serve the sizes they leave out") {
+  const auto pick = [](const char* text) { return testing::block_text(*resolve(Spec::parse(text), 16, 90).block); };
+  // sm90.txt: bwd+residual layernorm bias x2 v8 768..1536 p1_r1_v8_reg.
+  CHECK(pick("layernorm.bwd.bf16.w_f32.n1024.bias.residual") == "t128_r1_v8_reg");
+  CHECK(pick("adalayernorm.bwd.bf16.w_f32.n1024.bias.residual") == "t128_r1_v8_reg");
+  CHECK(pick("layernorm.bwd.bf16.w_f32.n1024.bias") != "t128_r1_v8_reg");
+  // No residual row past 9216 for LayerNorm: the plain row's block.
+  CHECK(pick("layernorm.bwd.bf16.w_f32.n12288.bias.residual") == pick("layernorm.bwd.bf16.w_f32.n12288.bias"));
+  // A residual forward is not a bwd+residual spec.
+  CHECK(pick("layernorm.fwd_train.bf16.n1024.bias.residual") == pick("layernorm.fwd_train.bf16.n1024.bias"));
 }

@@ -12,6 +12,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -153,12 +154,22 @@ inline void warm(const std::vector<Spec>& specs) {
   runtime();
   std::atomic<size_t> next{0};
   std::vector<std::thread> threads;
+  std::mutex failed_mutex;
+  std::vector<std::string> failed;  // a spec that cannot compile fails the test, not the process
   for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t)
     threads.emplace_back([&] {
-      for (size_t i; (i = next++) < specs.size();)
-        runtime().disk_cache().get_or_compile(resolve(specs[i], 16, runtime().target().arch), runtime().target());
+      for (size_t i; (i = next++) < specs.size();) {
+        try {
+          runtime().disk_cache().get_or_compile(resolve(specs[i], 16, runtime().target().arch), runtime().target());
+        } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> lock(failed_mutex);
+          failed.push_back(e.what());
+        }
+      }
     });
   for (auto& t : threads) t.join();
+  for (const std::string& f : failed) FAIL_CHECK("warm: " << f);
+  REQUIRE(failed.empty());
 }
 
 }  // namespace gpu_test

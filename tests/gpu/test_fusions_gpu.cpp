@@ -66,6 +66,7 @@ void warm_cases(const std::vector<Case>& cases) {
     specs.push_back(c.spec);
     Spec f = c.spec;
     f.phase = Phase::kForwardTraining;
+    f.block.reset();  // the forward run_backward runs first: its own pick (a pinned backward config may not suit it)
     specs.push_back(f);
   }
   warm(specs);
