@@ -85,9 +85,9 @@ GeneratedSource generate(const Spec& spec) {
       {"W_TYPE", device_type(spec.w_dtype)},
       {"EPILOGUE_HEADER", ep.header},
       {"EPILOGUE_FUNCTOR", ep.functor},
-      // AdaLayerNorm is LayerNorm math with per-group weights.
-      {"NORM_KIND", spec.norm == Norm::kRMSNorm ? "kRMSNorm" : "kLayerNorm"},
-      {"PER_GROUP_WEIGHTS", spec.norm == Norm::kAdaLayerNorm ? "true" : "false"},
+      // The Ada norms are LayerNorm / RMSNorm math with per-group weights.
+      {"NORM_KIND", subtracts_mean(spec.norm) ? "kLayerNorm" : "kRMSNorm"},
+      {"PER_GROUP_WEIGHTS", is_adaptive(spec.norm) ? "true" : "false"},
       {"HAS_BIAS", spec.has_bias ? "true" : "false"},
       {"ZERO_CENTERED", spec.zero_centered ? "true" : "false"},
       {"PROLOGUE_FUNCTOR", spec.residual ? "PrologueResidualAdd" : "PrologueNone"},

@@ -184,7 +184,7 @@ const PickTable* detail::pick_table_for_sm(int sm) {
 namespace {
 
 bool row_holds(const TableRow& r, const Spec& s, int vec) {
-  const Norm norm = s.norm == Norm::kAdaLayerNorm ? Norm::kLayerNorm : s.norm;
+  const Norm norm = base_norm(s.norm);
   return r.backward == (s.phase == Phase::kBackward) && (!r.residual_only || s.residual) && (!r.norm || *r.norm == norm) &&
          (!r.has_bias || *r.has_bias == s.has_bias) && r.x_bytes == dtype_size(s.x_dtype) && r.vec == vec &&
          s.n >= r.n_from && s.n <= r.n_to;

@@ -29,7 +29,10 @@ struct Named {
 };
 
 constexpr Named<Norm> kNorms[] = {
-    {Norm::kLayerNorm, "layernorm"}, {Norm::kRMSNorm, "rmsnorm"}, {Norm::kAdaLayerNorm, "adalayernorm"}};
+    {Norm::kLayerNorm, "layernorm"},
+    {Norm::kRMSNorm, "rmsnorm"},
+    {Norm::kAdaLayerNorm, "adalayernorm"},
+    {Norm::kAdaRMSNorm, "adarmsnorm"}};
 constexpr Named<Phase> kPhases[] = {
     {Phase::kForwardTraining, "fwd_train"}, {Phase::kForwardInference, "fwd_infer"}, {Phase::kBackward, "bwd"}};
 constexpr Named<DType> kDTypes[] = {{DType::kF32, "f32"}, {DType::kF16, "f16"}, {DType::kBF16, "bf16"}};

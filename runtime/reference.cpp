@@ -58,7 +58,7 @@ double gelu_grad(double u) {
 
 namespace {
 int64_t weight_row(const Spec& s, int64_t row, int64_t rows_per_batch) {
-  return s.norm == Norm::kAdaLayerNorm ? row / rows_per_batch : 0;
+  return is_adaptive(s.norm) ? row / rows_per_batch : 0;
 }
 }  // namespace
 
@@ -72,7 +72,7 @@ ForwardRef forward(const Spec& s, const void* x, const void* gamma, const void* 
     const int64_t base = row * row_stride;
     const int64_t w = weight_row(s, row, rows_per_batch) * s.n;
     double mean = 0, var = 0;
-    if (s.norm != Norm::kRMSNorm) {
+    if (subtracts_mean(s.norm)) {
       for (int64_t i = 0; i < s.n; ++i) mean += load(x, s.x_dtype, base + i);
       mean /= s.n;
     }
@@ -99,7 +99,7 @@ ForwardRef forward(const Spec& s, const void* x, const void* gamma, const void* 
 BackwardRef backward(const Spec& s, const void* dy, const void* x, const void* gamma, const void* beta,
                      const float* mean, const float* rstd, const uint8_t* mask, int64_t rows, int64_t row_stride,
                      int64_t rows_per_batch) {
-  const int64_t groups = s.norm == Norm::kAdaLayerNorm ? rows / rows_per_batch : 1;
+  const int64_t groups = is_adaptive(s.norm) ? rows / rows_per_batch : 1;
   const int64_t mask_stride = (s.n + 7) / 8;
   BackwardRef r;
   r.dx.resize(rows * s.n);
@@ -110,7 +110,7 @@ BackwardRef backward(const Spec& s, const void* dy, const void* x, const void* g
     const int64_t base = row * row_stride;
     const int64_t g_row = weight_row(s, row, rows_per_batch);
     const int64_t w = g_row * s.n;
-    const double mu = s.norm == Norm::kRMSNorm ? 0.0 : mean[row];
+    const double mu = subtracts_mean(s.norm) ? mean[row] : 0.0;
     const double rs = rstd[row];
     double c1 = 0, c2 = 0;
     for (int64_t i = 0; i < s.n; ++i) {
@@ -125,7 +125,7 @@ BackwardRef backward(const Spec& s, const void* dy, const void* x, const void* g
       c1 += gd[i];
       c2 += gd[i] * xhat[i];
     }
-    c1 = s.norm == Norm::kRMSNorm ? 0.0 : c1 / s.n;
+    c1 = subtracts_mean(s.norm) ? c1 / s.n : 0.0;
     c2 /= s.n;
     for (int64_t i = 0; i < s.n; ++i) r.dx[row * s.n + i] = rs * (gd[i] - c1 - xhat[i] * c2);
   }

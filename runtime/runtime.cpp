@@ -74,8 +74,8 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
   };
   const bool backward = s.phase == Phase::kBackward;
   const bool training = s.phase == Phase::kForwardTraining;
-  const bool has_mean = s.norm != Norm::kRMSNorm;
-  const bool ada = s.norm == Norm::kAdaLayerNorm;
+  const bool has_mean = subtracts_mean(s.norm);
+  const bool ada = is_adaptive(s.norm);
   const bool bitmask = s.epilogue == Epilogue::kReluBitmask;
   const char* phase = to_string(s.phase);
   // (field, pointer, whether this spec uses it, why)
@@ -117,15 +117,15 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
   if (!backward && (!std::isfinite(a.eps) || a.eps <= 0.f))
     fail("eps=" + std::to_string(a.eps) + " must be finite and > 0");
   if (ada) {
-    if (a.rows_per_batch < 1) fail("rows_per_batch=" + std::to_string(a.rows_per_batch) + " must be >= 1 for adalayernorm");
+    if (a.rows_per_batch < 1) fail("rows_per_batch=" + std::to_string(a.rows_per_batch) + " must be >= 1 for " + to_string(s.norm));
     if (a.rows % a.rows_per_batch != 0)
       fail("rows=" + std::to_string(a.rows) + " is not a multiple of rows_per_batch=" + std::to_string(a.rows_per_batch));
     if (a.rows > 0xffffffffLL)  // the kernels find a row's batch with a 32-bit division
-      fail("rows=" + std::to_string(a.rows) + " exceeds 4294967295, the most adalayernorm takes in one launch");
+      fail("rows=" + std::to_string(a.rows) + " exceeds 4294967295, the most " + to_string(s.norm) + " takes in one launch");
     if (a.rows / a.rows_per_batch > 65535)
       fail("rows / rows_per_batch = " + std::to_string(a.rows / a.rows_per_batch) + " batches exceeds 65535");
   } else if (a.rows_per_batch != 0) {
-    fail("rows_per_batch=" + std::to_string(a.rows_per_batch) + " is given but only adalayernorm uses it");
+    fail("rows_per_batch=" + std::to_string(a.rows_per_batch) + " is given but only adalayernorm and adarmsnorm use it");
   }
   if (bitmask && !(a.clip_lower < a.clip_upper))
     fail("clip_lower=" + std::to_string(a.clip_lower) + " must be below clip_upper=" + std::to_string(a.clip_upper));
@@ -171,7 +171,7 @@ void Kernel::validate(const LaunchArgs& a) const {
 Kernel::BackwardPlan Kernel::plan(int64_t rows, int64_t rows_per_batch) const {
   BackwardPlan p;
   if (spec_.phase != Phase::kBackward) return p;
-  const bool ada = spec_.norm == Norm::kAdaLayerNorm;
+  const bool ada = is_adaptive(spec_.norm);
   p.groups = ada && rows_per_batch > 0 ? rows / rows_per_batch : 1;
   p.rows_per_group = ada && rows_per_batch > 0 ? rows_per_batch : rows;
   if (p.groups == 0 || p.rows_per_group == 0) return p;
@@ -224,7 +224,7 @@ NormParams Kernel::params_for(const LaunchArgs& a) const {
   p.dbeta = a.dbeta;
   p.rows = a.rows;
   p.row_stride = a.row_stride;
-  p.rows_per_group = spec_.norm == Norm::kAdaLayerNorm ? a.rows_per_batch : a.rows;
+  p.rows_per_group = is_adaptive(spec_.norm) ? a.rows_per_batch : a.rows;
   p.mask_stride = mask_row_bytes(spec_.n);
   p.eps = a.eps;
   p.clip_lower = a.clip_lower;

@@ -99,7 +99,7 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   const size_t limit = static_cast<size_t>(env_int("NORMJIT_TUNE_CANDIDATES", 8, 1, 256));
   const double budget_s = env_seconds("NORMJIT_TUNE_BUDGET_S", 0);
   const bool backward = spec.phase == Phase::kBackward;
-  const bool ada = spec.norm == Norm::kAdaLayerNorm;
+  const bool ada = is_adaptive(spec.norm);
   const int xs = dtype_size(spec.x_dtype), ws = dtype_size(spec.w_dtype);
   const size_t x_bytes = size_t(rows) * n * xs;
   Spec fwd = spec;
@@ -133,7 +133,7 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   a.y = y.get();
   a.gamma = gamma.get();
   a.beta = spec.has_bias ? beta.get() : nullptr;
-  a.mean = spec.norm != Norm::kRMSNorm && spec.phase != Phase::kForwardInference ? static_cast<float*>(mean.get()) : nullptr;
+  a.mean = subtracts_mean(spec.norm) && spec.phase != Phase::kForwardInference ? static_cast<float*>(mean.get()) : nullptr;
   a.rstd = spec.phase != Phase::kForwardInference ? static_cast<float*>(rstd.get()) : nullptr;
   a.mask = spec.epilogue == Epilogue::kReluBitmask ? static_cast<unsigned char*>(mask.get()) : nullptr;
   a.rows = rows;
@@ -148,7 +148,7 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   }
   if (backward) {
     LaunchArgs f = a;
-    f.mean = spec.norm != Norm::kRMSNorm ? static_cast<float*>(mean.get()) : nullptr;
+    f.mean = subtracts_mean(spec.norm) ? static_cast<float*>(mean.get()) : nullptr;
     f.rstd = static_cast<float*>(rstd.get());
     get(fwd).launch(f);  // the statistics (and mask) the backward reads
     a.y = nullptr;

@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
       const double hit_ns = std::chrono::duration<double, std::nano>(Clock::now() - h0).count() / kHitLoops;
 
       const bool backward = spec.phase == nj::Phase::kBackward;
-      const bool ada = spec.norm == nj::Norm::kAdaLayerNorm;
+      const bool ada = nj::is_adaptive(spec.norm);
       const bool bitmask = spec.epilogue == nj::Epilogue::kReluBitmask;
       const int64_t rpb = ada ? (rows_per_batch > 0 ? rows_per_batch : rows) : 0;
       const int64_t groups = ada ? rows / rpb : 1;
@@ -186,7 +186,7 @@ int main(int argc, char** argv) {
       const bool residual = spec.residual;
       const nj::Kernel& forward = rt.get(fwd_spec);
       const bool training = forward.spec().phase == nj::Phase::kForwardTraining;
-      const bool has_mean = (training || backward) && spec.norm != nj::Norm::kRMSNorm;
+      const bool has_mean = (training || backward) && nj::subtracts_mean(spec.norm);
 
       const int xs = nj::dtype_size(spec.x_dtype), ws = nj::dtype_size(spec.w_dtype);
       const int64_t n = spec.n;
@@ -343,7 +343,7 @@ int main(int argc, char** argv) {
           if (backward) {
             NORMJIT_CU(cuMemcpyDtoH(hdy.data(), dy.ptr + x_off, hdy.size()));
             nj::Spec one = spec;
-            if (ada) one.norm = nj::Norm::kLayerNorm;  // one row, its batch's weights
+            one.norm = nj::base_norm(spec.norm);  // one row, its batch's weights
             want = nj::reference::backward(one, hdy.data(), hx.data(), hg.data(), spec.has_bias ? hb.data() : nullptr,
                                            &stat_mean, &stat_rstd, hmask.data(), 1, n)
                        .dx;
@@ -353,7 +353,7 @@ int main(int argc, char** argv) {
             }
           } else {
             nj::Spec one = spec;
-            if (ada) one.norm = nj::Norm::kLayerNorm;
+            one.norm = nj::base_norm(spec.norm);
             const auto ref = nj::reference::forward(one, hx.data(), hg.data(), spec.has_bias ? hb.data() : nullptr, 1,
                                                     n, 1e-5, 0, 0.0, 6.0);
             want = ref.y;

@@ -6,7 +6,16 @@
 
 namespace normjit {
 
-enum class Norm { kLayerNorm, kRMSNorm, kAdaLayerNorm };
+// AdaLayerNorm and AdaRMSNorm: LayerNorm / RMSNorm with gamma and beta per batch item ([B, N];
+// x [B·S, N] with S rows per batch). With zero_centered, AdaLayerNorm is DiT's modulate form
+// x̂·(1 + scale) + shift.
+enum class Norm { kLayerNorm, kRMSNorm, kAdaLayerNorm, kAdaRMSNorm };
+// Per-batch weights (the Ada norms).
+constexpr bool is_adaptive(Norm n) { return n == Norm::kAdaLayerNorm || n == Norm::kAdaRMSNorm; }
+// LayerNorm math (mean subtracted, mean saved) rather than RMSNorm's.
+constexpr bool subtracts_mean(Norm n) { return n == Norm::kLayerNorm || n == Norm::kAdaLayerNorm; }
+// The norm without per-batch weights: what the pick tables and the norm kernels' math see.
+constexpr Norm base_norm(Norm n) { return subtracts_mean(n) ? Norm::kLayerNorm : Norm::kRMSNorm; }
 enum class Phase { kForwardTraining, kForwardInference, kBackward };
 enum class DType { kF32, kF16, kBF16 };
 // The epilogue applied to the normalized output. Open set: each value has a row in the

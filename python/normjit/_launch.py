@@ -110,7 +110,7 @@ def launch(runtime, spec, *, x=None, gamma=None, beta=None, mean=None, rstd=None
         rows = inferred_rows if rows is None else rows
         row_stride = inferred_stride if row_stride is None else row_stride
     if rows_per_batch is None:
-        rows_per_batch = shape[-2] if spec.norm == "adalayernorm" and shape is not None and len(shape) == 3 else 0
+        rows_per_batch = shape[-2] if spec.norm in ("adalayernorm", "adarmsnorm") and shape is not None and len(shape) == 3 else 0
 
     max_vec = _normjit.max_vec_for(spec, ptr["x"], ptr["gamma"], ptr["beta"], ptr["y"], ptr["dy"], ptr["dx"],
                                    ptr["dgamma"], ptr["dbeta"], ptr["mask"], row_stride, ptr["residual"], ptr["h"],

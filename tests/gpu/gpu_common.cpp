@@ -48,7 +48,7 @@ ForwardRun run_forward(const Case& c) {
   const Spec s = c.spec.phase == Phase::kBackward ? forward_of(c.spec) : c.spec;
   const Shapes sh = shapes_of(c);
   const bool training = s.phase == Phase::kForwardTraining;
-  const bool has_mean = training && s.norm != Norm::kRMSNorm;
+  const bool has_mean = training && subtracts_mean(s.norm);
   const bool bitmask = s.epilogue == Epilogue::kReluBitmask;
   ForwardRun run;
   run.x = random_tensor(s.x_dtype, sh.elems, c.center, 1.0);
@@ -183,7 +183,7 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
   a.dx = dx.get() + c.x_offset * sh.xs;
   a.gamma = g.get();
   a.beta = s.has_bias && s.epilogue == Epilogue::kGelu ? b.get() : nullptr;
-  a.mean = s.norm != Norm::kRMSNorm ? reinterpret_cast<float*>(mean.get()) : nullptr;
+  a.mean = subtracts_mean(s.norm) ? reinterpret_cast<float*>(mean.get()) : nullptr;
   a.rstd = reinterpret_cast<float*>(rstd.get());
   a.mask = bitmask ? reinterpret_cast<uint8_t*>(mask.get()) : nullptr;
   a.dgamma = dg.get();

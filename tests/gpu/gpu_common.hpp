@@ -112,14 +112,14 @@ inline Case pinned_case(const char* text, double center = 0.0) {
   Case c;
   c.spec = Spec::parse(text);
   c.rows = 37;
-  c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? 37 : 0;
+  c.rows_per_batch = is_adaptive(c.spec.norm) ? 37 : 0;
   c.clip_upper = 1.5f;
   c.center = center;
   return c;
 }
 
 inline int64_t groups_of(const Case& c) {
-  return c.spec.norm == Norm::kAdaLayerNorm ? c.rows / c.rows_per_batch : 1;
+  return is_adaptive(c.spec.norm) ? c.rows / c.rows_per_batch : 1;
 }
 
 // Everything a forward run produced, on the host.

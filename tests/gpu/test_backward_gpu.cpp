@@ -22,7 +22,7 @@ TEST_CASE("backward matches the fp64 reference over ops x dtypes x N x rows") {
   // LayerNorm's 2-CTA bulk row of 608 threads.
   const std::vector<int64_t> ns = grid_ns({1, 7, 127, 256, 1000, 1024, 2880, 4096, 4097, 8192, 12288, 12289, 16384, 18432, 19456, 20001, 20480, 22528, 32768, 40960, 65536, 81920, 262144});
   std::vector<Case> cases;
-  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
     for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
       for (DType w : weight_dtypes_for(x))
         for (int64_t n : ns)
@@ -33,10 +33,10 @@ TEST_CASE("backward matches the fp64 reference over ops x dtypes x N x rows") {
             for (int64_t rows : {int64_t(1), n >= 65536 ? int64_t(5) : int64_t(67), n <= 1000 ? int64_t(1031) : int64_t(0)}) {
               if (rows == 0) continue;
               c.rows = rows;
-              c.rows_per_batch = norm == Norm::kAdaLayerNorm ? rows : 0;
+              c.rows_per_batch = is_adaptive(norm) ? rows : 0;
               cases.push_back(c);
             }
-            if (norm == Norm::kAdaLayerNorm && n <= 32768) {
+            if (is_adaptive(norm) && n <= 32768) {
               c.rows = 3 * 41;
               c.rows_per_batch = 41;
               cases.push_back(c);
@@ -61,7 +61,7 @@ TEST_CASE("backward matches the fp64 reference over ops x dtypes x N x rows") {
 }
 
 TEST_CASE("epilogue backward: relu_bitmask consumes the mask, gelu recomputes its input") {
-  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
     for (Epilogue ep : {Epilogue::kReluBitmask, Epilogue::kGelu})
       for (DType x : {DType::kF32, DType::kBF16})
         for (int64_t n : {1, 7, 9, 768, 4097, 8192, 16384, 28672, 65536}) {
@@ -70,7 +70,7 @@ TEST_CASE("epilogue backward: relu_bitmask consumes the mask, gelu recomputes it
           c.spec.w_dtype = DType::kF32;
           c.spec.epilogue = ep;
           c.rows = n >= 65536 ? 5 : 67;
-          c.rows_per_batch = norm == Norm::kAdaLayerNorm ? c.rows : 0;
+          c.rows_per_batch = is_adaptive(norm) ? c.rows : 0;
           c.clip_upper = 1.5f;
           const std::string name = c.spec.str();
           CAPTURE(name);
@@ -118,7 +118,7 @@ TEST_CASE("dbeta sums in shared memory: one CTA, clusters, fp32 x; several rows 
     REQUIRE(dbeta_sums_in_shared(c.spec, *c.spec.block));
     // More rows than the persistent grid has CTAs (clusters), so the sums carry across rows.
     c.rows = 3 * 101 * (c.spec.block->cluster > 1 ? 2 : 1);
-    c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? c.rows / 3 : 0;
+    c.rows_per_batch = is_adaptive(c.spec.norm) ? c.rows / 3 : 0;
     const std::string name = text;
     CAPTURE(name);
     check_within_tolerance(run_backward(c));
@@ -155,13 +155,13 @@ TEST_CASE("pipelined rows (pipe, pipe3, pipe4, tma): later rows copied in while 
                            "layernorm.bwd.f16.w_f16.n1000.bias.cfg_t64_r1_v8_tma4"}) {
     Case c = pinned_case(text);
     c.rows = c.spec.n >= 32768 ? 2 * 3 * 101 : 3 * 331;
-    c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? c.rows / 3 : 0;
+    c.rows_per_batch = is_adaptive(c.spec.norm) ? c.rows / 3 : 0;
     const std::string name = text;
     CAPTURE(name);
     CAPTURE(c.rows);
     check_within_tolerance(run_backward(c));
     c.rows = 5;  // fewer rows than CTAs: a CTA with no row must not prefetch
-    c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? 5 : 0;
+    c.rows_per_batch = is_adaptive(c.spec.norm) ? 5 : 0;
     check_within_tolerance(run_backward(c));
   }
 }
@@ -186,7 +186,7 @@ TEST_CASE("16-CTA clusters (non-portable): pinned, and the heuristic's picks pas
     // More rows than co-resident clusters (at most one per GPC), so each walks several rows.
     for (int64_t rows : {int64_t(3 * 7), int64_t(5)}) {
       c.rows = c.spec.n >= 131072 ? rows : 20 * rows;
-      c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? c.rows : 0;
+      c.rows_per_batch = is_adaptive(c.spec.norm) ? c.rows : 0;
       CAPTURE(c.rows);
       check_within_tolerance(run_backward(c));
     }
@@ -229,7 +229,7 @@ TEST_CASE("the heuristic's bulk-copy picks (sm_90) over many rows per CTA") {
     bulk += resolved.block->bulk_copy;
     for (int64_t rows : {int64_t(3 * 331), int64_t(5)}) {
       c.rows = c.spec.n >= 65536 ? std::min<int64_t>(rows, 31) : c.spec.n >= 24576 ? rows / 3 : rows;
-      c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? c.rows : 0;
+      c.rows_per_batch = is_adaptive(c.spec.norm) ? c.rows : 0;
       CAPTURE(c.rows);
       check_within_tolerance(run_backward(c));
     }
@@ -266,7 +266,7 @@ TEST_CASE("16-bit x far off zero: dx with the row's constants folded stays withi
         Case c;
         c.spec = Spec::parse(std::string(norm) + ".bwd." + dtype + ".w_f32.n" + std::to_string(n) + ".bias");
         c.rows = n >= 65536 ? 5 : 67;
-        c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? c.rows : 0;
+        c.rows_per_batch = is_adaptive(c.spec.norm) ? c.rows : 0;
         c.center = std::string(dtype) == "bf16" ? 100.0 : 1000.0;
         const std::string name = c.spec.str();
         CAPTURE(name);
@@ -324,7 +324,7 @@ TEST_CASE("dgamma, dbeta and dx are bitwise identical across 10 runs") {
     Case c;
     c.spec = Spec::parse(text);
     c.rows = c.spec.n >= 65536 ? 257 : 4099;
-    c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? c.rows : 0;
+    c.rows_per_batch = is_adaptive(c.spec.norm) ? c.rows : 0;
     std::vector<std::vector<char>> dgammas, dxs;
     const BackwardRun r = run_backward(c, 10, &dgammas, &dxs);
     const std::string name = text;

@@ -11,7 +11,7 @@ TEST_CASE("forward kernels match the fp64 reference over ops x dtypes x N x rows
   // thread), 65536 in 2 CTAs; RMSNorm 65536 in one CTA's shared memory.
   const std::vector<int64_t> ns = grid_ns({1, 7, 127, 256, 1000, 2880, 4096, 4097, 8192, 17408, 18432, 20001, 20480, 22528, 32768, 36864, 40960, 57344, 61440, 65536, 131072, 262144});
   std::vector<Case> cases;
-  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
     for (Phase phase : {Phase::kForwardTraining, Phase::kForwardInference})
       for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
         for (DType w : weight_dtypes_for(x))
@@ -24,11 +24,11 @@ TEST_CASE("forward kernels match the fp64 reference over ops x dtypes x N x rows
               for (int64_t rows : {int64_t(1), n >= 65536 ? int64_t(3) : int64_t(37), n <= 1000 ? int64_t(1031) : int64_t(0)}) {
                 if (rows == 0) continue;
                 c.rows = rows;
-                c.rows_per_batch = norm == Norm::kAdaLayerNorm ? (rows == 1031 ? 1031 : 1) : 0;
-                if (norm == Norm::kAdaLayerNorm && rows == 37) c.rows_per_batch = 37;
+                c.rows_per_batch = is_adaptive(norm) ? (rows == 1031 ? 1031 : 1) : 0;
+                if (is_adaptive(norm) && rows == 37) c.rows_per_batch = 37;
                 cases.push_back(c);
               }
-              if (norm == Norm::kAdaLayerNorm && n <= 32768) {  // several batches
+              if (is_adaptive(norm) && n <= 32768) {  // several batches
                 c.rows = 4 * 9;
                 c.rows_per_batch = 9;
                 cases.push_back(c);
@@ -96,20 +96,20 @@ TEST_CASE("pipelined rows (pipe, pipe3, pipe4, tma): a persistent grid of 2-4 ro
     Case c = pinned_case(text, 100.0);
     // Several rows per CTA (cluster) of the persistent grid.
     c.rows = c.spec.n >= 131072 ? 3 * 67 : 3 * 331;
-    c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? c.rows / 3 : 0;
+    c.rows_per_batch = is_adaptive(c.spec.norm) ? c.rows / 3 : 0;
     const std::string name = text;
     CAPTURE(name);
     CAPTURE(c.rows);
     CHECK(run_forward(c).worst <= 1.0);
     c.rows = 3;
-    c.rows_per_batch = c.spec.norm == Norm::kAdaLayerNorm ? 3 : 0;
+    c.rows_per_batch = is_adaptive(c.spec.norm) ? 3 : 0;
     CHECK(run_forward(c).worst <= 1.0);
   }
 }
 
 TEST_CASE("epilogues forward: relu_bitmask (mask exact) and gelu, with every op") {
   int checked = 0;
-  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
     for (Epilogue ep : {Epilogue::kReluBitmask, Epilogue::kGelu})
       for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
         for (int64_t n : {1, 3, 7, 9, 127, 768, 1000, 4097, 8192, 28672, 65536}) {
@@ -117,7 +117,7 @@ TEST_CASE("epilogues forward: relu_bitmask (mask exact) and gelu, with every op"
           c.spec = Spec::make(norm, Phase::kForwardTraining, x, n, true);
           c.spec.epilogue = ep;
           c.rows = n >= 65536 ? 3 : 37;
-          c.rows_per_batch = norm == Norm::kAdaLayerNorm ? c.rows : 0;
+          c.rows_per_batch = is_adaptive(norm) ? c.rows : 0;
           c.clip_lower = 0.f;
           c.clip_upper = 1.5f;  // both clips bind often with y ~ N(0, 1.2)
           const std::string name = c.spec.str();

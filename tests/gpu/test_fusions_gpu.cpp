@@ -17,7 +17,7 @@ std::vector<Case> fusion_cases(Phase phase) {
   const std::vector<int64_t> ns =
       grid_ns({1, 7, 127, 768, 1000, 4097, 7168, 12289, 18432, 20001, 32768, 65536, 100000, 131072, 262144});
   std::vector<Case> cases;
-  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
     for (DType x : {DType::kF32, DType::kBF16, DType::kF16})
       for (int64_t n : ns)
         for (const Fusion& f : kFusions) {
@@ -28,10 +28,10 @@ std::vector<Case> fusion_cases(Phase phase) {
           c.spec.residual = f.residual;
           for (int64_t rows : {int64_t(1), n >= 65536 ? int64_t(3) : int64_t(37)}) {
             c.rows = rows;
-            c.rows_per_batch = norm == Norm::kAdaLayerNorm ? rows : 0;
+            c.rows_per_batch = is_adaptive(norm) ? rows : 0;
             cases.push_back(c);
           }
-          if (norm == Norm::kAdaLayerNorm && n <= 32768) {  // several batches
+          if (is_adaptive(norm) && n <= 32768) {  // several batches
             c.rows = 3 * 9;
             c.rows_per_batch = 9;
             cases.push_back(c);

@@ -140,6 +140,8 @@ FWD_CASES = {
                                -0.5, 1.0),
     "adalayernorm": lambda: (*_grad(torch.randn(3, 5, 16), torch.randn(3, 16), torch.randn(3, 16)), "adalayernorm",
                              1e-5, True, "none", 0.0, inf),
+    "adarmsnorm": lambda: (*_grad(torch.randn(3, 5, 16), torch.randn(3, 16)), None, "adarmsnorm", 1e-5, True, "none",
+                           0.0, inf),
     "strided_rows": lambda: (torch.randn(6, 40)[:, :16].requires_grad_(), *_grad(torch.randn(16), torch.randn(16)),
                              "layernorm", 1e-5, True, "none", 0.0, inf),
     "inference": lambda: (torch.randn(3, 16), torch.randn(16), None, "rmsnorm", 1e-5, False, "none", 0.0, inf),
@@ -162,14 +164,14 @@ def test_opcheck_norm_bwd_cpu():
 # ---- the CPU reference against float64 --------------------------------------------------------
 
 def ref64(x, w, b, norm, eps, lo=None, hi=None):
-    """The norm in float64 by plain torch ops (autograd-able); w, b [N] or, for adalayernorm, [B, N]."""
+    """The norm in float64 by plain torch ops (autograd-able); w, b [N] or, for the Ada norms, [B, N]."""
     x = x.double()
-    if norm == "rmsnorm":
+    if norm in ("rmsnorm", "adarmsnorm"):
         xhat = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
     else:
         mu = x.mean(-1, keepdim=True)
         xhat = (x - mu) * torch.rsqrt((x - mu).square().mean(-1, keepdim=True) + eps)
-    if norm == "adalayernorm":
+    if norm in ("adalayernorm", "adarmsnorm"):
         w = w[:, None, :] if w is not None else None
         b = b[:, None, :] if b is not None else None
     y = xhat * w.double() if w is not None else xhat
@@ -178,11 +180,11 @@ def ref64(x, w, b, norm, eps, lo=None, hi=None):
 
 
 @pytest.mark.parametrize("norm,relu", [("layernorm", False), ("rmsnorm", False), ("adalayernorm", False),
-                                       ("layernorm", True), ("rmsnorm", True)])
+                                       ("adarmsnorm", False), ("layernorm", True), ("rmsnorm", True)])
 def test_reference_matches_float64(norm, relu):
     torch.manual_seed(0)
     x = torch.randn(3, 4, 19, dtype=torch.float64).float().requires_grad_()
-    shape = (3, 19) if norm == "adalayernorm" else (19,)
+    shape = (3, 19) if norm in ("adalayernorm", "adarmsnorm") else (19,)
     w = torch.randn(shape).requires_grad_()
     b = torch.randn(shape).requires_grad_()
     lo, hi = (-0.3, 0.8) if relu else (None, None)
@@ -194,11 +196,13 @@ def test_reference_matches_float64(norm, relu):
         assert torch.equal(keep, (pre > lo) & (pre < hi))
     elif norm == "adalayernorm":
         y = nt.ada_layer_norm(x, w, b)
+    elif norm == "adarmsnorm":
+        y = nt.ada_rms_norm(x, w, b, 1e-5)
     else:
         y = (nt.layer_norm if norm == "layernorm" else nt.rms_norm)(x, 19, w, bias=b, eps=1e-5)
     want = ref64(x, w, b, norm, 1e-5, lo, hi)
     torch.testing.assert_close(y.double(), want, atol=1e-5, rtol=1e-5)
-    if norm == "adalayernorm" or relu:  # backward of the reference op (CPU fallbacks run torch's own)
+    if norm in ("adalayernorm", "adarmsnorm") or relu:  # backward of the reference op (CPU fallbacks run torch's own)
         dy = torch.randn_like(want)
         got = torch.autograd.grad(y, (x, w, b), dy.float())
         exp = torch.autograd.grad(want, (x, w, b), dy)
@@ -610,3 +614,28 @@ def test_launch_fused_arguments(stub_gpu):
     _launch.backward_fused(dy, None, h, w, None, rstd, None, "rmsnorm", True, "none", False)
     assert stub_gpu.kernels[-1].name.startswith("rmsnorm.bwd.bf16.w_f32.n768.zero_centered.cfg_")
     assert len(stub_gpu.kernels[-1].launches[-1]) == 20
+
+
+@pytest.mark.parametrize("norm", ["adalayernorm", "adarmsnorm"])
+def test_ada_modulate_form_cpu(norm):
+    """zero_centered on the Ada norms: x_hat * (1 + scale[b]) + shift[b], with gradients."""
+    torch.manual_seed(1)
+    x = torch.randn(2, 5, 24, requires_grad=True)
+    scale = (0.1 * torch.randn(2, 24)).requires_grad_()
+    shift = torch.randn(2, 24, requires_grad=True)
+    fn = nt.ada_layer_norm if norm == "adalayernorm" else nt.ada_rms_norm
+    y = fn(x, scale, shift, 1e-6, zero_centered=True)
+    want = ref64(x, scale + 1, shift, norm, 1e-6)
+    torch.testing.assert_close(y.double(), want, atol=1e-5, rtol=1e-5)
+    dy = torch.randn_like(y)
+    got = torch.autograd.grad(y, (x, scale, shift), dy)
+    exp = torch.autograd.grad(want, (x, scale, shift), dy.double())
+    for g, e, name in zip(got, exp, ("x", "scale", "shift")):
+        torch.testing.assert_close(g.double(), e.double(), atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+
+
+def test_ada_rms_norm_errors():
+    with pytest.raises(ValueError, match=r"ada_rms_norm takes x \[B, S, N\]"):
+        nt.ada_rms_norm(torch.randn(4, 8), torch.randn(4, 8))
+    with pytest.raises(ValueError, match="weight=None: ada_rms_norm"):
+        nt.ada_rms_norm(torch.randn(2, 3, 8), None)

@@ -68,7 +68,7 @@ def check_forward_backward(fn, norm, x, w, b, eps, tol, relu=None):
     # dx = rstd * (dy*w - ...) cancels: its error scales with rstd * |dy * w|, not with |dx|
     # (N = 1, or a row whose x-hat is near +-1, gives dx near 0 from terms of that size).
     xd = x.detach().double()
-    xc = xd - xd.mean(-1, keepdim=True) if norm != "rmsnorm" else xd
+    xc = xd - xd.mean(-1, keepdim=True) if norm in ("layernorm", "adalayernorm") else xd
     rstd = torch.rsqrt(xc.square().mean(-1) + eps).max().item()
     terms = rstd * dy.abs().max().item() * (w.abs().max().item() if w is not None else 1.0)
     for name, g, g64, t in zip(("dx", "dweight", "dbias"), grads, grads64, leaves):
@@ -130,6 +130,34 @@ def test_ada_layer_norm(gpu):
     w = 1 + 0.1 * torch.randn(3, 768, device=gpu)
     b = torch.randn(3, 768, device=gpu)
     check_forward_backward(lambda x, w, b: nt.ada_layer_norm(x, w, b), "adalayernorm", x, w, b, 1e-5, TOL)
+
+
+@pytest.mark.parametrize("n", [768, 3072, 4097])
+def test_ada_rms_norm(gpu, n):
+    x = torch.randn(2, 37, n, device=gpu, dtype=BF16)
+    w = 1 + 0.1 * torch.randn(2, n, device=gpu)
+    b = torch.randn(2, n, device=gpu) if n != 3072 else None
+    check_forward_backward(lambda x, w, b: nt.ada_rms_norm(x, w, b, 1e-6), "adarmsnorm", x, w, b, 1e-6, TOL)
+
+
+@pytest.mark.parametrize("norm", ["adalayernorm", "adarmsnorm"])
+def test_ada_modulate_form(gpu, norm):
+    """zero_centered on the Ada norms: DiT's x_hat * (1 + scale[b]) + shift[b], forward and backward."""
+    n = 1152
+    x = torch.randn(4, 33, n, device=gpu, dtype=BF16, requires_grad=True)
+    scale = (0.2 * torch.randn(4, n, device=gpu)).requires_grad_()
+    shift = torch.randn(4, n, device=gpu, requires_grad=True)
+    fn = nt.ada_layer_norm if norm == "adalayernorm" else nt.ada_rms_norm
+    y = fn(x, scale, shift, 1e-6, zero_centered=True)
+    x64, s64, b64 = (t.detach().double().requires_grad_(True) for t in (x, scale, shift))
+    want = ref64(x64, s64 + 1, b64, norm, 1e-6)
+    close(y, want.detach(), TOL[BF16], "y")
+    dy = torch.randn_like(y)
+    got = torch.autograd.grad(y, (x, scale, shift), dy)
+    exp = torch.autograd.grad(want, (x64, s64, b64), dy.double())
+    close(got[0], exp[0], 2 * TOL[BF16], "dx", scale=10 * dy.abs().max().item())
+    close(got[1], exp[1], 2 * TOL[F32], "dscale")
+    close(got[2], exp[2], 2 * TOL[F32], "dshift")
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])

@@ -50,6 +50,15 @@ TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
             s.residual = fusion & 2;
             specs.push_back(resolve(s));
           }
+  // AdaRMSNorm (per-batch weights on RMSNorm math), plain and with both fusions, every phase.
+  for (Phase phase : phases)
+    for (DType x : {DType::kF32, DType::kBF16})
+      for (int64_t n : {7, 768, 4097, 18432, 65536})
+        for (bool fused : {false, true}) {
+          Spec s = Spec::make(Norm::kAdaRMSNorm, phase, x, n, fused);
+          s.zero_centered = s.residual = fused;
+          specs.push_back(resolve(s));
+        }
   // Every strategy and the size extremes, per x dtype.
   for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
     for (int64_t n : {2, 32, 256, 768, 2880, 4096, 5120, 8192, 12288, 16384, 18432, 28672, 40960, 65536, 81920, 131072, 262144})

@@ -18,7 +18,7 @@ LaunchArgs good_args(const Spec& s) {
   a.beta = s.has_bias ? reinterpret_cast<const void*>(0x400000) : nullptr;
   const bool training = s.phase == Phase::kForwardTraining;
   const bool backward = s.phase == Phase::kBackward;
-  a.mean = (training || backward) && s.norm != Norm::kRMSNorm ? reinterpret_cast<float*>(0x500000) : nullptr;
+  a.mean = (training || backward) && subtracts_mean(s.norm) ? reinterpret_cast<float*>(0x500000) : nullptr;
   a.rstd = training || backward ? reinterpret_cast<float*>(0x600000) : nullptr;
   if (backward) {
     a.y = nullptr;
@@ -30,7 +30,7 @@ LaunchArgs good_args(const Spec& s) {
     a.workspace = reinterpret_cast<void*>(0xb00000);
   }
   if (s.epilogue == Epilogue::kReluBitmask) a.mask = reinterpret_cast<uint8_t*>(0xc00000);
-  if (s.norm == Norm::kAdaLayerNorm) a.rows_per_batch = 5;
+  if (is_adaptive(s.norm)) a.rows_per_batch = 5;
   a.rows = 10;
   a.row_stride = s.n;
   a.eps = 1e-5f;
@@ -56,7 +56,7 @@ TEST_CASE("valid arguments pass") {
   for (const char* text : {"layernorm.fwd_train.bf16.n4096.bias", "rmsnorm.fwd_infer.f32.w_bf16.n7",
                            "rmsnorm.fwd_train.f16.n128", "layernorm.bwd.bf16.w_f32.n4096.bias",
                            "adalayernorm.bwd.f16.n768.bias.relu_bitmask", "rmsnorm.bwd.f32.n100",
-                           "adalayernorm.fwd_train.f16.n768.bias"}) {
+                           "adalayernorm.fwd_train.f16.n768.bias", "adarmsnorm.bwd.bf16.w_f32.n3072.zero_centered"}) {
     const Spec s = resolve(Spec::parse(text));
     CHECK_NOTHROW(validate_launch(s, good_args(s)));
     LaunchArgs zero = good_args(s);
@@ -113,7 +113,10 @@ TEST_CASE("each bad argument is named with its value") {
   const Spec ada = resolve(Spec::parse("adalayernorm.fwd_train.f16.n768.bias"));
   a = good_args(ada); a.rows_per_batch = 0; expect_error(ada, a, "rows_per_batch=0 must be >= 1");
   a = good_args(ada); a.rows_per_batch = 3; expect_error(ada, a, "rows=10 is not a multiple of rows_per_batch=3");
-  a = good_args(ln); a.rows_per_batch = 5; expect_error(ln, a, "rows_per_batch=5 is given but only adalayernorm");
+  a = good_args(ln); a.rows_per_batch = 5; expect_error(ln, a, "rows_per_batch=5 is given but only adalayernorm and adarmsnorm");
+  const Spec ada_rms = resolve(Spec::parse("adarmsnorm.fwd_train.bf16.n768"));
+  a = good_args(ada_rms); a.rows_per_batch = 0; expect_error(ada_rms, a, "rows_per_batch=0 must be >= 1 for adarmsnorm");
+  a = good_args(ada_rms); a.mean = reinterpret_cast<float*>(0x500000); expect_error(ada_rms, a, "mean=0x500000 is given");
 
   const Spec relu = resolve(Spec::parse("layernorm.fwd_train.f32.n768.bias.relu_bitmask"));
   a = good_args(relu); a.mask = nullptr; expect_error(relu, a, "mask is null");

@@ -17,7 +17,8 @@ TEST_CASE("candidate configs: the heuristic's first, all valid, distinct, bounde
   for (const char* text : {"layernorm.fwd_train.bf16.w_f32.n4096.bias", "rmsnorm.fwd_infer.f16.w_f16.n7",
                            "rmsnorm.bwd.bf16.w_f32.n16384", "adalayernorm.bwd.f32.w_f32.n768.bias.relu_bitmask",
                            "layernorm.fwd_train.bf16.w_bf16.n65536.bias.gelu", "rmsnorm.fwd_train.f16.w_f16.n20001",
-                           "layernorm.fwd_infer.f32.w_f32.n262144"}) {
+                           "layernorm.fwd_infer.f32.w_f32.n262144", "rmsnorm.fwd_train.bf16.w_bf16.n8192.residual",
+                           "layernorm.bwd.bf16.w_f32.n4096.bias.zero_centered.residual"}) {
     const Spec spec = Spec::parse(text);
     const std::string name = text;
     for (int sm : {80, 90}) {

@@ -12,6 +12,15 @@ import torch
 from .. import _normjit
 
 DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+# The Ada norms take weight / bias per batch item ([B, n], x [B, S, n]); LayerNorm math subtracts
+# the mean (and saves it), RMSNorm math does not.
+ADAPTIVE_NORMS = ("adalayernorm", "adarmsnorm")
+
+
+def subtracts_mean(norm):
+    return norm in ("layernorm", "adalayernorm")
+
+
 MAX_N = 262144
 
 # Module-level so tests can stand in for the GPU; absent from CPU-only torch builds, which never
@@ -208,7 +217,7 @@ def forward_fused(x, residual, weight, bias, norm, eps, training, zero_centered,
     mean = rstd = mask = None
     if training:
         rstd = torch.empty(rows, dtype=torch.float32, device=dev)
-        if norm != "rmsnorm":
+        if subtracts_mean(norm):
             mean = torch.empty(rows, dtype=torch.float32, device=dev)
     if epilogue != "none":
         mask = torch.empty(x.shape[:-1] + ((n + 7) // 8,), dtype=torch.uint8, device=dev)
@@ -220,7 +229,7 @@ def forward_fused(x, residual, weight, bias, norm, eps, training, zero_centered,
         bias = bias.contiguous()
     if rows == 0:
         return y, h, mean, rstd, mask
-    rpb = rows // weight.shape[0] if norm == "adalayernorm" else 0
+    rpb = rows // weight.shape[0] if norm in ADAPTIVE_NORMS else 0
     device = dev.index
     key = (device, norm, "fwd_train" if training else "fwd_infer", x.dtype, weight.dtype, n, bias is not None, epilogue,
            zero_centered, residual is not None)
@@ -270,7 +279,7 @@ def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered,
         if dbeta is not None:
             dbeta.zero_()
     else:
-        rpb = rows // gamma.shape[0] if norm == "adalayernorm" else 0
+        rpb = rows // gamma.shape[0] if norm in ADAPTIVE_NORMS else 0
         device = dev.index
         key = (device, norm, "bwd", x.dtype, gamma.dtype, n, bias_grad, epilogue, zero_centered, dh_out is not None)
         xp = x.data_ptr()

@@ -7,14 +7,14 @@ from . import _launch
 
 
 def _batched(t, weight, norm):
-    """t [..., n] as [B, rows / B, n] for adalayernorm's per-batch weight, else [1, rows, n]."""
+    """t [..., n] as [B, rows / B, n] for the Ada norms' per-batch weight, else [1, rows, n]."""
     n = t.shape[-1]
-    b = weight.shape[0] if norm == "adalayernorm" else 1
+    b = weight.shape[0] if norm in _launch.ADAPTIVE_NORMS else 1
     return t.reshape(b, -1, n)
 
 
 def _stats(xf, norm, eps):
-    if norm == "rmsnorm":
+    if not _launch.subtracts_mean(norm):
         mean = None
         rstd = torch.rsqrt(xf.square().mean(-1) + eps)
         xhat = xf * rstd[..., None]
@@ -93,7 +93,7 @@ def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered,
     n = x.shape[-1]
     ref = weight if weight is not None else x.new_ones(n)
     xf = x.float()
-    if norm == "rmsnorm":
+    if not _launch.subtracts_mean(norm):
         xhat = xf * rstd[..., None]
     else:
         xhat = (xf - mean[..., None]) * rstd[..., None]
@@ -102,7 +102,7 @@ def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered,
         g = g * unpack_mask(mask, n)
     gw = (_batched(g, ref, norm) * _batched(_scale(ref, zero_centered), ref, norm)).reshape(x.shape)
     proj = (gw * xhat).mean(-1, keepdim=True)
-    if norm == "rmsnorm":
+    if not _launch.subtracts_mean(norm):
         dxf = rstd[..., None] * (gw - xhat * proj)
     else:
         dxf = rstd[..., None] * (gw - gw.mean(-1, keepdim=True) - xhat * proj)

@@ -166,14 +166,13 @@ def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, zero_center
     return _add_norm(x, residual, weight, bias, eps, zero_centered, "layernorm")
 
 
-def ada_layer_norm(x, weight, bias=None, eps=1e-5):
-    """Adaptive LayerNorm: x [B, S, N], weight and bias [B, N] (one scale and shift per batch item):
-    y[b, s] = (x[b, s] - mean) / sqrt(var + eps) * weight[b] + bias[b]."""
+def _ada(x, weight, bias, eps, norm, zero_centered):
+    name = "ada_layer_norm" if norm == "adalayernorm" else "ada_rms_norm"
     _check_x(x)
     if x.dim() != 3:
-        raise ValueError(f"x has shape {list(x.shape)}; ada_layer_norm takes x [B, S, N]")
+        raise ValueError(f"x has shape {list(x.shape)}; {name} takes x [B, S, N]")
     if weight is None:
-        raise ValueError("weight=None: ada_layer_norm takes a weight [B, N]")
+        raise ValueError(f"weight=None: {name} takes a weight [B, N]")
     shape = (x.shape[0], x.shape[2])
     _check_param("weight", weight, x, shape)
     if bias is not None:
@@ -183,8 +182,26 @@ def ada_layer_norm(x, weight, bias=None, eps=1e-5):
                         "parameter dtype")
     if not 1 <= x.shape[2] <= _launch.MAX_N:
         raise ValueError(f"x has N={x.shape[2]}; normjit takes 1 to {_launch.MAX_N}")
+    if norm == "adarmsnorm":
+        eps = _rms_eps(x, eps)
     _check_eps(eps)
-    return ops.call(x, weight, bias, "adalayernorm", float(eps), "none")
+    if zero_centered:
+        return ops.call_fused(x, None, weight, bias, norm, float(eps), True)
+    return ops.call(x, weight, bias, norm, float(eps), "none")
+
+
+def ada_layer_norm(x, weight, bias=None, eps=1e-5, *, zero_centered=False):
+    """Adaptive LayerNorm: x [B, S, N], weight and bias [B, N] (one scale and shift per batch item):
+    y[b, s] = (x[b, s] - mean) / sqrt(var + eps) * weight[b] + bias[b]. zero_centered: DiT's
+    modulate form, y = x_hat * (1 + weight[b]) + bias[b] (weight the scale, bias the shift)."""
+    return _ada(x, weight, bias, eps, "adalayernorm", zero_centered)
+
+
+def ada_rms_norm(x, weight, bias=None, eps=None, *, zero_centered=False):
+    """Adaptive RMSNorm: x [B, S, N], weight (and bias) [B, N]: y[b, s] = x[b, s] / sqrt(mean(x^2) +
+    eps) * weight[b] (+ bias[b]); eps=None means torch.finfo(x.dtype).eps, as rms_norm.
+    zero_centered: the scale is 1 + weight[b]."""
+    return _ada(x, weight, bias, eps, "adarmsnorm", zero_centered)
 
 
 def _relu(x, normalized_shape, weight, bias, eps, clip_lower, clip_upper, norm):

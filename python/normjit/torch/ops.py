@@ -6,7 +6,7 @@ Function that eager calls use instead (same kernels, without the dispatcher's pe
         -> (y, mean, rstd, mask)
     norm_bwd(dy, x, weight?, mean, rstd, mask, norm, epilogue, bias_grad) -> (dx, dweight, dbias)
 
-norm: "layernorm", "rmsnorm" or "adalayernorm" (x [B, S, n], weight / bias [B, n]); epilogue: "none"
+norm: "layernorm", "rmsnorm", "adalayernorm" or "adarmsnorm" (the Ada norms: x [B, S, n], weight / bias [B, n]); epilogue: "none"
 or "relu_bitmask" (y clamped to [clip_lower, clip_upper], mask bit set where strictly inside).
 x [..., n] f32 / f16 / bf16; weight [n] (or None: ones) and bias in one float dtype, not
 necessarily x's. y has x's shape and dtype, and x's strides when its rows are evenly strided with a
@@ -24,7 +24,7 @@ from torch import Tensor
 
 from . import _launch, _reference
 
-_NORMS = ("layernorm", "rmsnorm", "adalayernorm")
+_NORMS = ("layernorm", "rmsnorm", "adalayernorm", "adarmsnorm")
 _EPILOGUES = ("none", "relu_bitmask")
 
 
@@ -59,7 +59,7 @@ def _norm_fwd_fake(x, weight, bias, norm, eps, training, epilogue, clip_lower, c
     lead = x.shape[:-1]
     y = _launch.like_rows(x, rs)
     stat = x.new_empty(lead if training else (0,), dtype=torch.float32)
-    mean = x.new_empty(lead if training and norm != "rmsnorm" else (0,), dtype=torch.float32)
+    mean = x.new_empty(lead if training and _launch.subtracts_mean(norm) else (0,), dtype=torch.float32)
     mask = x.new_empty(lead + ((x.shape[-1] + 7) // 8,) if epilogue != "none" else (0,), dtype=torch.uint8)
     return y, mean, stat, mask
 
@@ -71,7 +71,7 @@ def norm_bwd(dy: Tensor, x: Tensor, weight: Optional[Tensor], mean: Tensor, rstd
     if bias_grad and weight is None:
         raise ValueError("bias_grad=True needs the weight (pass ones for a norm without one)")
     impl = _launch.backward if x.is_cuda else _reference.backward
-    dx, dweight, dbias = impl(dy, x, weight, mean if norm != "rmsnorm" else None, rstd,
+    dx, dweight, dbias = impl(dy, x, weight, mean if _launch.subtracts_mean(norm) else None, rstd,
                               mask if epilogue != "none" else None, norm, epilogue, bias_grad)
     return dx, _or_empty(dweight, x, x.dtype), _or_empty(dbias, x, x.dtype)
 
@@ -192,7 +192,7 @@ def _fused_norm_fwd_fake(x, residual, weight, bias, norm, eps, training, zero_ce
     x, residual, rs = _launch._shared_layout(x, residual)
     lead = x.shape[:-1]
     stat = x.new_empty(lead if training else (0,), dtype=torch.float32)
-    mean = x.new_empty(lead if training and norm != "rmsnorm" else (0,), dtype=torch.float32)
+    mean = x.new_empty(lead if training and _launch.subtracts_mean(norm) else (0,), dtype=torch.float32)
     mask = x.new_empty(lead + ((x.shape[-1] + 7) // 8,) if epilogue != "none" else (0,), dtype=torch.uint8)
     return _launch.like_rows(x, rs), _launch.like_rows(x, rs), mean, stat, mask
 
@@ -205,7 +205,7 @@ def fused_norm_bwd(dy: Tensor, dh_out: Optional[Tensor], x: Tensor, weight: Opti
     if bias_grad and weight is None:
         raise ValueError("bias_grad=True needs the weight (pass ones for a norm without one)")
     impl = _launch.backward_fused if x.is_cuda else _reference.backward_fused
-    dx, dweight, dbias = impl(dy, dh_out, x, weight, mean if norm != "rmsnorm" else None, rstd,
+    dx, dweight, dbias = impl(dy, dh_out, x, weight, mean if _launch.subtracts_mean(norm) else None, rstd,
                               mask if epilogue != "none" else None, norm, zero_centered, epilogue, bias_grad)
     return dx, _or_empty(dweight, x, x.dtype), _or_empty(dbias, x, x.dtype)
 
