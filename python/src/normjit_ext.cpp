@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "normjit/normjit.hpp"
+#include "normjit/quant_reference.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -405,6 +406,21 @@ NB_MODULE(_normjit, m) {
         "Verifies a bundle, then writes its entries into the cache directory. Returns how many.");
 
   m.def("version", &normjit::version, "normjit's version.");
+  // The quantized formats' host references (include/normjit/quant_reference.hpp), for tests.
+  m.def(
+      "_reference_encode",
+      [](const std::string& format, const std::vector<double>& values) {
+        normjit::reference::MiniFloat f;
+        if (format == "e4m3") f = normjit::reference::MiniFloat::kE4M3;
+        else if (format == "e5m2") f = normjit::reference::MiniFloat::kE5M2;
+        else if (format == "e2m1") f = normjit::reference::MiniFloat::kE2M1;
+        else throw Error(Status::kInvalidArgument, "format='" + format + "' is not e4m3, e5m2 or e2m1");
+        std::vector<uint8_t> out;
+        out.reserve(values.size());
+        for (double v : values) out.push_back(normjit::reference::encode_satfinite(f, v));
+        return nb::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+      },
+      "format"_a, "values"_a, "Codes of values in an FP8 / FP4 format: round to nearest even, saturating.");
   m.def("nvrtc_version", &normjit::nvrtc_version, "NVRTC's version: major * 1000 + minor * 10.");
   m.def("default_cache_dir", [] { return normjit::DiskCache::default_dir().string(); },
         "NORMJIT_CACHE_DIR, else $XDG_CACHE_HOME/normjit, else ~/.cache/normjit.");

@@ -1,4 +1,5 @@
 """The low-level API without a GPU: specs, errors, precompile, bundles."""
+import math
 import os
 import pickle
 
@@ -270,3 +271,29 @@ def test_rows_that_do_not_flatten_are_refused():
     with pytest.raises(normjit.InvalidArgumentError, match=r"needs \[\.\.\., 32\]"):
         _rows_of(spec, (4, 31), (31, 1))
     assert _rows_of(spec, (32,), (1,)) == (1, 32)  # one row
+
+
+@pytest.mark.parametrize("fmt,dtype_name,max_finite", [("e4m3", "float8_e4m3fn", 448.0), ("e5m2", "float8_e5m2", 57344.0)])
+def test_fp8_reference_matches_torch(fmt, dtype_name, max_finite):
+    """normjit's FP8 reference (round to nearest even) against torch's own conversion, an
+    independent implementation, over random fp32 values in range and every code's midpoints."""
+    torch = pytest.importorskip("torch")
+    dtype = getattr(torch, dtype_name)
+    gen = torch.Generator().manual_seed(3)
+    mags = torch.exp2(torch.empty(50000).uniform_(-22, math.log2(max_finite), generator=gen))
+    signs = torch.where(torch.rand(50000, generator=gen) < 0.5, -1.0, 1.0)
+    codes = torch.arange(256, dtype=torch.uint8).view(dtype).float()
+    finite = codes[torch.isfinite(codes)].unique()
+    mids = (finite[:-1] + finite[1:]) / 2  # exact in fp32
+    values = torch.cat([mags * signs, finite, mids]).float()
+    values = values[values.abs() <= max_finite]
+    want = values.to(dtype).view(torch.uint8).tolist()
+    got = list(normjit._normjit._reference_encode(fmt, values.double().tolist()))
+    bad = [(v, g, w) for v, g, w in zip(values.tolist(), got, want) if g != w]
+    assert not bad, f"{len(bad)} of {len(want)} differ, first: value, normjit, torch = {bad[:5]}"
+    # Saturation, where torch's conversion gives NaN / infinity instead.
+    assert list(normjit._normjit._reference_encode(fmt, [1e9, -1e9])) == [
+        torch.tensor([max_finite]).to(dtype).view(torch.uint8).item(),
+        torch.tensor([-max_finite]).to(dtype).view(torch.uint8).item()]
+    with pytest.raises(normjit.InvalidArgumentError, match="format='e3m4' is not"):
+        normjit._normjit._reference_encode("e3m4", [1.0])
