@@ -104,45 +104,46 @@ double block_amax(const std::vector<double>& values, int64_t begin, int64_t end)
     if (!std::isnan(values[i])) amax = std::max(amax, std::fabs(values[i]));
   return amax;
 }
+
+// Quantizes each block of `block` consecutive values of a row (a short last block keeps the values
+// it has): block_scale(amax) gives the stored scale code, decode_scale(code) the divisor of its
+// values, element_format their format.
+template <class BlockScale, class DecodeScale>
+BlockQuantized quantize_blocks(const std::vector<double>& values, int64_t rows, int64_t n, int64_t block,
+                               MiniFloat element, BlockScale block_scale, DecodeScale decode_scale) {
+  const int64_t blocks = (n + block - 1) / block;
+  BlockQuantized q;
+  q.codes.resize(values.size());
+  q.scales.resize(rows * blocks);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t begin = r * n + b * block, end = r * n + std::min(n, (b + 1) * block);
+      const uint8_t s = block_scale(block_amax(values, begin, end));
+      q.scales[r * blocks + b] = s;
+      const double x = decode_scale(s);
+      for (int64_t i = begin; i < end; ++i) q.codes[i] = x > 0 ? encode_satfinite(element, values[i] / x) : 0;
+    }
+  return q;
+}
 }  // namespace
 
 BlockQuantized quantize_mx(const std::vector<double>& values, int64_t rows, int64_t n, MiniFloat element) {
   check_shape(values, rows, n, "quantize_mx");
-  constexpr int64_t kBlock = 32;
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  BlockQuantized q;
-  q.codes.resize(values.size());
-  q.scales.resize(rows * blocks);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t begin = r * n + b * kBlock, end = r * n + std::min(n, (b + 1) * kBlock);
-      const uint8_t s = mx_scale_code(block_amax(values, begin, end), element);
-      q.scales[r * blocks + b] = s;
-      const double x = decode_e8m0(s);
-      for (int64_t i = begin; i < end; ++i) q.codes[i] = encode_satfinite(element, values[i] / x);
-    }
-  return q;
+  return quantize_blocks(
+      values, rows, n, 32, element, [element](double amax) { return mx_scale_code(amax, element); }, decode_e8m0);
 }
 
 BlockQuantized quantize_nvfp4(const std::vector<double>& values, int64_t rows, int64_t n) {
   check_shape(values, rows, n, "quantize_nvfp4");
-  constexpr int64_t kBlock = 16;
-  const int64_t blocks = (n + kBlock - 1) / kBlock;
-  BlockQuantized q;
-  q.codes.resize(values.size());
-  q.scales.resize(rows * blocks);
   const double e4m3_max = max_finite(MiniFloat::kE4M3), e2m1_max = max_finite(MiniFloat::kE2M1);
   const double amax = block_amax(values, 0, static_cast<int64_t>(values.size()));
   // Stored as fp32: the decode multiplier as a kernel would read it.
-  q.tensor_scale = static_cast<float>(amax > 0 ? amax / (e4m3_max * e2m1_max) : 1.0);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t begin = r * n + b * kBlock, end = r * n + std::min(n, (b + 1) * kBlock);
-      const uint8_t s = encode_satfinite(MiniFloat::kE4M3, block_amax(values, begin, end) / e2m1_max / q.tensor_scale);
-      q.scales[r * blocks + b] = s;
-      const double x = decode(MiniFloat::kE4M3, s) * q.tensor_scale;
-      for (int64_t i = begin; i < end; ++i) q.codes[i] = x > 0 ? encode_satfinite(MiniFloat::kE2M1, values[i] / x) : 0;
-    }
+  const double tensor_scale = static_cast<float>(amax > 0 ? amax / (e4m3_max * e2m1_max) : 1.0);
+  BlockQuantized q = quantize_blocks(
+      values, rows, n, 16, MiniFloat::kE2M1,
+      [&](double block_amax) { return encode_satfinite(MiniFloat::kE4M3, block_amax / e2m1_max / tensor_scale); },
+      [&](uint8_t code) { return decode(MiniFloat::kE4M3, code) * tensor_scale; });
+  q.tensor_scale = tensor_scale;
   return q;
 }
 
