@@ -184,6 +184,8 @@ int main(int argc, char** argv) {
       // A residual backward's x is h: its statistics come from the plain forward of x.
       if (backward) fwd_spec.residual = false;
       const bool residual = spec.residual;
+      // M·N tensors the residual adds: residual read and h written (forward), dh_out read (backward).
+      const int residual_streams = residual ? (backward ? 1 : 2) : 0;
       const nj::Kernel& forward = rt.get(fwd_spec);
       const bool training = forward.spec().phase == nj::Phase::kForwardTraining;
       const bool has_mean = (training || backward) && nj::subtracts_mean(spec.norm);
@@ -193,7 +195,7 @@ int main(int argc, char** argv) {
       const size_t x_bytes = size_t(rows) * n * xs;
       const size_t mask_bytes = size_t(rows) * nj::mask_row_bytes(n);
       // Rotate over enough buffer sets that the tensors one launch touches exceed 4x the L2.
-      const int64_t per_set = int64_t(((backward ? 3 : 2) + (residual ? (backward ? 1 : 2) : 0)) * x_bytes);
+      const int64_t per_set = int64_t(((backward ? 3 : 2) + residual_streams) * x_bytes);
       // --graph: at least 16 sets, and enough that the copy (2·M·N·itemsize per set, less than the
       // kernel touches) also exceeds 4x L2 per replay.
       constexpr int64_t kMaxGraphSets = 2048;
@@ -211,7 +213,7 @@ int main(int argc, char** argv) {
       // Residual: the forward also reads residual and writes h, the backward reads dh_out.
       const double weight_bytes = double(groups) * n * ws;
       const double bytes =
-          (residual ? (backward ? 1.0 : 2.0) * x_bytes : 0.0) +
+          double(residual_streams) * x_bytes +
           (backward ? 3.0 * x_bytes + weight_bytes * (2 + (spec.has_bias ? 1 : 0))
                     : 2.0 * x_bytes + weight_bytes * (spec.has_bias ? 2 : 1) +
                           double(rows) * 4 * ((training ? 1 : 0) + (has_mean ? 1 : 0)) + (bitmask ? mask_bytes : 0));

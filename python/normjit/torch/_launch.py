@@ -147,12 +147,16 @@ def layout(x):
     return x, rs
 
 
+def rows_apart(t):
+    """t's row stride as it is (0: not evenly strided), without copying."""
+    return t.shape[-1] if t.is_contiguous() else row_stride(t.shape, t.stride(), t.shape[-1])
+
+
 def backward_layout(x, dy):
     """(x, dy, row stride) for a backward: x, dy and dx share one row stride, so both are made
     contiguous unless dy's rows are strided like x's."""
     x, rs = layout(x)
-    drs = dy.shape[-1] if dy.is_contiguous() else row_stride(dy.shape, dy.stride(), dy.shape[-1])
-    if drs != rs:
+    if rows_apart(dy) != rs:
         return x.contiguous(), dy.contiguous(), x.shape[-1]
     return x, dy, rs
 
@@ -264,8 +268,7 @@ def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered,
     if dh_out is not None:
         if dh_out.dtype != x.dtype:
             dh_out = dh_out.to(x.dtype)
-        drs = dh_out.shape[-1] if dh_out.is_contiguous() else row_stride(dh_out.shape, dh_out.stride(), x.shape[-1])
-        if drs != rs:
+        if rows_apart(dh_out) != rs:
             x, dy, dh_out, rs = x.contiguous(), dy.contiguous(), dh_out.contiguous(), x.shape[-1]
     n = x.shape[-1]
     dev = x.device

@@ -77,8 +77,7 @@ def _prepare(x, normalized_shape, weight, bias, zero_centered=False):
         x = x.reshape(x.shape[:-k] + (n,))
         weight = weight.reshape(n) if weight is not None else None
         bias = bias.reshape(n) if bias is not None else None
-    if zero_centered and weight is None:
-        raise ValueError("zero_centered=True needs a weight: the scale is 1 + weight")
+    _check_zero_centered(weight, zero_centered)
     if weight is None and bias is not None:
         # The cached ones eagerly; a traced graph makes its own.
         eager = x.is_cuda and not torch.compiler.is_compiling()
@@ -98,12 +97,21 @@ def _rms_eps(x, eps):
     return torch.finfo(x.dtype).eps if eps is None else eps
 
 
-def _zero_centered_weight(weight, zero_centered):
-    if not zero_centered:
-        return weight
-    if weight is None:
+def _check_zero_centered(weight, zero_centered):
+    if zero_centered and weight is None:
         raise ValueError("zero_centered=True needs a weight: the scale is 1 + weight")
-    return weight + 1
+
+
+def _zero_centered_weight(weight, zero_centered):
+    _check_zero_centered(weight, zero_centered)
+    return weight + 1 if zero_centered else weight
+
+
+def _norm_call(x, weight, bias, norm, eps, zero_centered):
+    """The plain op, or the fused one for zero-centred weights; arguments already checked."""
+    if zero_centered:
+        return ops.call_fused(x, None, weight, bias, norm, float(eps), True)
+    return ops.call(x, weight, bias, norm, float(eps), "none")
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, zero_centered=False):
@@ -114,9 +122,7 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, zero_ce
         return F.layer_norm(x, _shape_tuple(normalized_shape), _zero_centered_weight(weight, zero_centered), bias, eps)
     x2, w, b, restore = _prepare(x, normalized_shape, weight, bias, zero_centered)
     _check_eps(eps)
-    if zero_centered:
-        return _restore(ops.call_fused(x2, None, w, b, "layernorm", float(eps), True), restore)
-    return _restore(ops.call(x2, w, b, "layernorm", float(eps), "none"), restore)
+    return _restore(_norm_call(x2, w, b, "layernorm", eps, zero_centered), restore)
 
 
 def rms_norm(x, normalized_shape, weight=None, eps=None, bias=None, *, zero_centered=False):
@@ -129,9 +135,7 @@ def rms_norm(x, normalized_shape, weight=None, eps=None, bias=None, *, zero_cent
     x2, w, b, restore = _prepare(x, normalized_shape, weight, bias, zero_centered)
     eps = _rms_eps(x, eps)
     _check_eps(eps)
-    if zero_centered:
-        return _restore(ops.call_fused(x2, None, w, b, "rmsnorm", float(eps), True), restore)
-    return _restore(ops.call(x2, w, b, "rmsnorm", float(eps), "none"), restore)
+    return _restore(_norm_call(x2, w, b, "rmsnorm", eps, zero_centered), restore)
 
 
 def _add_norm(x, residual, weight, bias, eps, zero_centered, norm):
@@ -145,12 +149,7 @@ def _add_norm(x, residual, weight, bias, eps, zero_centered, norm):
     if norm == "rmsnorm":
         eps = _rms_eps(x, eps)
     _check_eps(eps)
-    if not x.is_cuda:
-        # The op's plain-torch reference, with its autograd.
-        y, h, _, _, _ = torch.ops.normjit.fused_norm_fwd(x2, residual, w, b, norm, float(eps),
-                                                         torch.is_grad_enabled(), zero_centered, "none", 0.0,
-                                                         math.inf)
-        return y, h
+    # Off the GPU, call_fused runs the op's plain-torch reference, with its autograd.
     return ops.call_fused(x2, residual, w, b, norm, float(eps), zero_centered)
 
 
@@ -185,9 +184,7 @@ def _ada(x, weight, bias, eps, norm, zero_centered):
     if norm == "adarmsnorm":
         eps = _rms_eps(x, eps)
     _check_eps(eps)
-    if zero_centered:
-        return ops.call_fused(x, None, weight, bias, norm, float(eps), True)
-    return ops.call(x, weight, bias, norm, float(eps), "none")
+    return _norm_call(x, weight, bias, norm, eps, zero_centered)
 
 
 def ada_layer_norm(x, weight, bias=None, eps=1e-5, *, zero_centered=False):

@@ -185,16 +185,12 @@ def fused_norm_fwd(x: Tensor, residual: Optional[Tensor], weight: Optional[Tenso
 @fused_norm_fwd.register_fake
 def _fused_norm_fwd_fake(x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower,
                          clip_upper):
-    if residual is None:
-        y, mean, rstd, mask = _norm_fwd_fake(x, weight, bias, norm, eps, training, epilogue, clip_lower, clip_upper)
-        return y, x.new_empty((0,)), mean, rstd, mask
-    _check_names(norm, epilogue)
-    x, residual, rs = _launch._shared_layout(x, residual)
-    lead = x.shape[:-1]
-    stat = x.new_empty(lead if training else (0,), dtype=torch.float32)
-    mean = x.new_empty(lead if training and _launch.subtracts_mean(norm) else (0,), dtype=torch.float32)
-    mask = x.new_empty(lead + ((x.shape[-1] + 7) // 8,) if epilogue != "none" else (0,), dtype=torch.uint8)
-    return _launch.like_rows(x, rs), _launch.like_rows(x, rs), mean, stat, mask
+    # With a residual, x and h take the layout x and residual share (contiguous where they differ).
+    if residual is not None:
+        x, residual, rs = _launch._shared_layout(x, residual)
+    y, mean, rstd, mask = _norm_fwd_fake(x, weight, bias, norm, eps, training, epilogue, clip_lower, clip_upper)
+    h = _launch.like_rows(x, rs) if residual is not None else x.new_empty((0,))
+    return y, h, mean, rstd, mask
 
 
 @torch.library.custom_op("normjit::fused_norm_bwd", mutates_args=())
@@ -215,8 +211,7 @@ def _fused_norm_bwd_fake(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_cen
     dx, dweight, dbias = _norm_bwd_fake(dy, x, weight, mean, rstd, mask, norm, epilogue, bias_grad)
     if dh_out is not None:
         x, dy, rs = _launch.backward_layout(x, dy)
-        drs = _launch.row_stride(dh_out.shape, dh_out.stride(), x.shape[-1])
-        if drs != rs:
+        if _launch.rows_apart(dh_out) != rs:
             dx = _launch.like_rows(x, x.shape[-1])
     return dx, dweight, dbias
 
