@@ -79,7 +79,7 @@ def case(norm, phase, n, rows, dtype, wdtype, eps=1e-5):
         f = lambda x, w, b: njt.rms_norm(x, (n,), w, eps)  # noqa: E731
     if phase == "fwd":
         ys = [torch.empty_like(x) for x in xs]
-        key = (0, norm, "fwd_infer", dtype, wdtype, n, b is not None, "none")
+        key = (0, norm, "fwd_infer", dtype, wdtype, n, b is not None, "none", False, False)
         kernel = _launch._kernel(key, xs[0].data_ptr(), w.data_ptr(), bp, ys[0].data_ptr(), 0, 0, 0, 0, 0, n)
 
         def raw(i):
@@ -101,7 +101,7 @@ def case(norm, phase, n, rows, dtype, wdtype, eps=1e-5):
         dg = torch.empty_like(w)
         db = torch.empty_like(w) if b is not None else None
         dbp = 0 if db is None else db.data_ptr()
-        key = (0, norm, "bwd", dtype, wdtype, n, b is not None, "none")
+        key = (0, norm, "bwd", dtype, wdtype, n, b is not None, "none", False, False)
         kernel = _launch._kernel(key, xs[0].data_ptr(), w.data_ptr(), 0, 0, dys[0].data_ptr(), dxs[0].data_ptr(),
                                  dg.data_ptr(), dbp, 0, n)
         ws_bytes = kernel.workspace_bytes(rows, 0)

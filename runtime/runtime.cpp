@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 
 #include "../templates/normjit/params.h"
 #include "runtime/log.hpp"
@@ -373,6 +374,16 @@ Runtime::Runtime(int device, std::filesystem::path cache_dir) : disk_cache_(std:
   NORMJIT_CU(cuCtxSetCurrent(context_));
   detail::log().info("runtime on device {} ({}, {}, {} SMs, {:.0f} GB/s peak DRAM), cache {}", device, device_.name,
                      target_.str(), device_.sm_count, device_.dram_gb_per_s, disk_cache_.dir().string());
+}
+
+Runtime& shared_runtime(int device) {
+  static std::mutex mutex;
+  static std::map<int, Runtime*> runtimes;
+  std::lock_guard<std::mutex> lock(mutex);
+  Runtime*& rt = runtimes[device];
+  // Never destroyed: unloading modules at exit would race the driver's own teardown.
+  if (!rt) rt = new Runtime(device);
+  return *rt;
 }
 
 Runtime::~Runtime() {

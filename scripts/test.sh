@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the build needs (Debian/Ubuntu, as root), builds normjit and its tests, runs ctest,
 # then installs the Python package (pip install . into $BUILD_DIR/venv, with torch and pytest) and
-# runs its tests. GPU tests are reported as skipped when no GPU is present. PYTHON_TESTS=0: C++ only.
+# runs its tests, and scripts/wheel_check.sh (WHEEL_CHECK=0: not). GPU tests are reported as skipped
+# when no GPU is present. PYTHON_TESTS=0: C++ only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -41,4 +42,6 @@ if [[ $PYTHON_TESTS == 1 && "$*" != "-N" ]]; then
   "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation .
   # From outside the source tree, so the tests import the installed package.
   (cd "$BUILD_DIR" && venv/bin/python -m pytest -ra -q -p no:cacheprovider "$root/tests/python")
+  # The wheel as a user gets it: built in isolation, installed into a bare venv, run without the tree.
+  if [[ ${WHEEL_CHECK:-1} == 1 ]]; then bash scripts/wheel_check.sh | tail -1; fi
 fi

@@ -194,6 +194,11 @@ class Runtime {
   RuntimeCounters counters_;
 };
 
+// The process's runtime of a device (default cache directory), created on first use and kept for
+// the process's life: components of one process that share it load each kernel once. The Python
+// package's paths (normjit.Runtime users aside) all use it. Thread-safe.
+Runtime& shared_runtime(int device);
+
 // Checks launch arguments against a resolved spec; throws Error(kInvalidArgument) naming the
 // field and its value. Needs no GPU. (The workspace size is checked at launch.)
 void validate_launch(const Spec& resolved_spec, const LaunchArgs& args);

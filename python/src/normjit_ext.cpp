@@ -352,6 +352,15 @@ NB_MODULE(_normjit, m) {
            "spec"_a, "max_vec"_a = 16, nb::rv_policy::reference_internal,
            "The kernel for a spec (its block chosen for pointers that allow max_vec); it keeps this runtime alive.");
 
+  m.def("shared_runtime",
+        [](int device) -> normjit::Runtime& {
+          nb::gil_scoped_release release;  // the first call creates it (driver, context, cache)
+          return normjit::shared_runtime(device);
+        },
+        "device"_a, nb::rv_policy::reference,
+        "The process's Runtime of a device, created on first use and shared by every part of the process "
+        "(normjit.torch's Python and C++ paths alike).");
+
   m.def("max_vec_for",
         [](const Spec& spec, uintptr_t x, uintptr_t gamma, uintptr_t beta, uintptr_t y, uintptr_t dy, uintptr_t dx,
            uintptr_t dgamma, uintptr_t dbeta, uintptr_t mask, int64_t row_stride, uintptr_t residual, uintptr_t h,

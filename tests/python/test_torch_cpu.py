@@ -639,3 +639,42 @@ def test_ada_rms_norm_errors():
         nt.ada_rms_norm(torch.randn(4, 8), torch.randn(4, 8))
     with pytest.raises(ValueError, match="weight=None: ada_rms_norm"):
         nt.ada_rms_norm(torch.randn(2, 3, 8), None)
+
+
+# ---- the C++ eager path (torch.ops.normjit.eager_norm) -----------------------------------------
+
+def test_native_ops_load_when_built_with_a_cuda_torch():
+    from normjit.torch import _native
+    try:
+        from normjit import _torch_build
+    except ImportError:
+        assert _native.eager_norm is None and "without a CUDA torch" in _native.why_not
+        pytest.skip("the package was built without a CUDA torch: no C++ ops to check")
+    assert _torch_build.TORCH_VERSION == torch.__version__
+    assert _native.eager_norm is not None, _native.why_not
+    schema = str(torch.ops.normjit.eager_norm.default._schema)
+    assert "Tensor? residual" in schema and "-> Tensor[]" in schema
+    assert torch.ops.normjit.eager_kernels(0) == []
+    with pytest.raises(RuntimeError, match="x is on cpu; it takes CUDA tensors"):
+        _native.eager_norm(torch.randn(2, 4), None, None, None, 0, 1e-5, False, 0, 0.0, inf)
+
+
+def test_native_ops_switch_and_version_guard(monkeypatch):
+    import importlib
+    import subprocess
+    from normjit.torch import _native
+    code = "from normjit.torch import _native; print(_native.eager_norm is None, _native.why_not)"
+    out = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "NORMJIT_TORCH_NATIVE": "0"},
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True NORMJIT_TORCH_NATIVE=0"
+    try:
+        from normjit import _torch_build
+    except ImportError:
+        pytest.skip("the package was built without a CUDA torch")
+    monkeypatch.setattr(_torch_build, "TORCH_VERSION", "0.0.0")
+    with pytest.warns(RuntimeWarning, match=r"built for torch 0\.0\.0, not .*Python autograd path"):
+        importlib.reload(_native)
+    assert _native.eager_norm is None
+    monkeypatch.undo()
+    importlib.reload(_native)
+    assert _native.eager_norm is not None

@@ -470,3 +470,67 @@ def test_fused_block_compile_and_graph_replay(gpu):
     torch.cuda.synchronize()
     with torch.no_grad():
         torch.testing.assert_close(out, block(x, r, False), atol=1e-4, rtol=1e-4)
+
+
+# ---- the C++ eager path against the Python one -----------------------------------------------
+
+def _native_and_python(monkeypatch, fn, inputs):
+    """fn's outputs and the gradients of its differentiable inputs through the C++ eager path and
+    through the Python autograd path (the same kernels): ([outputs], [grads]) for each."""
+    from normjit.torch import _native
+    if _native.eager_norm is None:
+        pytest.skip(f"no C++ eager path: {_native.why_not}")
+    runs = []
+    for native in (True, False):
+        with monkeypatch.context() as m:
+            if not native:
+                m.setattr(_native, "eager_norm", None)
+            leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) if t is not None else None
+                      for t in inputs]
+            out = fn(*leaves)
+            out = out if isinstance(out, tuple) else (out,)
+            diff = [o for o in out if o.is_floating_point()]
+            grads = torch.autograd.grad(diff, [t for t in leaves if t is not None and t.requires_grad],
+                                        [torch.ones_like(o) * 0.5 + torch.arange(o.shape[-1], device=o.device) / o.shape[-1]
+                                         for o in diff])
+            runs.append((out, grads))
+    return runs
+
+
+@pytest.mark.parametrize("case", ["ln", "rms_strided", "rms_relu", "add_rms_zc", "add_ln_bf16_wf32", "ada_rms",
+                                  "ln_no_weight"])
+def test_native_path_equals_python_path(gpu, monkeypatch, case):
+    torch.manual_seed(3)
+    n = 1000 if case != "ada_rms" else 768
+    x = make_x((6, 7), n, BF16, case == "rms_strided", gpu)
+    w = torch.randn(n, device=gpu, dtype=F32 if case == "add_ln_bf16_wf32" else BF16)
+    b = torch.randn_like(w)
+    r = torch.randn_like(x)
+    fns = {
+        "ln": (lambda x, w, b: nt.layer_norm(x, (n,), w, b), (x, w, b)),
+        "rms_strided": (lambda x, w: nt.rms_norm(x, (n,), w), (x, w)),
+        "rms_relu": (lambda x, w: nt.rms_norm_relu(x, (n,), w, clip_lower=-0.5, clip_upper=1.0), (x, w)),
+        "add_rms_zc": (lambda x, r, w: nt.add_rms_norm(x, r, w, zero_centered=True), (x, r, w)),
+        "add_ln_bf16_wf32": (lambda x, r, w, b: nt.add_layer_norm(x, r, w, b), (x, r, w, b)),
+        "ada_rms": (lambda x, w: nt.ada_rms_norm(x, w), (x.reshape(6, 7, n), torch.randn(6, n, device=gpu))),
+        "ln_no_weight": (lambda x: nt.layer_norm(x, (n,)), (x,)),
+    }
+    fn, inputs = fns[case]
+    (out_c, grads_c), (out_py, grads_py) = _native_and_python(monkeypatch, fn, inputs)
+    assert len(out_c) == len(out_py) and len(grads_c) == len(grads_py)
+    for a, b_ in zip(out_c + grads_c, out_py + grads_py):
+        assert a.dtype == b_.dtype and a.shape == b_.shape and a.stride() == b_.stride()
+        assert torch.equal(a, b_)
+    assert "::NormFunction" in out_c[0].grad_fn.name()  # the C++ node, not the Python Function
+
+
+def test_native_path_capture_of_a_cold_spec_is_an_error(gpu):
+    from normjit.torch import _native
+    if _native.eager_norm is None:
+        pytest.skip(f"no C++ eager path: {_native.why_not}")
+    x = torch.randn(8, 344, device=gpu, dtype=F16)  # a size no other test loads
+    with pytest.raises(RuntimeError, match=r"rmsnorm\.fwd_infer\.f16\.w_f16\.n344 .*run the op once"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            nt.rms_norm(x, 344)
+    nt.rms_norm(x, 344)
+    assert any("rmsnorm.fwd_infer.f16.w_f16.n344" in k for k in nt.loaded_kernels()[0])

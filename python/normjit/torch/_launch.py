@@ -10,6 +10,7 @@ import math
 import torch
 
 from .. import _normjit
+from . import _native
 
 DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 # The Ada norms take weight / bias per batch item ([B, n], x [B, S, n]); LayerNorm math subtracts
@@ -29,7 +30,7 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
 _is_capturing = torch.cuda.is_current_stream_capturing
 
-_runtimes = {}  # device index -> normjit Runtime
+_runtimes = {}  # device index -> the process's normjit Runtime (shared with the C++ path)
 # (device, norm, phase, x dtype, w dtype, n, has_bias, epilogue, zero_centered, residual)
 #   -> (Spec, {max_vec: Kernel})
 _entries = {}
@@ -40,9 +41,9 @@ def runtime(device):
     """The normjit Runtime of a CUDA device index, created on first use."""
     rt = _runtimes.get(device)
     if rt is None:
-        # Runtime() makes its device's context current: keep torch's current device.
+        # Creating it makes its device's context current: keep torch's current device.
         with torch.cuda.device(device):
-            rt = _runtimes.setdefault(device, _normjit.Runtime(device))
+            rt = _runtimes.setdefault(device, _normjit.shared_runtime(device))
     return rt
 
 
@@ -51,6 +52,11 @@ def loaded_kernels():
     out = {}
     for key, (_, by_vec) in _entries.items():
         out.setdefault(key[0], []).extend(k.name for k in by_vec.values())
+    if _native.eager_norm is not None:
+        for device in range(torch.cuda.device_count()):
+            names = torch.ops.normjit.eager_kernels(device)
+            have = out.setdefault(device, []) if names else []
+            have.extend(n for n in names if n not in have)
     return out
 
 

@@ -1,6 +1,7 @@
 """normjit's torch custom ops, ``torch.ops.normjit.norm_fwd`` and ``norm_bwd``, with fake (meta)
-implementations and autograd, for torch.compile and torch.library.opcheck; and the autograd
-Function that eager calls use instead (same kernels, without the dispatcher's per-call cost).
+implementations and autograd, for torch.compile and torch.library.opcheck. Eager calls on CUDA
+tensors take ``torch.ops.normjit.eager_norm`` instead, the same kernels with a C++ autograd node
+(``_native``), or, in a package built without it, the autograd Functions below.
 
     norm_fwd(x, weight?, bias?, norm, eps, training, epilogue, clip_lower, clip_upper)
         -> (y, mean, rstd, mask)
@@ -22,7 +23,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _launch, _reference
+from . import _launch, _native, _reference
 
 _NORMS = ("layernorm", "rmsnorm", "adalayernorm", "adarmsnorm")
 _EPILOGUES = ("none", "relu_bitmask")
@@ -143,9 +144,14 @@ def call(x, weight, bias, norm, eps, epilogue, clip_lower=0.0, clip_upper=math.i
     """Runs a norm whose arguments are checked: eagerly on plain CUDA tensors, else through
     torch.ops.normjit.norm_fwd (compiling, fake / meta tensors, tensor subclasses, CPU).
     Returns y, or (y, mask) for relu_bitmask."""
+    eager = not torch.compiler.is_compiling() and x.is_cuda and type(x) is Tensor
+    if eager and _native.eager_norm is not None:
+        out = _native.eager_norm(x, None, weight, bias, _native.NORMS[norm], eps, False, _native.EPILOGUES[epilogue],
+                                 clip_lower, clip_upper)
+        return out[0] if len(out) == 1 else tuple(out)
     grad = torch.is_grad_enabled() and (x.requires_grad or (weight is not None and weight.requires_grad) or
                                         (bias is not None and bias.requires_grad))
-    if not torch.compiler.is_compiling() and x.is_cuda and type(x) is Tensor:
+    if eager:
         if grad:
             return NormFunction.apply(x, weight, bias, norm, eps, epilogue, clip_lower, clip_upper)
         y, _, _, mask = _launch.forward(x, weight, bias, norm, eps, False, epilogue, clip_lower, clip_upper)
@@ -279,9 +285,14 @@ class FusedNormFunction(torch.autograd.Function):
 def call_fused(x, residual, weight, bias, norm, eps, zero_centered, epilogue="none", clip_lower=0.0,
                clip_upper=math.inf):
     """call() with the fusions. Returns (y, h) with a residual, else y; the mask last for relu_bitmask."""
+    eager = not torch.compiler.is_compiling() and x.is_cuda and type(x) is Tensor
+    if eager and _native.eager_norm is not None:
+        out = _native.eager_norm(x, residual, weight, bias, _native.NORMS[norm], eps, zero_centered,
+                                 _native.EPILOGUES[epilogue], clip_lower, clip_upper)
+        return out[0] if len(out) == 1 else tuple(out)
     grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, residual, weight, bias))
-    if not torch.compiler.is_compiling() and x.is_cuda and type(x) is Tensor:
+    if eager:
         if grad:
             return FusedNormFunction.apply(x, residual, weight, bias, norm, eps, zero_centered, epilogue, clip_lower,
                                            clip_upper)
