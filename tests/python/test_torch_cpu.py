@@ -678,3 +678,35 @@ def test_native_ops_switch_and_version_guard(monkeypatch):
     monkeypatch.undo()
     importlib.reload(_native)
     assert _native.eager_norm is not None
+
+
+@pytest.mark.parametrize("norm", ["adalayernorm", "adarmsnorm"])
+@pytest.mark.parametrize("zero_centered", [False, True], ids=["gamma", "modulate"])
+def test_add_ada_norm_cpu_matches_the_composition_with_gradients(norm, zero_centered):
+    torch.manual_seed(2)
+    x, r = torch.randn(3, 5, 24), torch.randn(3, 5, 24)
+    w, b = torch.randn(3, 24) * 0.2, torch.randn(3, 24)
+    args = [t.clone().requires_grad_() for t in (x, r, w, b)]
+    fn = nt.add_ada_layer_norm if norm == "adalayernorm" else nt.add_ada_rms_norm
+    y, h = fn(*args, 1e-6, zero_centered=zero_centered)
+    assert torch.equal(h, x + r)
+    h64, w64, b64 = (t.detach().double().requires_grad_() for t in (h, w, b))
+    want = ref64(h64, w64 + 1 if zero_centered else w64, b64, norm, 1e-6)
+    torch.testing.assert_close(y.double(), want, atol=1e-5, rtol=1e-5)
+    dy, dh = torch.randn_like(y), torch.randn_like(h)
+    got = torch.autograd.grad((y, h), args, (dy, dh))
+    exp = torch.autograd.grad(want, (h64, w64, b64), dy.double())
+    torch.testing.assert_close(got[0].double(), exp[0] + dh.double(), atol=1e-4, rtol=1e-4)
+    assert torch.equal(got[0], got[1])  # dx and dresidual are one gradient
+    torch.testing.assert_close(got[2].double(), exp[1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got[3].double(), exp[2], atol=1e-4, rtol=1e-4)
+
+
+def test_add_ada_norm_argument_errors():
+    x, w = torch.randn(2, 3, 8), torch.randn(2, 8)
+    with pytest.raises(ValueError, match=r"residual \(\[2, 3, 4\]"):
+        nt.add_ada_layer_norm(x, torch.randn(2, 3, 4), w)
+    with pytest.raises(ValueError, match=r"weight=None: add_ada_rms_norm takes a weight \[B, N\]"):
+        nt.add_ada_rms_norm(x, torch.randn(2, 3, 8), None)
+    with pytest.raises(ValueError, match=r"add_ada_layer_norm takes x \[B, S, N\]"):
+        nt.add_ada_layer_norm(x[0], torch.randn(3, 8), w)

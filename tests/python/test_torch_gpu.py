@@ -534,3 +534,29 @@ def test_native_path_capture_of_a_cold_spec_is_an_error(gpu):
             nt.rms_norm(x, 344)
     nt.rms_norm(x, 344)
     assert any("rmsnorm.fwd_infer.f16.w_f16.n344" in k for k in nt.loaded_kernels()[0])
+
+
+@pytest.mark.parametrize("norm", ["adalayernorm", "adarmsnorm"])
+@pytest.mark.parametrize("zero_centered", [False, True], ids=["gamma", "modulate"])
+@pytest.mark.parametrize("n,strided", [(768, False), (4097, True)])
+def test_add_ada_norm_against_float64(gpu, norm, zero_centered, n, strided):
+    """h = x + residual bit-identical to torch's add; y = ada_norm(h) and the gradients against float64."""
+    torch.manual_seed(n)
+    x, r = make_x((3, 41), n, BF16, strided, gpu), make_x((3, 41), n, BF16, False, gpu)
+    w = ((0.2 if zero_centered else 1.0) * torch.randn(3, n, device=gpu)).requires_grad_()
+    b = torch.randn(3, n, device=gpu, requires_grad=True)
+    x.requires_grad_(True)
+    r.requires_grad_(True)
+    fn = nt.add_ada_layer_norm if norm == "adalayernorm" else nt.add_ada_rms_norm
+    y, h = fn(x, r, w, b, 1e-6, zero_centered=zero_centered)
+    assert torch.equal(h, x.detach() + r.detach()), "h differs from x + residual"
+    h64, w64, b64 = (t.detach().double().requires_grad_(True) for t in (h, w, b))
+    want = ref64(h64, w64 + 1 if zero_centered else w64, b64, norm, 1e-6)
+    close(y, want.detach(), TOL[BF16], "y")
+    dy, dh = torch.randn_like(y), torch.randn_like(h)
+    got = torch.autograd.grad((y, h), (x, r, w, b), (dy, dh))
+    exp = torch.autograd.grad(want, (h64, w64, b64), dy.double())
+    assert torch.equal(got[0], got[1]), "dx and dresidual differ"
+    close(got[0], exp[0] + dh.double(), 2 * TOL[BF16], "dx", scale=10 * dy.abs().max().item())
+    close(got[2], exp[1], 2 * TOL[F32], "dweight")
+    close(got[3], exp[2], 2 * TOL[F32], "dbias")

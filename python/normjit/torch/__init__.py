@@ -12,8 +12,8 @@ implementations and autograd, so ``torch.compile(fullgraph=True)`` traces them. 
 capture no kernel is compiled: run each call once before capturing.
 """
 from ._launch import loaded_kernels, runtime
-from .functional import (ada_layer_norm, ada_rms_norm, add_layer_norm, add_rms_norm, layer_norm, layer_norm_relu,
-                         rms_norm, rms_norm_relu)
+from .functional import (ada_layer_norm, ada_rms_norm, add_ada_layer_norm, add_ada_rms_norm, add_layer_norm,
+                         add_rms_norm, layer_norm, layer_norm_relu, rms_norm, rms_norm_relu)
 from .modules import LayerNorm, RMSNorm, swap_norms
 
 __all__ = [
@@ -21,6 +21,8 @@ __all__ = [
     "RMSNorm",
     "ada_layer_norm",
     "ada_rms_norm",
+    "add_ada_layer_norm",
+    "add_ada_rms_norm",
     "add_layer_norm",
     "add_rms_norm",
     "layer_norm",

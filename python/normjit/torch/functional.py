@@ -138,13 +138,17 @@ def rms_norm(x, normalized_shape, weight=None, eps=None, bias=None, *, zero_cent
     return _restore(_norm_call(x2, w, b, "rmsnorm", eps, zero_centered), restore)
 
 
-def _add_norm(x, residual, weight, bias, eps, zero_centered, norm):
-    _check_x(x)
+def _check_residual(x, residual):
     if not isinstance(residual, torch.Tensor):
         raise TypeError(f"residual is a {type(residual).__name__}, not a torch.Tensor")
     if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
         raise ValueError(f"residual ({list(residual.shape)}, {residual.dtype}, {residual.device}) must match x "
                          f"({list(x.shape)}, {x.dtype}, {x.device})")
+
+
+def _add_norm(x, residual, weight, bias, eps, zero_centered, norm):
+    _check_x(x)
+    _check_residual(x, residual)
     x2, w, b, _ = _prepare(x, x.shape[-1:] if x.dim() else (), weight, bias, zero_centered)
     if norm == "rmsnorm":
         eps = _rms_eps(x, eps)
@@ -165,9 +169,13 @@ def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, zero_center
     return _add_norm(x, residual, weight, bias, eps, zero_centered, "layernorm")
 
 
-def _ada(x, weight, bias, eps, norm, zero_centered):
+def _ada(x, weight, bias, eps, norm, zero_centered, residual=None):
     name = "ada_layer_norm" if norm == "adalayernorm" else "ada_rms_norm"
+    if residual is not None:
+        name = "add_" + name
     _check_x(x)
+    if residual is not None:
+        _check_residual(x, residual)
     if x.dim() != 3:
         raise ValueError(f"x has shape {list(x.shape)}; {name} takes x [B, S, N]")
     if weight is None:
@@ -184,6 +192,8 @@ def _ada(x, weight, bias, eps, norm, zero_centered):
     if norm == "adarmsnorm":
         eps = _rms_eps(x, eps)
     _check_eps(eps)
+    if residual is not None:
+        return ops.call_fused(x, residual, weight, bias, norm, float(eps), zero_centered)
     return _norm_call(x, weight, bias, norm, eps, zero_centered)
 
 
@@ -199,6 +209,18 @@ def ada_rms_norm(x, weight, bias=None, eps=None, *, zero_centered=False):
     eps) * weight[b] (+ bias[b]); eps=None means torch.finfo(x.dtype).eps, as rms_norm.
     zero_centered: the scale is 1 + weight[b]."""
     return _ada(x, weight, bias, eps, "adarmsnorm", zero_centered)
+
+
+def add_ada_layer_norm(x, residual, weight, bias=None, eps=1e-5, *, zero_centered=False):
+    """The residual add and ada_layer_norm in one kernel: h = x + residual (x and residual [B, S, N],
+    h rounded to x's dtype), y = ada_layer_norm(h, weight, bias, eps, zero_centered=...). Returns
+    (y, h); gradients as add_layer_norm's (dx = dresidual = dnorm(dy) + dh)."""
+    return _ada(x, weight, bias, eps, "adalayernorm", zero_centered, residual)
+
+
+def add_ada_rms_norm(x, residual, weight, bias=None, eps=None, *, zero_centered=False):
+    """add_ada_layer_norm's RMSNorm: h = x + residual, y = ada_rms_norm(h, ...); returns (y, h)."""
+    return _ada(x, weight, bias, eps, "adarmsnorm", zero_centered, residual)
 
 
 def _relu(x, normalized_shape, weight, bias, eps, clip_lower, clip_upper, norm):
