@@ -20,7 +20,8 @@ usage: scripts/device.sh JOB [ARGS...]
                         host time, graph replay, and its cost against normjit-bench and torch eager
 env: OUT (results, default ./.out), M (rows; default 32768, 4096 past N = 65536, sweep 16384),
   BUILD_DIR (default build), BENCH_ARGS (more normjit-bench / normjit-tune options)
-  test: GPU_TC (doctest -tc of the GPU cases), NORMJIT_GPU_TEST_NS, CPU_TESTS=0, MEMCHECK=0, MEMCHECK_TC
+  test: GPU_TC (doctest -tc of the GPU cases; unset: every case in its own process, GPU_JOBS at a
+        time, default 4), NORMJIT_GPU_TEST_NS, CPU_TESTS=0, MEMCHECK=0, MEMCHECK_TC
   peers: PEER_NS, PEER_NORMS, PEER_PROVIDERS, PEER_PHASES (fwd bwd), PEER_S (seconds per phase's peers)
   sweep: FROM, TO, STEP, PHASES (fwd bwd)   tune: TUNE_BUDGET_S, TUNE_CANDIDATES
   profile: KERNEL (kernel-name regex, default normjit_), NCU_ARGS (default: a set of sections)
@@ -136,6 +137,35 @@ std_specs() {  # std_specs PHASES N...: one spec a line
   done; done
 }
 
+# run_sharded BIN JOBS LOG: each doctest test case of BIN in its own process, JOBS at a time (the
+# GPU grids spend most of their time in the host's fp64 reference, one case at a time); the logs
+# one after the other in LOG, then the summed doctest totals. Returns the worst exit code (77:
+# BIN skipped itself, as without a GPU).
+run_sharded() {
+  local bin=$1 jobs=$2 log=$3 dir k rc=0 r i failed=0
+  dir=$(mktemp -d "$WORK/shards.XXXX")
+  k=$("$bin" --list-test-cases 2>&1) || { echo "$k" >"$log"; return 77; }
+  k=$(sed -n 's/.*passing the current filters: //p' <<<"$k")
+  # doctest's --first / --last count the test cases from 1.
+  # shellcheck disable=SC2016  # $0 and $1 expand in the inner shell
+  seq 1 "$k" | xargs -P "$jobs" -I{} sh -c '"$0" --first={} --last={} >"$1/{}.log" 2>&1; echo $? >"$1/{}.rc"' \
+    "$bin" "$dir"
+  for i in $(seq 1 "$k"); do
+    cat "$dir/$i.log" >>"$log"
+    r=$(cat "$dir/$i.rc" 2>/dev/null || echo 1)
+    ((r == 0)) || failed=$((failed + 1))
+    ((r > rc)) && rc=$r
+  done
+  # One summary over the shards in doctest's words; a shard's own test-case line counts the cases
+  # outside its range as passed, so the cases are counted by exit code (a crash leaves no line).
+  awk -F'|' '/^\[doctest\] assertions:/ {split($1, a, ":"); an += a[2]; ap += $2; af += $3}
+             END {printf "[doctest] test cases: %d | %d passed | %d failed (one process each)\n", k, k - f, f;
+                  printf "[doctest] assertions: %d | %d passed | %d failed |\n", an, ap, af;
+                  printf "[doctest] Status: %s\n", (f || af) ? "FAILURE!" : "SUCCESS!"}' k="$k" f="$failed" \
+    <(grep -h '^\[doctest\] assertions' "$dir"/*.log) >>"$log"
+  return "$rc"
+}
+
 job_test() {
   build
   # The GPU tests' literal specs and the forward each backward runs first. Their reference grids
@@ -149,16 +179,22 @@ job_test() {
     say "ctest (all but normjit_gpu_tests): $(grep -E 'tests passed|tests failed' "$WORK/cpu_tests.log")"
     grep -A20 "The following tests FAILED" "$WORK/cpu_tests.log" | md
   fi
-  local tc=() rc
-  [[ -n ${GPU_TC:-} ]] && tc=(-tc="$GPU_TC")
-  "$BUILD_DIR/tests/normjit_gpu_tests" "${tc[@]}" >"$WORK/gpu_tests.log" 2>&1
-  rc=$?
+  local rc
+  if [[ -n ${GPU_TC:-} ]]; then
+    "$BUILD_DIR/tests/normjit_gpu_tests" -tc="$GPU_TC" >"$WORK/gpu_tests.log" 2>&1
+    rc=$?
+  else
+    run_sharded "$BUILD_DIR/tests/normjit_gpu_tests" "${GPU_JOBS:-4}" "$WORK/gpu_tests.log"
+    rc=$?
+  fi
   if ((rc == 77)); then say "normjit_gpu_tests: skipped ($(head -1 "$WORK/gpu_tests.log"))"
   else
     ((rc == 0)) || STATUS=1
     say "normjit_gpu_tests ${GPU_TC:+GPU_TC=$GPU_TC }${NORMJIT_GPU_TEST_NS:+NORMJIT_GPU_TEST_NS=$NORMJIT_GPU_TEST_NS }" \
       "rc=$rc:"
-    grep -E '^\[doctest\] (test cases|assertions|Status)|ERROR|FAILED' "$WORK/gpu_tests.log" | head -30 | md
+    # Failures first, then the totals (the last summary: the shards' sum when sharded).
+    { grep -E 'ERROR|FAILED|CRASHED' "$WORK/gpu_tests.log" | head -25
+      grep -E '^\[doctest\] (test cases|assertions|Status)' "$WORK/gpu_tests.log" | tail -3; } | md
   fi
   if [[ ${MEMCHECK:-1} == 1 && -n $GPU ]]; then
     # Strided and unaligned rows, the seeds, the epilogues' backward and the pipelined rows.
