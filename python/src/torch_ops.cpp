@@ -382,13 +382,17 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
 std::vector<Tensor> eager_norm(const Tensor& x, const std::optional<Tensor>& residual,
                                const std::optional<Tensor>& weight, const std::optional<Tensor>& bias, int64_t norm,
                                double eps, bool zero_centered, int64_t epilogue, double clip_lower, double clip_upper) {
-  if (!x.is_cuda()) fail("eager_norm: x is on " + x.device().str() + "; it takes CUDA tensors");
   if (norm < 0 || norm > static_cast<int64_t>(Norm::kAdaRMSNorm)) {
     fail("eager_norm: norm=" + std::to_string(norm) + " is not a normjit::Norm (0-3)");
+  }
+  // The Ada norms' rows per batch item come from the weight's first dimension.
+  if (normjit::is_adaptive(static_cast<Norm>(norm)) && !(weight && weight->defined() && weight->dim() == 2)) {
+    fail("eager_norm: norm=" + std::to_string(norm) + " (adaptive) needs a weight [B, N]");
   }
   if (epilogue != 0 && epilogue != static_cast<int64_t>(normjit::Epilogue::kReluBitmask)) {
     fail("eager_norm: epilogue=" + std::to_string(epilogue) + " is not none (0) or relu_bitmask (1)");
   }
+  if (!x.is_cuda()) fail("eager_norm: x is on " + x.device().str() + "; it takes CUDA tensors");
   const Tensor r = residual.value_or(Tensor()), w = weight.value_or(Tensor()), b = bias.value_or(Tensor());
   const bool grad = at::GradMode::is_enabled() &&
                     (x.requires_grad() || (r.defined() && r.requires_grad()) || (w.defined() && w.requires_grad()) ||

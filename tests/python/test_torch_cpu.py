@@ -657,6 +657,10 @@ def test_native_ops_load_when_built_with_a_cuda_torch():
     assert torch.ops.normjit.eager_kernels(0) == []
     with pytest.raises(RuntimeError, match="x is on cpu; it takes CUDA tensors"):
         _native.eager_norm(torch.randn(2, 4), None, None, None, 0, 1e-5, False, 0, 0.0, inf)
+    with pytest.raises(RuntimeError, match=r"norm=2 \(adaptive\) needs a weight \[B, N\]"):
+        _native.eager_norm(torch.randn(2, 3, 4), None, torch.randn(4), None, 2, 1e-5, False, 0, 0.0, inf)
+    with pytest.raises(RuntimeError, match=r"epilogue=5 is not none \(0\) or relu_bitmask \(1\)"):
+        _native.eager_norm(torch.randn(2, 4), None, None, None, 1, 1e-5, False, 5, 0.0, inf)
 
 
 def test_native_ops_switch_and_version_guard(monkeypatch):
