@@ -58,6 +58,8 @@ EpilogueBinding epilogue_binding(Epilogue e) {
     case Epilogue::kNone: return {"epilogue_none.cuh", "EpilogueNone"};
     case Epilogue::kReluBitmask: return {"epilogue_relu_bitmask.cuh", "EpilogueReluBitmask"};
     case Epilogue::kGelu: return {"epilogue_gelu.cuh", "EpilogueGelu"};
+    case Epilogue::kFp8E4M3: return {"epilogue_fp8.cuh", "EpilogueFp8<false>"};
+    case Epilogue::kFp8E5M2: return {"epilogue_fp8.cuh", "EpilogueFp8<true>"};
   }
   throw Error(Status::kNotSupported, std::string("epilogue '") + to_string(e) + "' has no device binding");
 }

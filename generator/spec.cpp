@@ -38,7 +38,8 @@ constexpr Named<Phase> kPhases[] = {
 constexpr Named<DType> kDTypes[] = {{DType::kF32, "f32"}, {DType::kF16, "f16"}, {DType::kBF16, "bf16"}};
 // The epilogue table: one row per epilogue. "none" is never printed in a spec string.
 constexpr Named<Epilogue> kEpilogues[] = {
-    {Epilogue::kNone, "none"}, {Epilogue::kReluBitmask, "relu_bitmask"}, {Epilogue::kGelu, "gelu"}};
+    {Epilogue::kNone, "none"},         {Epilogue::kReluBitmask, "relu_bitmask"}, {Epilogue::kGelu, "gelu"},
+    {Epilogue::kFp8E4M3, "fp8_e4m3"}, {Epilogue::kFp8E5M2, "fp8_e5m2"}};
 constexpr Named<RowCache> kRowCaches[] = {
     {RowCache::kRegisters, "reg"}, {RowCache::kGlobal, "gmem"}, {RowCache::kShared, "smem"},
     {RowCache::kSharedPipelined, "pipe"}};
@@ -246,6 +247,10 @@ BlockConfig parse_block_config(std::string_view text) {
 void validate(const Spec& s) {
   // Built only on failure: validate() runs on every Runtime::get().
   auto where = [&s] { return "spec '" + s.str() + "': "; };
+  if (quantizes(s.epilogue) && s.phase == Phase::kBackward)
+    throw Error(Status::kInvalidSpec, where() + "epilogue " + to_string(s.epilogue) +
+                                          " has no backward: the gradient of a quantized output is the plain "
+                                          "norm's (its spec without the epilogue)");
   if (s.n < 1 || s.n > kMaxHiddenSize)
     throw Error(Status::kInvalidSpec, where() + "n=" + std::to_string(s.n) + " is outside [1, " +
                                           std::to_string(kMaxHiddenSize) + "]");

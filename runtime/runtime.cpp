@@ -61,7 +61,7 @@ int max_vec_for(const Spec& spec, const LaunchArgs& a) {
     const int xb = access_bytes(v, spec.x_dtype), wb = access_bytes(v, spec.w_dtype);
     return spec.n % v == 0 && a.row_stride % v == 0 && aligned(a.x, xb) && aligned(a.y, xb) && aligned(a.dy, xb) &&
            aligned(a.dx, xb) && aligned(a.residual, xb) && aligned(a.h, xb) && aligned(a.dh_out, xb) &&
-           aligned(a.gamma, wb) && aligned(a.beta, wb);
+           aligned(a.gamma, wb) && aligned(a.beta, wb) && aligned(a.y_quant, v);
   };
   while (vec > 1 && !ok(vec)) vec /= 2;
   return vec;
@@ -78,6 +78,7 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
   const bool has_mean = subtracts_mean(s.norm);
   const bool ada = is_adaptive(s.norm);
   const bool bitmask = s.epilogue == Epilogue::kReluBitmask;
+  const bool quant = quantizes(s.epilogue);
   const char* phase = to_string(s.phase);
   // (field, pointer, whether this spec uses it, why)
   struct Field {
@@ -85,13 +86,14 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
     const void* ptr;
     bool used;
     const char* role;
+    bool optional = false;  // may be given or not (y beside a quantized output)
   };
   const Field fields[] = {
       {"x", a.x, true, "the input"},
       {"gamma", a.gamma, true, "the scale"},
       {"beta", a.beta, backward ? s.has_bias && needs_pre_activation(s.epilogue) : s.has_bias,
        backward ? "read by the backward only with a bias and a gelu epilogue" : "the bias (spec .bias)"},
-      {"y", a.y, !backward, "the forward output"},
+      {"y", a.y, !backward && !quant, "the forward output", quant},
       {"mean", a.mean, has_mean && (training || backward), "LayerNorm training output / backward input"},
       {"rstd", a.rstd, training || backward, "training output / backward input"},
       {"dy", a.dy, backward, "the backward input"},
@@ -103,14 +105,18 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
       {"residual", a.residual, s.residual && !backward, "the forward's residual input (spec .residual)"},
       {"h", a.h, s.residual && !backward, "the forward's x + residual output (spec .residual)"},
       {"dh_out", a.dh_out, s.residual && backward, "the gradient arriving on h (spec .residual)"},
+      {"y_quant", a.y_quant, quant, "the quantized output (spec .fp8_*)"},
+      {"quant_scale", a.quant_scale, quant, "the scale of the quantized output (spec .fp8_*)"},
   };
   for (const Field& f : fields) {
     if (f.used && !f.ptr) fail(std::string(f.name) + " is null; " + phase + " needs it (" + f.role + ")");
-    if (!f.used && f.ptr)
+    if (!f.used && f.ptr && !f.optional)
       fail(std::string(f.name) + "=" + hex_ptr(f.ptr) + " is given but " + phase + " " + to_string(s.norm) +
            (s.epilogue == Epilogue::kNone ? "" : std::string(" with ") + to_string(s.epilogue)) +
            " does not use it (" + f.role + ")");
   }
+  if (!quant && a.amax)
+    fail("amax=" + hex_ptr(a.amax) + " is given but only the quantizing epilogues (spec .fp8_*) write it");
   if (a.rows < 0) fail("rows=" + std::to_string(a.rows) + " is negative");
   const int64_t max_rows = int64_t(0x7fffffff) * s.block->rows_per_cta;
   if (a.rows > max_rows) fail("rows=" + std::to_string(a.rows) + " exceeds " + std::to_string(max_rows));
@@ -154,6 +160,9 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
   check_align("mean", a.mean, 4, "f32");
   check_align("rstd", a.rstd, 4, "f32");
   check_align("workspace", a.workspace, 16, "vector stores");
+  check_align("y_quant", a.y_quant, vec, vec_why.c_str());
+  check_align("quant_scale", a.quant_scale, 4, "f32");
+  check_align("amax", a.amax, 4, "f32");
 }
 
 void Kernel::check_workspace(const LaunchArgs& a, const BackwardPlan& plan) const {
@@ -233,6 +242,9 @@ NormParams Kernel::params_for(const LaunchArgs& a) const {
   p.residual = a.residual;
   p.h = a.h;
   p.dh_out = a.dh_out;
+  p.y_quant = static_cast<unsigned char*>(a.y_quant);
+  p.quant_scale = a.quant_scale;
+  p.amax = a.amax;
   return p;
 }
 

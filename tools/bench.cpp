@@ -211,11 +211,13 @@ int main(int argc, char** argv) {
       // Each input read once, each output written once. Backward, as genai_layers counts it:
       // dy, x read and dx written (3·M·N·itemsize), gamma read and dgamma (+ dbeta) written.
       // Residual: the forward also reads residual and writes h, the backward reads dh_out.
+      // Quantizing epilogues write one byte of y an element instead of x's dtype.
+      const bool quant = nj::quantizes(spec.epilogue);
       const double weight_bytes = double(groups) * n * ws;
       const double bytes =
           double(residual_streams) * x_bytes +
           (backward ? 3.0 * x_bytes + weight_bytes * (2 + (spec.has_bias ? 1 : 0))
-                    : 2.0 * x_bytes + weight_bytes * (spec.has_bias ? 2 : 1) +
+                    : x_bytes * (quant ? 1.0 + 1.0 / xs : 2.0) + weight_bytes * (spec.has_bias ? 2 : 1) +
                           double(rows) * 4 * ((training ? 1 : 0) + (has_mean ? 1 : 0)) + (bitmask ? mask_bytes : 0));
       // --graph also replays a copy of the launch's own bytes (half read, half written) per set: the
       // M·N copy above moves fewer bytes than a backward does.
@@ -227,7 +229,7 @@ int main(int argc, char** argv) {
           dbeta(backward && spec.has_bias ? groups * n * ws : 0),
           workspace(backward ? kernel.workspace_bytes(rows, rpb) : 0),
           residual_in(residual && !backward ? x_bytes * sets : 0), h_out(residual && !backward ? x_bytes * sets : 0),
-          dh_out(residual && backward ? x_bytes * sets : 0);
+          dh_out(residual && backward ? x_bytes * sets : 0), quant_scale(quant ? 4 : 0), amax(quant ? 4 : 0);
       const unsigned s0 = seed + 17 * static_cast<unsigned>(si);
       util.run(x.get(), spec.x_dtype, (long long)(rows * n * sets), s0, 2.0f, 0.5f);
       util.run(gamma.get(), spec.w_dtype, groups * n, s0 + 1, 0.5f, 1.0f);
@@ -236,6 +238,10 @@ int main(int argc, char** argv) {
       if (residual_in.bytes) util.run(residual_in.get(), spec.x_dtype, (long long)(rows * n * sets), s0 + 4, 1.0f, 0.0f);
       if (dh_out.bytes) util.run(dh_out.get(), spec.x_dtype, (long long)(rows * n * sets), s0 + 5, 1.0f, 0.0f);
       NORMJIT_CU(cuMemsetD8(y.ptr, 0xff, y.bytes));  // poison: NaN in every dtype
+      if (quant) {
+        util.run(quant_scale.get(), nj::DType::kF32, 1, s0 + 6, 0.0f, 1.0f);  // scale 1
+        NORMJIT_CU(cuMemsetD8(amax.ptr, 0, 4));
+      }
       auto forward_args = [&](int set) {
         nj::LaunchArgs a;
         a.x = static_cast<char*>(x.get()) + size_t(set) * x_bytes;
@@ -254,6 +260,12 @@ int main(int argc, char** argv) {
         if (residual_in.bytes) {
           a.residual = static_cast<char*>(residual_in.get()) + size_t(set) * x_bytes;
           a.h = static_cast<char*>(h_out.get()) + size_t(set) * x_bytes;
+        }
+        if (quant) {  // the codes in y's buffer; no y in x's dtype
+          a.y_quant = a.y;
+          a.y = nullptr;
+          a.quant_scale = static_cast<const float*>(quant_scale.get());
+          a.amax = static_cast<float*>(amax.get());
         }
         return a;
       };

@@ -44,6 +44,12 @@ struct LaunchArgs {
   const void* residual = nullptr;  // forward input
   void* h = nullptr;               // forward output
   const void* dh_out = nullptr;    // backward input: the gradient arriving on h
+  // fp8_e4m3 / fp8_e5m2 forward: y_quant gets the FP8 codes of y * *quant_scale ([rows,
+  // row_stride] bytes); amax (optional) folds in max |y| (atomicMax; initialize it); y itself is
+  // optional for these specs (written where given).
+  void* y_quant = nullptr;
+  const float* quant_scale = nullptr;
+  float* amax = nullptr;
   float clip_lower = 0.f;
   float clip_upper = INFINITY;
   int64_t rows = 0;

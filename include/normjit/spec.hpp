@@ -24,7 +24,14 @@ enum class DType { kF32, kF16, kBF16 };
 //   relu_bitmask: y = clamp(norm(x), lower, upper) plus a packed mask (bit k of byte j set when
 //                 lower < y < upper for feature 8j+k); backward multiplies dy by the mask.
 //   gelu:         y = gelu_tanh(norm(x)); backward recomputes the pre-activation.
-enum class Epilogue { kNone, kReluBitmask, kGelu };
+//   fp8_e4m3, fp8_e5m2: y_quant = satfinite(round_nearest_even(norm(x) * scale)) in FP8, scale a
+//                 device float; amax (optional) gets max |norm(x)| (TransformerEngine's delayed
+//                 scaling); y in x's dtype is written too where given. Forward only (sm_89+): the
+//                 backward of a quantized output is the plain norm's.
+enum class Epilogue { kNone, kReluBitmask, kGelu, kFp8E4M3, kFp8E5M2 };
+
+// True for the epilogues that quantize y into y_quant.
+inline bool quantizes(Epilogue e) { return e == Epilogue::kFp8E4M3 || e == Epilogue::kFp8E5M2; }
 // Forward: where a CTA keeps its row between the statistics and output passes: registers (reg),
 // dynamic shared memory (smem: one row per CTA, or one segment per CTA of a cluster; at most
 // kMaxSharedRowBytes per CTA), or nowhere, streaming it twice (gmem). Backward: reg = one fused

@@ -59,13 +59,13 @@ std::unordered_map<uint64_t, const normjit::Kernel*> kernels;
 std::unordered_map<int64_t, std::vector<std::string>> kernel_names;  // by device, in load order
 
 uint64_t pack(int device, const normjit::Spec& s, int max_vec) {
-  uint64_t k = static_cast<uint64_t>(s.n);  // <= 262144: 19 bits
+  uint64_t k = static_cast<uint64_t>(s.n);  // <= 262144: 19 bits; 47 in all
   k = k << 8 | static_cast<uint64_t>(device);
   k = k << 2 | static_cast<uint64_t>(s.norm);
   k = k << 2 | static_cast<uint64_t>(s.phase);
   k = k << 2 | static_cast<uint64_t>(s.x_dtype);
   k = k << 2 | static_cast<uint64_t>(s.w_dtype);
-  k = k << 2 | static_cast<uint64_t>(s.epilogue);
+  k = k << 3 | static_cast<uint64_t>(s.epilogue);
   k = k << 3 | (s.has_bias ? 4u : 0u) | (s.zero_centered ? 2u : 0u) | (s.residual ? 1u : 0u);
   return k << 5 | static_cast<uint64_t>(max_vec);
 }

@@ -6,6 +6,7 @@
 namespace normjit {
 
 struct EpilogueGelu {
+  static constexpr bool kAlwaysStoresY = true;  // y is always an output
   static constexpr bool kNeedsPreActivation = true;
   static constexpr float kSqrt2OverPi = 0.7978845608028654f;
   static constexpr float kCubic = 0.044715f;

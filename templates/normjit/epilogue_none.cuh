@@ -1,4 +1,6 @@
-// Epilogue slot. An epilogue is a functor with two hooks the norm kernels call:
+// Epilogue slot. An epilogue is a functor with two constants (kAlwaysStoresY: y is stored; false:
+// only where p.y is set, the epilogue writing its own output; kNeedsPreActivation: see backward)
+// and two hooks the norm kernels call:
 //   forward<YT, kVec, kThreadsPerRow>(v, valid, p, row, col, lane): v holds kVec finished outputs (pre-activation); the
 //     functor rewrites them in place and may write side outputs. Every lane of the row group
 //     calls it (valid = false for lanes past the row's end), so it may use shuffles.
@@ -12,6 +14,7 @@
 namespace normjit {
 
 struct EpilogueNone {
+  static constexpr bool kAlwaysStoresY = true;  // y is always an output
   static constexpr bool kNeedsPreActivation = false;
   template <class YT, int kVec, int kThreadsPerRow>
   static __device__ __forceinline__ void forward(float (&)[kVec], bool, const NormParams&, long long, int, int) {}

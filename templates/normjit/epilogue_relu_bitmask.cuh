@@ -7,6 +7,7 @@
 namespace normjit {
 
 struct EpilogueReluBitmask {
+  static constexpr bool kAlwaysStoresY = true;  // y is always an output
   static constexpr bool kNeedsPreActivation = false;
 
   template <class YT, int kVec, int kThreadsPerRow>

@@ -56,7 +56,7 @@ __device__ __forceinline__ void write_packs(const NormParams& p, const Pack<XT, 
       for (int j = 0; j < kVec; ++j) out[j] = 0.f;
     }
     Cfg::Epilogue::template forward<XT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane);
-    if (valid) {
+    if (valid && (Cfg::Epilogue::kAlwaysStoresY || p.y != nullptr)) {
       Pack<XT, kVec> o;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(out[j]);

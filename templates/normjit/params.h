@@ -31,6 +31,10 @@ struct NormParams {
   const void* residual;  // forward: [rows, row_stride] x dtype, added to x
   void* h;               // forward: [rows, row_stride] x dtype, x + residual (the normalized input)
   const void* dh_out;    // backward: [rows, row_stride] x dtype, the gradient arriving on h, added to dx
+  // Quantizing epilogues (fp8_*), last for the same reason.
+  unsigned char* y_quant;    // forward: [rows, row_stride] FP8 codes of y * quant_scale
+  const float* quant_scale;  // the scale y is multiplied by before rounding (one float)
+  float* amax;               // optional: max |y| over the launch is folded in (atomicMax); null: none
 };
 
 }  // namespace normjit

@@ -24,6 +24,7 @@ TEST_CASE("generated source matches the golden files") {
       "adalayernorm.fwd_train.f16.w_f16.n768.bias",
       "layernorm.fwd_train.f32.w_f32.n768.bias.relu_bitmask",
       "rmsnorm.bwd.f16.w_f16.n128.bias.gelu",
+      "rmsnorm.fwd_infer.bf16.w_bf16.n4096.fp8_e4m3",
       "rmsnorm.fwd_train.bf16.w_bf16.n4096.zero_centered.residual",
       "layernorm.bwd.bf16.w_f32.n4096.bias.residual",
   };
@@ -64,6 +65,9 @@ TEST_CASE("epilogues are a template slot: the norm kernels are the same text for
   CHECK(relu.source.find("#include \"normjit/epilogue_relu_bitmask.cuh\"") != std::string::npos);
   CHECK(gelu.source.find("using Epilogue = normjit::EpilogueGelu;") != std::string::npos);
   CHECK(none.source.find("using Epilogue = normjit::EpilogueNone;") != std::string::npos);
+  const GeneratedSource fp8 = generate(resolve(Spec::parse("layernorm.fwd_train.bf16.n768.bias.fp8_e5m2")));
+  CHECK(fp8.source.find("#include \"normjit/epilogue_fp8.cuh\"") != std::string::npos);
+  CHECK(fp8.source.find("using Epilogue = normjit::EpilogueFp8<true>;") != std::string::npos);
   // Backward routes: fused for rows in registers or shared memory (one CTA, or a cluster of them
   // on sm_90), row sums + tiles beyond.
   CHECK(generate(resolve(Spec::parse("rmsnorm.bwd.bf16.n4096"))).source.find("#if 1") != std::string::npos);

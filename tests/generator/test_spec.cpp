@@ -63,6 +63,12 @@ TEST_CASE("canonical form is stable and human readable") {
   CHECK(e.epilogue == Epilogue::kReluBitmask);
   CHECK(e.str() == "adalayernorm.bwd.bf16.w_f32.n768.bias.relu_bitmask");
   CHECK(Spec::parse("rmsnorm.fwd_infer.f16.n64.gelu").epilogue == Epilogue::kGelu);
+  // The quantizing epilogues: forward only.
+  CHECK(Spec::parse("layernorm.fwd_train.bf16.w_f32.n4096.bias.residual.fp8_e4m3").str() ==
+        "layernorm.fwd_train.bf16.w_f32.n4096.bias.residual.fp8_e4m3");
+  CHECK(Spec::parse("rmsnorm.fwd_infer.f16.n64.fp8_e5m2").epilogue == Epilogue::kFp8E5M2);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.f16.n64.fp8_e4m3"),
+                       doctest::Contains("epilogue fp8_e4m3 has no backward"), Error);
   // The fusions: flags after bias, in a fixed order, before the epilogue.
   const Spec f = Spec::parse("rmsnorm.bwd.bf16.w_f32.n7168.bias.zero_centered.residual.relu_bitmask");
   CHECK(f.has_bias);

@@ -1,3 +1,4 @@
+#include "normjit/quant_reference.hpp"
 #include "tests/gpu/gpu_common.hpp"
 
 namespace gpu_test {
@@ -70,6 +71,18 @@ ForwardRun run_forward(const Case& c) {
   mean.poison();
   rstd.poison();
   mask.poison();
+  // fp8_* specs: a scale that saturates the largest few values, and an amax starting at 0.
+  const bool quant = quantizes(s.epilogue);
+  const reference::MiniFloat format =
+      s.epilogue == Epilogue::kFp8E5M2 ? reference::MiniFloat::kE5M2 : reference::MiniFloat::kE4M3;
+  run.quant_scale = quant ? static_cast<float>(reference::max_finite(format) / 6.0) : 0.f;
+  const float zero = 0.f;
+  DeviceMem y_quant(quant ? sh.elems : 0), quant_scale(4), amax(4);
+  if (quant) {
+    y_quant.poison();
+    quant_scale.upload(&run.quant_scale, 4);
+    amax.upload(&zero, 4);
+  }
 
   LaunchArgs a;
   a.x = x.get() + c.x_offset * sh.xs;
@@ -88,6 +101,11 @@ ForwardRun run_forward(const Case& c) {
   if (s.residual) {
     a.residual = residual.get() + c.x_offset * sh.xs;
     a.h = h.get() + c.x_offset * sh.xs;
+  }
+  if (quant) {
+    a.y_quant = y_quant.get() + c.x_offset;
+    a.quant_scale = reinterpret_cast<const float*>(quant_scale.get());
+    a.amax = reinterpret_cast<float*>(amax.get());
   }
   launch(s, a);
   run.y.resize(run.x.size());
@@ -138,6 +156,29 @@ ForwardRun run_forward(const Case& c) {
         if ((run.mask[r * mask_row_bytes(sh.n) + i / 8] >> (i % 8)) & 1) ++run.mask_mismatches;
     if (training) worst.add(run.rstd[r], ref.rstd[r], 1e-6, 1e-4);
     if (has_mean) worst.add(run.mean[r], ref.mean[r], 1e-5, 1e-4);
+  }
+  if (quant) {
+    std::vector<uint8_t> codes(sh.elems);
+    y_quant.download(codes.data(), codes.size());
+    float amax_got = 0;
+    amax.download(&amax_got, 4);
+    double amax_want = 0;
+    for (int64_t r = 0; r <= c.rows; ++r)
+      for (int64_t i = 0; i < sh.stride; ++i) {
+        const uint8_t code = codes[c.x_offset + r * sh.stride + i];
+        if (r == c.rows || i >= sh.n) {  // padding and the row past the end keep their poison
+          if (code != 0xff) ++run.quant_mismatches;
+          continue;
+        }
+        const double want = ref.y[r * sh.n + i];
+        amax_want = std::max(amax_want, std::abs(want));
+        const double v = want * run.quant_scale;
+        const uint8_t lo = reference::encode_satfinite(format, v * (1 - 1e-5));
+        const uint8_t hi = reference::encode_satfinite(format, v * (1 + 1e-5));
+        ++run.quant_checked;
+        if (code != lo && code != hi) ++run.quant_mismatches;
+      }
+    run.amax_rel_err = std::abs(amax_got - amax_want) / std::max(amax_want, 1e-30);
   }
   // Padding between rows and the row past the end keep their poison.
   const std::vector<char> poison(16, static_cast<char>(0xff));

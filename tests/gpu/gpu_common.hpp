@@ -130,6 +130,11 @@ struct ForwardRun {
   double worst = 0;          // y, mean, rstd against the reference
   int64_t mask_mismatches = 0;  // mask vs (lower < y < upper) of the y the GPU stored
   int64_t mask_ref_mismatches = 0;  // mask vs the reference, away from the clip boundaries
+  // fp8_* specs: codes checked against the reference's y * scale encoded on the host (exact,
+  // unless that value lies within 1e-5 of a rounding boundary), and amax against max |y|.
+  int64_t quant_checked = 0, quant_mismatches = 0;
+  double amax_rel_err = 0;
+  float quant_scale = 0;
   // residual specs: h as the GPU wrote it, and its elements that differ from x + residual rounded
   // to the x dtype (bit for bit; the reference normalizes that sum).
   std::vector<char> h;

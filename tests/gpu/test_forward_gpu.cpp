@@ -131,6 +131,37 @@ TEST_CASE("epilogues forward: relu_bitmask (mask exact) and gelu, with every op"
   MESSAGE(checked << " epilogue forward cases");
 }
 
+TEST_CASE("quantized output: fp8 e4m3 / e5m2 codes and amax against the host references") {
+  int64_t checked = 0;
+  int cases = 0;
+  for (Epilogue ep : {Epilogue::kFp8E4M3, Epilogue::kFp8E5M2})
+    for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
+      for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
+        for (int64_t n : {1, 7, 127, 768, 4097, 20001, 65536})
+          for (int layout = 0; layout < 3; ++layout) {  // contiguous; strided; strided and unaligned
+            Case c;
+            c.spec = Spec::make(norm, (n + layout) % 2 ? Phase::kForwardTraining : Phase::kForwardInference, x, n,
+                                norm != Norm::kRMSNorm);
+            c.spec.epilogue = ep;
+            c.spec.residual = layout == 1 && n % 7 == 0;
+            c.rows = n >= 65536 ? 3 : 37;
+            c.rows_per_batch = is_adaptive(norm) ? c.rows : 0;
+            c.row_stride = layout > 0 ? n + 9 : 0;
+            c.x_offset = layout == 2 ? 1 : 0;
+            const std::string name = c.spec.str();
+            CAPTURE(name);
+            CAPTURE(layout);
+            const ForwardRun r = run_forward(c);
+            CHECK(r.worst <= 1.0);  // y in x's dtype, written beside the codes
+            CHECK(r.quant_checked == c.rows * n);
+            CHECK(r.quant_mismatches == 0);
+            CHECK(r.amax_rel_err <= 1e-5);
+            checked += r.quant_checked;
+            ++cases;
+          }
+  MESSAGE(cases << " fp8 cases, " << checked << " codes checked against the host encoding");
+}
+
 TEST_CASE("variance has no cancellation: x = 1e4 + noise in f32") {
   for (int64_t n : {7, 1000, 4096, 65536, 262144}) {
     Case c;

@@ -38,6 +38,17 @@ TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
             s.epilogue = ep;
             specs.push_back(resolve(s));
           }
+  // The quantizing epilogues: forward phases only, every op, with and without the residual.
+  for (Epilogue ep : {Epilogue::kFp8E4M3, Epilogue::kFp8E5M2})
+    for (Norm norm : norms)
+      for (Phase phase : {Phase::kForwardTraining, Phase::kForwardInference})
+        for (DType x : {DType::kF32, DType::kBF16})
+          for (int64_t n : {1, 7, 768, 4097, 65536}) {
+            Spec s = Spec::make(norm, phase, x, n, norm != Norm::kRMSNorm);
+            s.epilogue = ep;
+            s.residual = n % 2 == 0;
+            specs.push_back(resolve(s));
+          }
   // The fusions (residual add, zero-centred weights) with every op and phase.
   for (Norm norm : norms)
     for (Phase phase : phases)

@@ -139,3 +139,31 @@ TEST_CASE("max_vec_for narrows the vector to what pointers and stride allow") {
   const Spec narrowed = resolve(s, max_vec_for(s, a));
   CHECK_NOTHROW(validate_launch(narrowed, a));
 }
+
+TEST_CASE("quantizing epilogues: y_quant and quant_scale required, y and amax optional, amax only with them") {
+  const Spec s = resolve(Spec::parse("layernorm.fwd_train.bf16.n4096.bias.fp8_e4m3"));
+  LaunchArgs a = good_args(s);
+  a.y_quant = reinterpret_cast<void*>(0xd00000);
+  a.quant_scale = reinterpret_cast<const float*>(0xe00000);
+  CHECK_NOTHROW(validate_launch(s, a));  // with y
+  a.amax = reinterpret_cast<float*>(0xf00000);
+  a.y = nullptr;
+  CHECK_NOTHROW(validate_launch(s, a));  // codes and amax only
+  LaunchArgs b = a;
+  b.y_quant = nullptr;
+  expect_error(s, b, "y_quant is null");
+  b = a;
+  b.quant_scale = nullptr;
+  expect_error(s, b, "quant_scale is null");
+  b = a;
+  b.y_quant = reinterpret_cast<void*>(0xd00004);  // vec 8 needs 8-byte codes
+  expect_error(s, b, "y_quant=0xd00004 is not aligned to 8 bytes");
+  CHECK(max_vec_for(s, b) == 4);
+  const Spec plain = resolve(Spec::parse("layernorm.fwd_train.bf16.n4096.bias"));
+  b = good_args(plain);
+  b.amax = reinterpret_cast<float*>(0xf00000);
+  expect_error(plain, b, "amax=0xf00000 is given but only the quantizing epilogues");
+  b = good_args(plain);
+  b.y_quant = reinterpret_cast<void*>(0xd00000);
+  expect_error(plain, b, "y_quant=0xd00000 is given");
+}
