@@ -288,11 +288,14 @@ NB_MODULE(_normjit, m) {
               uintptr_t y, uintptr_t dy, uintptr_t dx, uintptr_t dgamma, uintptr_t dbeta, uintptr_t workspace,
               size_t workspace_bytes, uintptr_t mask, float clip_lower, float clip_upper, int64_t rows,
               int64_t row_stride, int64_t rows_per_batch, float eps, uintptr_t stream, uintptr_t residual,
-              uintptr_t h, uintptr_t dh_out) {
+              uintptr_t h, uintptr_t dh_out, uintptr_t y_quant, uintptr_t quant_scale, uintptr_t amax) {
              normjit::LaunchArgs a = pointer_args(x, gamma, beta, y, dy, dx, dgamma, dbeta, mask);
              a.residual = reinterpret_cast<const void*>(residual);
              a.h = reinterpret_cast<void*>(h);
              a.dh_out = reinterpret_cast<const void*>(dh_out);
+             a.y_quant = reinterpret_cast<void*>(y_quant);
+             a.quant_scale = reinterpret_cast<const float*>(quant_scale);
+             a.amax = reinterpret_cast<float*>(amax);
              a.mean = reinterpret_cast<float*>(mean);
              a.rstd = reinterpret_cast<float*>(rstd);
              a.workspace = reinterpret_cast<void*>(workspace);
@@ -307,11 +310,13 @@ NB_MODULE(_normjit, m) {
            },
            "x"_a, "gamma"_a, "beta"_a, "mean"_a, "rstd"_a, "y"_a, "dy"_a, "dx"_a, "dgamma"_a, "dbeta"_a,
            "workspace"_a, "workspace_bytes"_a, "mask"_a, "clip_lower"_a, "clip_upper"_a, "rows"_a, "row_stride"_a,
-           "rows_per_batch"_a, "eps"_a, "stream"_a, "residual"_a = 0, "h"_a = 0, "dh_out"_a = 0,
+           "rows_per_batch"_a, "eps"_a, "stream"_a, "residual"_a = 0, "h"_a = 0, "dh_out"_a = 0, "y_quant"_a = 0,
+           "quant_scale"_a = 0, "amax"_a = 0,
            nb::call_guard<nb::gil_scoped_release>(),
            "Launches on `stream` (0: the legacy default stream). Arguments: x, gamma, beta, mean, rstd, y, dy, dx, "
            "dgamma, dbeta, workspace, workspace_bytes, mask, clip_lower, clip_upper, rows, row_stride, "
-           "rows_per_batch, eps, stream, then residual, h, dh_out (residual specs); pointers as ints, 0 where unused.");
+           "rows_per_batch, eps, stream, then residual, h, dh_out (residual specs) and y_quant, quant_scale, amax "
+           "(fp8_* specs); pointers as ints, 0 where unused.");
 
   nb::class_<normjit::Runtime>(m, "Runtime", "normjit on one GPU: its kernels, loaded once, and the disk cache.")
       .def("__init__",
@@ -364,18 +369,19 @@ NB_MODULE(_normjit, m) {
   m.def("max_vec_for",
         [](const Spec& spec, uintptr_t x, uintptr_t gamma, uintptr_t beta, uintptr_t y, uintptr_t dy, uintptr_t dx,
            uintptr_t dgamma, uintptr_t dbeta, uintptr_t mask, int64_t row_stride, uintptr_t residual, uintptr_t h,
-           uintptr_t dh_out) {
+           uintptr_t dh_out, uintptr_t y_quant) {
           normjit::LaunchArgs a = pointer_args(x, gamma, beta, y, dy, dx, dgamma, dbeta, mask);
           a.row_stride = row_stride;
           a.residual = reinterpret_cast<const void*>(residual);
           a.h = reinterpret_cast<void*>(h);
           a.dh_out = reinterpret_cast<const void*>(dh_out);
+          a.y_quant = reinterpret_cast<void*>(y_quant);
           return normjit::max_vec_for(spec, a);
         },
         "spec"_a, "x"_a, "gamma"_a, "beta"_a, "y"_a, "dy"_a, "dx"_a, "dgamma"_a, "dbeta"_a, "mask"_a, "row_stride"_a,
-        "residual"_a = 0, "h"_a = 0, "dh_out"_a = 0,
+        "residual"_a = 0, "h"_a = 0, "dh_out"_a = 0, "y_quant"_a = 0,
         "The widest vector (elements) the pointers (ints), row stride and n allow. Arguments: spec, x, gamma, beta, "
-        "y, dy, dx, dgamma, dbeta, mask, row_stride, then residual, h, dh_out.");
+        "y, dy, dx, dgamma, dbeta, mask, row_stride, then residual, h, dh_out, y_quant.");
 
   m.def("_precompile", &precompile, "specs"_a, "arch"_a = "sm_90", "cache_dir"_a = nb::none(), "jobs"_a = 0,
         "progress"_a = nb::none());

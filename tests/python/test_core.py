@@ -217,6 +217,11 @@ def test_max_vec_for_follows_alignment_and_stride():
     assert vec(x=base + 4) == 2
     assert vec(y=base + 2) == 1
     assert vec(row_stride=4100) == 4
+    # fp8_* specs: the one-byte codes (y_quant) need vec-byte alignment.
+    q = normjit.Spec("layernorm.fwd_infer.bf16.n4096.bias.fp8_e4m3")
+    assert normjit.max_vec_for(q, base, base, base, 0, 0, 0, 0, 0, 0, 4096, y_quant=base) == 8
+    assert normjit.max_vec_for(q, base, base, base, 0, 0, 0, 0, 0, 0, 4096, y_quant=base + 4) == 4
+    assert normjit.max_vec_for(q, base, base, base, 0, 0, 0, 0, 0, 0, 4096, y_quant=base + 1) == 1
 
 
 def test_launch_argument_errors_need_no_gpu():
