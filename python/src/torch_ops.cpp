@@ -173,6 +173,23 @@ void launch(const normjit::Kernel& k, const normjit::LaunchArgs& a, int device, 
   }
 }
 
+// The spec of a launch on x [..., n] with this weight (its dtype), unresolved: the runtime picks
+// the block config.
+normjit::Spec spec_of(Norm norm, normjit::Phase phase, const Tensor& x, const Tensor& weight, bool has_bias,
+                      bool zero_centered, bool residual, normjit::Epilogue epilogue) {
+  normjit::Spec spec;
+  spec.norm = norm;
+  spec.phase = phase;
+  spec.x_dtype = dtype_of(x, "x");
+  spec.w_dtype = dtype_of(weight, "weight");
+  spec.n = x.size(-1);
+  spec.has_bias = has_bias;
+  spec.zero_centered = zero_centered;
+  spec.residual = residual;
+  spec.epilogue = epilogue;
+  return spec;
+}
+
 struct Forward {
   Tensor x, y, h, mean, rstd, mask;  // x: as launched (the forward's input, or its contiguous copy)
 };
@@ -219,16 +236,9 @@ Forward run_forward(Tensor x, Tensor residual, Tensor weight, const Tensor& bias
   const Tensor b = bias.defined() && !bias.is_contiguous() ? bias.contiguous() : bias;
   if (rows == 0) return f;
 
-  normjit::Spec spec;
-  spec.norm = norm;
-  spec.phase = training ? normjit::Phase::kForwardTraining : normjit::Phase::kForwardInference;
-  spec.x_dtype = dtype_of(x, "x");
-  spec.w_dtype = dtype_of(weight, "weight");
-  spec.n = n;
-  spec.has_bias = b.defined();
-  spec.zero_centered = zero_centered;
-  spec.residual = residual.defined();
-  spec.epilogue = epilogue;
+  const normjit::Spec spec =
+      spec_of(norm, training ? normjit::Phase::kForwardTraining : normjit::Phase::kForwardInference, x, weight,
+              b.defined(), zero_centered, residual.defined(), epilogue);
 
   normjit::LaunchArgs a;
   a.x = x.data_ptr();
@@ -288,16 +298,8 @@ std::array<Tensor, 3> run_backward(Tensor dy, Tensor dh_out, Tensor x, const Ten
     if (dbeta.defined()) dbeta.zero_();
     return {dx, weight.defined() ? dgamma : Tensor(), dbeta};
   }
-  normjit::Spec spec;
-  spec.norm = norm;
-  spec.phase = normjit::Phase::kBackward;
-  spec.x_dtype = dtype_of(x, "x");
-  spec.w_dtype = dtype_of(gamma, "weight");
-  spec.n = n;
-  spec.has_bias = bias_grad;
-  spec.zero_centered = zero_centered;
-  spec.residual = dh_out.defined();
-  spec.epilogue = epilogue;
+  const normjit::Spec spec = spec_of(norm, normjit::Phase::kBackward, x, gamma, bias_grad, zero_centered,
+                                     dh_out.defined(), epilogue);
 
   normjit::LaunchArgs a;
   a.x = x.data_ptr();
