@@ -103,8 +103,9 @@ def specs(args):
         base = base_of(r.get("requested", r["spec"]))
         ref = first.setdefault(base, r)
         ratio = "-" if ref is r else f"{ref['us'] / r['us']:.3f}x"
-        print(f"| {r['spec']} | {r['rows']} | {r['us']:.2f} | {r['gbps']:.0f} | {r['pct_copy']:.1f} | "
-              f"{r.get('max_err_over_tol', 0):.3f} | {ratio} |")
+        err = r.get("max_err_over_tol")
+        err = "FAILED (NaN)" if err is None and r.get("verified") else "-" if err is None else f"{err:.3f}"
+        print(f"| {r['spec']} | {r['rows']} | {r['us']:.2f} | {r['gbps']:.0f} | {r['pct_copy']:.1f} | {err} | {ratio} |")
     print("\nvs first of its base: the first timed spec's µs over this one's (> 1: this one is faster).")
 
 

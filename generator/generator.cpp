@@ -60,6 +60,9 @@ EpilogueBinding epilogue_binding(Epilogue e) {
     case Epilogue::kGelu: return {"epilogue_gelu.cuh", "EpilogueGelu"};
     case Epilogue::kFp8E4M3: return {"epilogue_fp8.cuh", "EpilogueFp8<false>"};
     case Epilogue::kFp8E5M2: return {"epilogue_fp8.cuh", "EpilogueFp8<true>"};
+    case Epilogue::kFp8E4M3Row: return {"epilogue_quant_row.cuh", "EpilogueRowQuant<normjit::RowQuantFormat::kE4M3>"};
+    case Epilogue::kFp8E5M2Row: return {"epilogue_quant_row.cuh", "EpilogueRowQuant<normjit::RowQuantFormat::kE5M2>"};
+    case Epilogue::kInt8Row: return {"epilogue_quant_row.cuh", "EpilogueRowQuant<normjit::RowQuantFormat::kInt8>"};
   }
   throw Error(Status::kNotSupported, std::string("epilogue '") + to_string(e) + "' has no device binding");
 }

@@ -196,6 +196,7 @@ std::optional<BlockConfig> detail::apply_pick_block(const TableBlock& tb, const 
   BlockConfig b = tb.block;
   if (b.cluster > max_cluster || s.n % b.vec != 0 || (s.n / b.vec) % b.cluster != 0) return std::nullopt;
   if (b.cluster > 1 && s.epilogue == Epilogue::kReluBitmask && (s.n / b.cluster) % 8 != 0) return std::nullopt;
+  if (b.cluster > 1 && scales_per_row(s.epilogue)) return std::nullopt;
   const int64_t segment = s.n / b.vec / b.cluster;
   if (tb.packs_per_thread > 0)
     b.threads_per_row = static_cast<int>(round_up((segment + tb.packs_per_thread - 1) / tb.packs_per_thread, 32));

@@ -39,7 +39,8 @@ constexpr Named<DType> kDTypes[] = {{DType::kF32, "f32"}, {DType::kF16, "f16"}, 
 // The epilogue table: one row per epilogue. "none" is never printed in a spec string.
 constexpr Named<Epilogue> kEpilogues[] = {
     {Epilogue::kNone, "none"},         {Epilogue::kReluBitmask, "relu_bitmask"}, {Epilogue::kGelu, "gelu"},
-    {Epilogue::kFp8E4M3, "fp8_e4m3"}, {Epilogue::kFp8E5M2, "fp8_e5m2"}};
+    {Epilogue::kFp8E4M3, "fp8_e4m3"}, {Epilogue::kFp8E5M2, "fp8_e5m2"}, {Epilogue::kFp8E4M3Row, "fp8_e4m3_row"},
+    {Epilogue::kFp8E5M2Row, "fp8_e5m2_row"}, {Epilogue::kInt8Row, "int8_row"}};
 constexpr Named<RowCache> kRowCaches[] = {
     {RowCache::kRegisters, "reg"}, {RowCache::kGlobal, "gmem"}, {RowCache::kShared, "smem"},
     {RowCache::kSharedPipelined, "pipe"}};
@@ -282,6 +283,8 @@ void validate(const Spec& s) {
       why = "must divide the row's packs (n / vec)";
     else if (s.epilogue == Epilogue::kReluBitmask && (s.n / b.cluster) % 8 != 0)
       why = "must leave each CTA whole mask bytes (n / cluster a multiple of 8)";
+    else if (scales_per_row(s.epilogue))
+      why = "cannot split a row whose scale needs its whole amax (per-row quantization): use cluster 1";
     if (why)
       throw Error(Status::kInvalidSpec, where() + "cluster=" + std::to_string(b.cluster) + " " + why);
   }

@@ -40,6 +40,7 @@ uint64_t packed_key(const Spec& s) {
   k = k << 1 | static_cast<uint64_t>(s.has_bias);
   k = k << 1 | static_cast<uint64_t>(s.zero_centered);
   k = k << 1 | static_cast<uint64_t>(s.residual);
+  static_assert(static_cast<int>(Epilogue::kInt8Row) < 8, "the epilogue's 3 bits of the key are full");
   k = k << 3 | static_cast<uint64_t>(s.epilogue);
   k = k << 11 | static_cast<uint64_t>(b.threads_per_row);
   k = k << 10 | (static_cast<uint64_t>(b.rows_per_cta - 1) & 1023);
@@ -79,6 +80,7 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
   const bool ada = is_adaptive(s.norm);
   const bool bitmask = s.epilogue == Epilogue::kReluBitmask;
   const bool quant = quantizes(s.epilogue);
+  const bool per_tensor = scales_per_tensor(s.epilogue), per_row = scales_per_row(s.epilogue);
   const char* phase = to_string(s.phase);
   // (field, pointer, whether this spec uses it, why)
   struct Field {
@@ -105,8 +107,9 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
       {"residual", a.residual, s.residual && !backward, "the forward's residual input (spec .residual)"},
       {"h", a.h, s.residual && !backward, "the forward's x + residual output (spec .residual)"},
       {"dh_out", a.dh_out, s.residual && backward, "the gradient arriving on h (spec .residual)"},
-      {"y_quant", a.y_quant, quant, "the quantized output (spec .fp8_*)"},
-      {"quant_scale", a.quant_scale, quant, "the scale of the quantized output (spec .fp8_*)"},
+      {"y_quant", a.y_quant, quant, "the quantized output (spec .fp8_*, .int8_row)"},
+      {"quant_scale", a.quant_scale, per_tensor, "the per-tensor scale of the quantized output (spec .fp8_e4m3, .fp8_e5m2)"},
+      {"row_scales", a.row_scales, per_row, "the per-row scales written beside the codes (spec .*_row)"},
   };
   for (const Field& f : fields) {
     if (f.used && !f.ptr) fail(std::string(f.name) + " is null; " + phase + " needs it (" + f.role + ")");
@@ -115,8 +118,9 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
            (s.epilogue == Epilogue::kNone ? "" : std::string(" with ") + to_string(s.epilogue)) +
            " does not use it (" + f.role + ")");
   }
-  if (!quant && a.amax)
-    fail("amax=" + hex_ptr(a.amax) + " is given but only the quantizing epilogues (spec .fp8_*) write it");
+  if (!per_tensor && a.amax)
+    fail("amax=" + hex_ptr(a.amax) + " is given but only the per-tensor FP8 epilogues (spec .fp8_e4m3, .fp8_e5m2) "
+         "write it");
   if (a.rows < 0) fail("rows=" + std::to_string(a.rows) + " is negative");
   const int64_t max_rows = int64_t(0x7fffffff) * s.block->rows_per_cta;
   if (a.rows > max_rows) fail("rows=" + std::to_string(a.rows) + " exceeds " + std::to_string(max_rows));
@@ -163,6 +167,7 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
   check_align("y_quant", a.y_quant, vec, vec_why.c_str());
   check_align("quant_scale", a.quant_scale, 4, "f32");
   check_align("amax", a.amax, 4, "f32");
+  check_align("row_scales", a.row_scales, 4, "f32");
 }
 
 void Kernel::check_workspace(const LaunchArgs& a, const BackwardPlan& plan) const {
@@ -245,6 +250,7 @@ NormParams Kernel::params_for(const LaunchArgs& a) const {
   p.y_quant = static_cast<unsigned char*>(a.y_quant);
   p.quant_scale = a.quant_scale;
   p.amax = a.amax;
+  p.row_scales = a.row_scales;
   return p;
 }
 

@@ -118,7 +118,8 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   DeviceBuffer x(x_bytes), y(x_bytes), dy(backward ? x_bytes : 0), gamma(n * ws), beta(n * ws), mean(rows * 4),
       rstd(rows * 4), mask(size_t(rows) * mask_row_bytes(n)), dgamma(n * ws), dbeta(n * ws), work(workspace),
       residual(spec.residual ? x_bytes : 0), h(spec.residual && !backward ? x_bytes : 0),
-      quant_scale(quantizes(spec.epilogue) ? 4 : 0), amax(quantizes(spec.epilogue) ? 4 : 0);
+      quant_scale(scales_per_tensor(spec.epilogue) ? 4 : 0), amax(scales_per_tensor(spec.epilogue) ? 4 : 0),
+      row_scales(scales_per_row(spec.epilogue) ? rows * 4 : 0);
   {
     const detail::FillKernels fill(target_, device_.sm_count);
     const unsigned seed = static_cast<unsigned>(n * 7919 + static_cast<int>(spec.phase));
@@ -127,7 +128,7 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
     fill.run(beta.get(), spec.w_dtype, n, seed + 2, 0.5f, 0.0f);
     if (backward) fill.run(dy.get(), spec.x_dtype, rows * n, seed + 3, 1.0f, 0.0f);
     if (spec.residual) fill.run(residual.get(), spec.x_dtype, rows * n, seed + 4, 1.0f, 0.0f);
-    if (quantizes(spec.epilogue)) {
+    if (scales_per_tensor(spec.epilogue)) {
       fill.run(quant_scale.get(), DType::kF32, 1, seed + 5, 0.0f, 1.0f);  // scale 1
       NORMJIT_CU(cuMemsetD8(amax.ptr, 0, 4));
     }
@@ -154,8 +155,12 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   if (quantizes(spec.epilogue)) {  // the codes in y's buffer; no y in x's dtype
     a.y_quant = y.get();
     a.y = nullptr;
-    a.quant_scale = static_cast<const float*>(quant_scale.get());
-    a.amax = static_cast<float*>(amax.get());
+    if (scales_per_tensor(spec.epilogue)) {
+      a.quant_scale = static_cast<const float*>(quant_scale.get());
+      a.amax = static_cast<float*>(amax.get());
+    } else {
+      a.row_scales = static_cast<float*>(row_scales.get());
+    }
   }
   if (backward) {
     LaunchArgs f = a;

@@ -17,6 +17,7 @@
 #include <random>
 
 #include "normjit/normjit.hpp"
+#include "normjit/quant_reference.hpp"
 #include "normjit/reference.hpp"
 #include "runtime/device_scratch.hpp"
 #include "tools/output.hpp"
@@ -213,12 +214,14 @@ int main(int argc, char** argv) {
       // Residual: the forward also reads residual and writes h, the backward reads dh_out.
       // Quantizing epilogues write one byte of y an element instead of x's dtype.
       const bool quant = nj::quantizes(spec.epilogue);
+      const bool per_tensor = nj::scales_per_tensor(spec.epilogue), per_row = nj::scales_per_row(spec.epilogue);
       const double weight_bytes = double(groups) * n * ws;
       const double bytes =
           double(residual_streams) * x_bytes +
           (backward ? 3.0 * x_bytes + weight_bytes * (2 + (spec.has_bias ? 1 : 0))
                     : x_bytes * (quant ? 1.0 + 1.0 / xs : 2.0) + weight_bytes * (spec.has_bias ? 2 : 1) +
-                          double(rows) * 4 * ((training ? 1 : 0) + (has_mean ? 1 : 0)) + (bitmask ? mask_bytes : 0));
+                          double(rows) * 4 * ((training ? 1 : 0) + (has_mean ? 1 : 0) + (per_row ? 1 : 0)) +
+                          (bitmask ? mask_bytes : 0));
       // --graph also replays a copy of the launch's own bytes (half read, half written) per set: the
       // M·N copy above moves fewer bytes than a backward does.
       const size_t same_half = graph ? (size_t(bytes / 2) + 15) / 16 * 16 : 0;
@@ -229,7 +232,8 @@ int main(int argc, char** argv) {
           dbeta(backward && spec.has_bias ? groups * n * ws : 0),
           workspace(backward ? kernel.workspace_bytes(rows, rpb) : 0),
           residual_in(residual && !backward ? x_bytes * sets : 0), h_out(residual && !backward ? x_bytes * sets : 0),
-          dh_out(residual && backward ? x_bytes * sets : 0), quant_scale(quant ? 4 : 0), amax(quant ? 4 : 0);
+          dh_out(residual && backward ? x_bytes * sets : 0), quant_scale(per_tensor ? 4 : 0), amax(per_tensor ? 4 : 0),
+          row_scales(per_row ? rows * 4 * sets : 0);
       const unsigned s0 = seed + 17 * static_cast<unsigned>(si);
       util.run(x.get(), spec.x_dtype, (long long)(rows * n * sets), s0, 2.0f, 0.5f);
       util.run(gamma.get(), spec.w_dtype, groups * n, s0 + 1, 0.5f, 1.0f);
@@ -238,7 +242,7 @@ int main(int argc, char** argv) {
       if (residual_in.bytes) util.run(residual_in.get(), spec.x_dtype, (long long)(rows * n * sets), s0 + 4, 1.0f, 0.0f);
       if (dh_out.bytes) util.run(dh_out.get(), spec.x_dtype, (long long)(rows * n * sets), s0 + 5, 1.0f, 0.0f);
       NORMJIT_CU(cuMemsetD8(y.ptr, 0xff, y.bytes));  // poison: NaN in every dtype
-      if (quant) {
+      if (per_tensor) {
         util.run(quant_scale.get(), nj::DType::kF32, 1, s0 + 6, 0.0f, 1.0f);  // scale 1
         NORMJIT_CU(cuMemsetD8(amax.ptr, 0, 4));
       }
@@ -264,8 +268,12 @@ int main(int argc, char** argv) {
         if (quant) {  // the codes in y's buffer; no y in x's dtype
           a.y_quant = a.y;
           a.y = nullptr;
-          a.quant_scale = static_cast<const float*>(quant_scale.get());
-          a.amax = static_cast<float*>(amax.get());
+          if (per_tensor) {
+            a.quant_scale = static_cast<const float*>(quant_scale.get());
+            a.amax = static_cast<float*>(amax.get());
+          } else {
+            a.row_scales = reinterpret_cast<float*>(row_scales.get()) + size_t(set) * rows;
+          }
         }
         return a;
       };
@@ -374,9 +382,31 @@ int main(int argc, char** argv) {
             if (training) note(std::abs(stat_rstd - ref.rstd[0]) / (1e-6 + 1e-4 * ref.rstd[0]));
             if (has_mean) note(std::abs(stat_mean - ref.mean[0]) / (1e-5 + 1e-4 * std::abs(ref.mean[0])));
           }
+          if (!quant) {
+            for (int64_t i = 0; i < n; ++i) {
+              const double got = nj::reference::load(hout.data(), spec.x_dtype, i);
+              note(std::abs(got - want[i]) / (tol.atol + tol.rtol * std::abs(want[i])));
+            }
+            continue;
+          }
+          // Quantized: the codes (row r of set's buffer, one byte each) decoded and unscaled, within
+          // half a step of the format (plus the fp32 y's own error) of the fp64 y.
+          std::vector<uint8_t> codes(n);
+          NORMJIT_CU(cuMemcpyDtoH(codes.data(), y.ptr + size_t(set) * x_bytes + size_t(r) * n, n));
+          float dequant = 1.f;  // per tensor: the filled quant_scale is 1
+          if (per_row) NORMJIT_CU(cuMemcpyDtoH(&dequant, row_scales.ptr + (size_t(set) * rows + r) * 4, 4));
+          const bool int8 = spec.epilogue == nj::Epilogue::kInt8Row;
+          const bool e5m2 = spec.epilogue == nj::Epilogue::kFp8E5M2 || spec.epilogue == nj::Epilogue::kFp8E5M2Row;
+          const auto format = e5m2 ? nj::reference::MiniFloat::kE5M2 : nj::reference::MiniFloat::kE4M3;
+          const double half_step_rel = int8 ? 0.0 : e5m2 ? 0.125 : 0.0625;
+          const double half_step_abs = (int8 ? 0.5 : e5m2 ? std::ldexp(1.0, -17) : std::ldexp(1.0, -10)) * dequant;
+          const nj::reference::Tolerance f32_tol = nj::reference::tolerance(nj::DType::kF32);
           for (int64_t i = 0; i < n; ++i) {
-            const double got = nj::reference::load(hout.data(), spec.x_dtype, i);
-            note(std::abs(got - want[i]) / (tol.atol + tol.rtol * std::abs(want[i])));
+            const double code_value = int8 ? static_cast<double>(static_cast<int8_t>(codes[i]))
+                                           : nj::reference::decode(format, codes[i]);
+            const double got = code_value * dequant;
+            note(std::abs(got - want[i]) / (half_step_abs + half_step_rel * std::abs(want[i]) + f32_tol.atol +
+                                             f32_tol.rtol * std::abs(want[i])));
           }
         }
         if (!(worst <= 1.0)) all_ok = false;

@@ -47,9 +47,12 @@ struct LaunchArgs {
   // fp8_e4m3 / fp8_e5m2 forward: y_quant gets the FP8 codes of y * *quant_scale ([rows,
   // row_stride] bytes); amax (optional) folds in max |y| (atomicMax; initialize it); y itself is
   // optional for these specs (written where given).
+  // fp8_e4m3_row / fp8_e5m2_row / int8_row forward: y_quant gets the codes of y / row_scales[row]
+  // and row_scales ([rows] f32) each row's amax / qmax; no quant_scale or amax.
   void* y_quant = nullptr;
   const float* quant_scale = nullptr;
   float* amax = nullptr;
+  float* row_scales = nullptr;
   float clip_lower = 0.f;
   float clip_upper = INFINITY;
   int64_t rows = 0;

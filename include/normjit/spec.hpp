@@ -28,10 +28,20 @@ enum class DType { kF32, kF16, kBF16 };
 //                 device float; amax (optional) gets max |norm(x)| (TransformerEngine's delayed
 //                 scaling); y in x's dtype is written too where given. Forward only (sm_89+): the
 //                 backward of a quantized output is the plain norm's.
-enum class Epilogue { kNone, kReluBitmask, kGelu, kFp8E4M3, kFp8E5M2 };
+//   fp8_e4m3_row, fp8_e5m2_row, int8_row: dynamic per-row scaling (vLLM's per-token): each row's
+//                 scale = amax(row) / qmax (448, 57344, 127; 1 for a row of zeros) goes to
+//                 row_scales, the codes of y / scale to y_quant (int8: round half to even, clamped
+//                 to [-128, 127]). Forward only; the row must sit in one CTA (no cluster).
+enum class Epilogue { kNone, kReluBitmask, kGelu, kFp8E4M3, kFp8E5M2, kFp8E4M3Row, kFp8E5M2Row, kInt8Row };
 
+// Per-tensor FP8 with a given scale (quant_scale, optional amax).
+inline bool scales_per_tensor(Epilogue e) { return e == Epilogue::kFp8E4M3 || e == Epilogue::kFp8E5M2; }
+// Dynamic per-row scaling (row_scales).
+inline bool scales_per_row(Epilogue e) {
+  return e == Epilogue::kFp8E4M3Row || e == Epilogue::kFp8E5M2Row || e == Epilogue::kInt8Row;
+}
 // True for the epilogues that quantize y into y_quant.
-inline bool quantizes(Epilogue e) { return e == Epilogue::kFp8E4M3 || e == Epilogue::kFp8E5M2; }
+inline bool quantizes(Epilogue e) { return scales_per_tensor(e) || scales_per_row(e); }
 // Forward: where a CTA keeps its row between the statistics and output passes: registers (reg),
 // dynamic shared memory (smem: one row per CTA, or one segment per CTA of a cluster; at most
 // kMaxSharedRowBytes per CTA), or nowhere, streaming it twice (gmem). Backward: reg = one fused

@@ -14,17 +14,33 @@ struct HeldWeights {
   Pack<WT, kVec> g[kPacks > 0 ? kPacks : 1], b[kPacks > 0 ? kPacks : 1];
 };
 
+// Epilogues that scale each row by its amax (kRowScaled) see the finished row's largest |y|: the
+// output pass is preceded by a pass that only measures it. Absent kRowScaled means false.
+template <class E, class = void>
+struct RowScaled {
+  static constexpr bool value = false;
+};
+template <class E>
+struct RowScaled<E, decltype(void(E::kRowScaled))> {
+  static constexpr bool value = E::kRowScaled;
+};
+
 // Normalizes, applies the epilogue and stores kCount packs. Every lane of the row group runs the
 // loop (the epilogue may shuffle); only valid packs of active rows are read and written.
 // Pointers and columns are relative to the CTA's segment; the epilogue sees the row's column.
 // With kHeld packs of weights (first_pack a compile-time index then), gamma / beta come from `held`.
-template <class Cfg, int kCount, class XT, class WT, int kVec, int kHeld = 0>
-__device__ __forceinline__ void write_packs(const NormParams& p, const Pack<XT, kVec> (&packs)[kCount],
-                                            int first_pack, int lane, long long row, bool active, XT* y,
-                                            const WT* gamma, const WT* beta, float center, float shift,
-                                            float rstd, int segment_col,
-                                            const HeldWeights<WT, kVec, kHeld>* held = nullptr) {
+// row_amax: the row's largest |y|, for kRowScaled epilogues. kMeasure: the measuring pass of
+// those epilogues instead; nothing is stored, and the return value is this thread's largest |y|
+// over its packs (NaN ignored). One loop body for both passes, so they normalize alike.
+template <class Cfg, int kCount, class XT, class WT, int kVec, int kHeld = 0, bool kMeasure = false>
+__device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT, kVec> (&packs)[kCount],
+                                             int first_pack, int lane, long long row, bool active, XT* y,
+                                             const WT* gamma, const WT* beta, float center, float shift,
+                                             float rstd, int segment_col,
+                                             const HeldWeights<WT, kVec, kHeld>* held = nullptr,
+                                             float row_amax = 0.f) {
   using S = FwdShape<Cfg>;
+  float amax = 0.f;
 #pragma unroll
   for (int i = 0; i < kCount; ++i) {
     const int pack = (first_pack + i) * S::kThreads + lane;
@@ -55,7 +71,15 @@ __device__ __forceinline__ void write_packs(const NormParams& p, const Pack<XT, 
 #pragma unroll
       for (int j = 0; j < kVec; ++j) out[j] = 0.f;
     }
-    Cfg::Epilogue::template forward<XT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane);
+    if constexpr (kMeasure) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) amax = fmaxf(amax, fabsf(out[j]));
+      continue;
+    }
+    if constexpr (RowScaled<typename Cfg::Epilogue>::value)
+      Cfg::Epilogue::template forward<XT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane, row_amax);
+    else
+      Cfg::Epilogue::template forward<XT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane);
     if (valid && (Cfg::Epilogue::kAlwaysStoresY || p.y != nullptr)) {
       Pack<XT, kVec> o;
 #pragma unroll
@@ -65,6 +89,7 @@ __device__ __forceinline__ void write_packs(const NormParams& p, const Pack<XT, 
       store_output_pack<XT, kVec, kAsmStore>(y + col, o);
     }
   }
+  return amax;
 }
 
 // The output pass over a row waiting in `source` (shared memory, or x again), kChunk packs at a time.
@@ -72,7 +97,8 @@ template <class Cfg, class XT, class WT, int kHeld = 0>
 __device__ __forceinline__ void write_row(const NormParams& p, const XT* source, int lane, long long row, bool active,
                                           XT* y, const WT* gamma, const WT* beta, float center, float shift,
                                           float rstd, int segment_col,
-                                          const HeldWeights<WT, Cfg::kVec, kHeld>* held = nullptr) {
+                                          const HeldWeights<WT, Cfg::kVec, kHeld>* held = nullptr,
+                                          float row_amax = 0.f) {
   using S = FwdShape<Cfg>;
   constexpr int kVec = Cfg::kVec;
   // Held weights are indexed by pack: the chunks must unroll for them to stay in registers.
@@ -81,8 +107,27 @@ __device__ __forceinline__ void write_row(const NormParams& p, const XT* source,
     Pack<XT, kVec> chunk[S::kChunk];
     load_chunk<Cfg>(chunk, source, base, lane, active);
     write_packs<Cfg, S::kChunk, XT, WT, kVec, kHeld>(p, chunk, base, lane, row, active, y, gamma, beta, center,
-                                                     shift, rstd, segment_col, held);
+                                                     shift, rstd, segment_col, held, row_amax);
   }
+}
+
+// The measuring pass (write_packs' kMeasure) over a row waiting in `source`, as write_row reads it.
+template <class Cfg, class XT, class WT, int kHeld = 0>
+__device__ __forceinline__ float row_source_amax(const NormParams& p, const XT* source, int lane, long long row,
+                                                 bool active, const WT* gamma, const WT* beta, float center,
+                                                 float shift, float rstd,
+                                                 const HeldWeights<WT, Cfg::kVec, kHeld>* held = nullptr) {
+  using S = FwdShape<Cfg>;
+  constexpr int kVec = Cfg::kVec;
+  float amax = 0.f;
+#pragma unroll(kHeld > 0 ? S::kIters : 1)
+  for (int base = 0; base < S::kIters; base += S::kChunk) {
+    Pack<XT, kVec> chunk[S::kChunk];
+    load_chunk<Cfg>(chunk, source, base, lane, active);
+    amax = fmaxf(amax, write_packs<Cfg, S::kChunk, XT, WT, kVec, kHeld, true>(
+                           p, chunk, base, lane, row, active, nullptr, gamma, beta, center, shift, rstd, 0, held));
+  }
+  return amax;
 }
 
 }  // namespace normjit

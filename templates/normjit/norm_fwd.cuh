@@ -129,15 +129,29 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
       p.rstd[row] = rstd;
     }
   }
+  constexpr const HeldWeights<WT, kVec, 0>* kNoHeldWeights = nullptr;
+  float row_amax = 0.f;
+  if constexpr (RowScaled<typename Cfg::Epilogue>::value) {
+    static_assert(S::kCluster == 1, "a row-scaled epilogue needs the whole row in one CTA");
+    __shared__ float max_scratch[kScratch];
+    float amax;
+    if constexpr (Cfg::kCache == RowCache::kRegisters)
+      amax = write_packs<Cfg, S::kIters, XT, WT, kVec, 0, true>(p, cache, 0, lane, row, active, y, gamma, beta, center,
+                                                                shift, rstd, segment_col);
+    else
+      amax = row_source_amax<Cfg, XT, WT>(p, Cfg::kCache == RowCache::kShared ? shared_row : Cfg::Prologue::reread(p, x),
+                                          lane, row, active, gamma, beta, center, shift, rstd);
+    row_amax = row_max<S::kThreads>(amax, max_scratch);
+  }
   if constexpr (Cfg::kCache == RowCache::kRegisters) {
     write_packs<Cfg, S::kIters, XT, WT>(p, cache, 0, lane, row, active, y, gamma, beta, center, shift, rstd,
-                                        segment_col);
+                                        segment_col, kNoHeldWeights, row_amax);
     // A CTA's shared memory must outlive the other CTAs' reads of it.
     if constexpr (S::kCluster > 1) cluster_wait();
   } else {
     // Second pass: from shared memory (kShared) or global memory again (kGlobal).
     write_row<Cfg>(p, Cfg::kCache == RowCache::kShared ? shared_row : Cfg::Prologue::reread(p, x), lane, row, active,
-                   y, gamma, beta, center, shift, rstd, segment_col);
+                   y, gamma, beta, center, shift, rstd, segment_col, kNoHeldWeights, row_amax);
     if constexpr (S::kCluster > 1) cluster_wait();
   }
 }
@@ -255,7 +269,17 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
         p.rstd[row] = rstd;
       }
     }
-    write_row<Cfg, XT, WT, kHeld>(p, row_x, lane, row, true, y, gamma, beta, center, shift, rstd, segment_col, &held);
+    float row_amax = 0.f;
+    if constexpr (RowScaled<typename Cfg::Epilogue>::value) {
+      static_assert(S::kCluster == 1, "a row-scaled epilogue needs the whole row in one CTA");
+      // Its own scratch: the statistics' reduction may still be reading theirs.
+      __shared__ float max_scratch[kScratch];
+      row_amax = row_max<S::kThreads>(
+          row_source_amax<Cfg, XT, WT, kHeld>(p, row_x, lane, row, true, gamma, beta, center, shift, rstd, &held),
+          max_scratch);
+    }
+    write_row<Cfg, XT, WT, kHeld>(p, row_x, lane, row, true, y, gamma, beta, center, shift, rstd, segment_col, &held,
+                                  row_amax);
     buffer = Pipeline::next(buffer);
     // The next row's reduction reuses the scratch (a cluster's barrier already orders it).
     if constexpr (S::kCluster == 1) __syncthreads();

@@ -35,6 +35,8 @@ struct NormParams {
   unsigned char* y_quant;    // forward: [rows, row_stride] FP8 codes of y * quant_scale
   const float* quant_scale;  // the scale y is multiplied by before rounding (one float)
   float* amax;               // optional: max |y| over the launch is folded in (atomicMax); null: none
+  // Per-row quantizing epilogues (*_row), last for the same reason.
+  float* row_scales;  // forward: [rows] f32, each row's scale amax / qmax (its codes are y / scale)
 };
 
 }  // namespace normjit

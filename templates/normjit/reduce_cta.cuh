@@ -34,6 +34,21 @@ __device__ __forceinline__ float row_sum(float v, float* scratch) {
   }
 }
 
+// The row's largest value, as row_sum (its own scratch of kThreads / 32 floats).
+template <int kThreads>
+__device__ __forceinline__ float row_max(float v, float* scratch) {
+  if constexpr (kThreads <= 32) {
+    return group_max<kThreads>(v);
+  } else {
+    constexpr int kWarps = kThreads / 32;
+    v = group_max<32>(v);
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+    __syncthreads();
+    const int lane = threadIdx.x % 32;
+    return group_max<32>(lane < kWarps ? scratch[lane] : 0.f);
+  }
+}
+
 // Two sums at once (one barrier); scratch holds kThreads / 32 pairs.
 template <int kThreads, bool kShuffleFold = (kThreads / 32 > kSerialFold)>
 __device__ __forceinline__ void row_sum_pair(float& a, float& b, float2* scratch) {

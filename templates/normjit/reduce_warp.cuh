@@ -12,6 +12,14 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
+// Largest value over an aligned group of kWidth lanes (fmaxf: NaN only where every lane has one).
+template <int kWidth>
+__device__ __forceinline__ float group_max(float v) {
+#pragma unroll
+  for (int offset = kWidth / 2; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
 // Count, mean and sum of squared deviations of a set of values. merge() is Chan et al.'s
 // pairwise update: no E[x^2] - E[x]^2 cancellation, so x = 1e4 + noise keeps its variance.
 struct Moments {

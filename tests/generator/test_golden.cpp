@@ -25,6 +25,7 @@ TEST_CASE("generated source matches the golden files") {
       "layernorm.fwd_train.f32.w_f32.n768.bias.relu_bitmask",
       "rmsnorm.bwd.f16.w_f16.n128.bias.gelu",
       "rmsnorm.fwd_infer.bf16.w_bf16.n4096.fp8_e4m3",
+      "rmsnorm.fwd_infer.bf16.w_bf16.n4096.int8_row",
       "rmsnorm.fwd_train.bf16.w_bf16.n4096.zero_centered.residual",
       "layernorm.bwd.bf16.w_f32.n4096.bias.residual",
   };
@@ -68,6 +69,10 @@ TEST_CASE("epilogues are a template slot: the norm kernels are the same text for
   const GeneratedSource fp8 = generate(resolve(Spec::parse("layernorm.fwd_train.bf16.n768.bias.fp8_e5m2")));
   CHECK(fp8.source.find("#include \"normjit/epilogue_fp8.cuh\"") != std::string::npos);
   CHECK(fp8.source.find("using Epilogue = normjit::EpilogueFp8<true>;") != std::string::npos);
+  const GeneratedSource row = generate(resolve(Spec::parse("layernorm.fwd_train.bf16.n768.bias.int8_row")));
+  CHECK(row.source.find("#include \"normjit/epilogue_quant_row.cuh\"") != std::string::npos);
+  CHECK(row.source.find("using Epilogue = normjit::EpilogueRowQuant<normjit::RowQuantFormat::kInt8>;") !=
+        std::string::npos);
   // Backward routes: fused for rows in registers or shared memory (one CTA, or a cluster of them
   // on sm_90), row sums + tiles beyond.
   CHECK(generate(resolve(Spec::parse("rmsnorm.bwd.bf16.n4096"))).source.find("#if 1") != std::string::npos);

@@ -69,6 +69,20 @@ TEST_CASE("canonical form is stable and human readable") {
   CHECK(Spec::parse("rmsnorm.fwd_infer.f16.n64.fp8_e5m2").epilogue == Epilogue::kFp8E5M2);
   CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.f16.n64.fp8_e4m3"),
                        doctest::Contains("epilogue fp8_e4m3 has no backward"), Error);
+  // Per-row scaling: three formats, forward only, never a clustered row.
+  CHECK(Spec::parse("rmsnorm.fwd_infer.bf16.n4096.residual.int8_row").str() == "rmsnorm.fwd_infer.bf16.w_bf16.n4096.residual.int8_row");
+  CHECK(Spec::parse("layernorm.fwd_train.f16.n64.bias.fp8_e4m3_row").epilogue == Epilogue::kFp8E4M3Row);
+  CHECK(Spec::parse("layernorm.fwd_train.f16.n64.bias.fp8_e5m2_row").epilogue == Epilogue::kFp8E5M2Row);
+  CHECK(scales_per_row(Epilogue::kInt8Row));
+  CHECK(!scales_per_tensor(Epilogue::kInt8Row));
+  CHECK(quantizes(Epilogue::kInt8Row));
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.f16.n64.int8_row"), doctest::Contains("epilogue int8_row has no backward"),
+                       Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.fwd_infer.bf16.n65536.fp8_e4m3_row.cfg_t1024_r1_v8_c2_reg"),
+                       doctest::Contains("cluster=2 cannot split a row whose scale needs its whole amax"), Error);
+  // The heuristic never picks a cluster for them, even where it would for the plain spec.
+  CHECK(resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n262144"), 8, 90, 16).block->cluster > 1);
+  CHECK(resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n262144.int8_row"), 8, 90, 16).block->cluster == 1);
   // The fusions: flags after bias, in a fixed order, before the epilogue.
   const Spec f = Spec::parse("rmsnorm.bwd.bf16.w_f32.n7168.bias.zero_centered.residual.relu_bitmask");
   CHECK(f.has_bias);

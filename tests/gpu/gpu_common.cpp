@@ -71,17 +71,21 @@ ForwardRun run_forward(const Case& c) {
   mean.poison();
   rstd.poison();
   mask.poison();
-  // fp8_* specs: a scale that saturates the largest few values, and an amax starting at 0.
+  // fp8_e4m3 / fp8_e5m2: a scale that saturates the largest few values, and an amax starting at 0.
+  // *_row: each row's scale comes back in row_scales (one poisoned slot past the end).
   const bool quant = quantizes(s.epilogue);
-  const reference::MiniFloat format =
-      s.epilogue == Epilogue::kFp8E5M2 ? reference::MiniFloat::kE5M2 : reference::MiniFloat::kE4M3;
-  run.quant_scale = quant ? static_cast<float>(reference::max_finite(format) / 6.0) : 0.f;
+  const bool per_row = scales_per_row(s.epilogue), int8 = s.epilogue == Epilogue::kInt8Row;
+  const reference::MiniFloat format = s.epilogue == Epilogue::kFp8E5M2 || s.epilogue == Epilogue::kFp8E5M2Row
+                                          ? reference::MiniFloat::kE5M2
+                                          : reference::MiniFloat::kE4M3;
+  run.quant_scale = quant && !per_row ? static_cast<float>(reference::max_finite(format) / 6.0) : 0.f;
   const float zero = 0.f;
-  DeviceMem y_quant(quant ? sh.elems : 0), quant_scale(4), amax(4);
+  DeviceMem y_quant(quant ? sh.elems : 0), quant_scale(4), amax(4), row_scales(per_row ? 4 * (c.rows + 1) : 0);
   if (quant) {
     y_quant.poison();
     quant_scale.upload(&run.quant_scale, 4);
     amax.upload(&zero, 4);
+    row_scales.poison();
   }
 
   LaunchArgs a;
@@ -102,11 +106,12 @@ ForwardRun run_forward(const Case& c) {
     a.residual = residual.get() + c.x_offset * sh.xs;
     a.h = h.get() + c.x_offset * sh.xs;
   }
-  if (quant) {
-    a.y_quant = y_quant.get() + c.x_offset;
+  if (quant) a.y_quant = y_quant.get() + c.x_offset;
+  if (quant && !per_row) {
     a.quant_scale = reinterpret_cast<const float*>(quant_scale.get());
     a.amax = reinterpret_cast<float*>(amax.get());
   }
+  if (per_row) a.row_scales = reinterpret_cast<float*>(row_scales.get());
   launch(s, a);
   run.y.resize(run.x.size());
   y.download(run.y.data(), run.y.size());
@@ -162,8 +167,32 @@ ForwardRun run_forward(const Case& c) {
     y_quant.download(codes.data(), codes.size());
     float amax_got = 0;
     amax.download(&amax_got, 4);
+    std::vector<float> scales_got(per_row ? c.rows + 1 : 0);
+    if (per_row) row_scales.download(scales_got.data(), 4 * scales_got.size());
+    // The row's past-the-end slot keeps its poison.
+    const std::vector<char> poison(4, static_cast<char>(0xff));
+    if (per_row && std::memcmp(&scales_got[c.rows], poison.data(), 4) != 0) ++run.quant_mismatches;
+    const double qmax = int8 ? 127.0 : reference::max_finite(format);
+    auto encode = [&](double v) -> uint8_t {
+      if (!int8) return reference::encode_satfinite(format, v);
+      return static_cast<uint8_t>(static_cast<int8_t>(std::clamp(std::nearbyint(v), -128.0, 127.0)));
+    };
+    auto value_of = [&](uint8_t code) -> double {
+      return int8 ? static_cast<double>(static_cast<int8_t>(code)) : reference::decode(format, code);
+    };
+    const reference::Tolerance f32_tol = reference::tolerance(DType::kF32);
     double amax_want = 0;
-    for (int64_t r = 0; r <= c.rows; ++r)
+    for (int64_t r = 0; r <= c.rows; ++r) {
+      // Per-row: the scale against the reference row's amax / qmax; the codes against the scale
+      // the kernel stored, so a scale one ulp off does not move every code.
+      double multiplier = run.quant_scale;
+      if (per_row && r < c.rows) {
+        double row_amax = 0;
+        for (int64_t i = 0; i < sh.n; ++i) row_amax = std::max(row_amax, std::abs(ref.y[r * sh.n + i]));
+        const double scale_want = row_amax > 0 ? row_amax / qmax : 1.0;
+        run.row_scale_rel_err = std::max(run.row_scale_rel_err, std::abs(scales_got[r] - scale_want) / scale_want);
+        multiplier = static_cast<double>(1.0f / scales_got[r]);  // the kernel's fp32 reciprocal
+      }
       for (int64_t i = 0; i < sh.stride; ++i) {
         const uint8_t code = codes[c.x_offset + r * sh.stride + i];
         if (r == c.rows || i >= sh.n) {  // padding and the row past the end keep their poison
@@ -172,13 +201,32 @@ ForwardRun run_forward(const Case& c) {
         }
         const double want = ref.y[r * sh.n + i];
         amax_want = std::max(amax_want, std::abs(want));
-        const double v = want * run.quant_scale;
-        const uint8_t lo = reference::encode_satfinite(format, v * (1 - 1e-5));
-        const uint8_t hi = reference::encode_satfinite(format, v * (1 + 1e-5));
+        // The kernel quantizes its fp32 y, which sits within f32's tolerance of the fp64 one
+        // (and rounds the product once more): within that window of a rounding boundary either
+        // neighbouring code is right.
+        const double v = want * multiplier;
+        const double margin = (f32_tol.atol + f32_tol.rtol * std::abs(want)) * multiplier + std::abs(v) * 1.2e-7;
+        const uint8_t lo = encode(v - margin);
+        const uint8_t hi = encode(v + margin);
         ++run.quant_checked;
-        if (code != lo && code != hi) ++run.quant_mismatches;
+        if (lo == hi) {  // bit-exact
+          if (code != lo && run.quant_mismatches++ == 0)
+            run.quant_first_mismatch = "row " + std::to_string(r) + " col " + std::to_string(i) + ": y " +
+                                       std::to_string(want) + " x " + std::to_string(multiplier) + " gave code " +
+                                       std::to_string(code) + ", want " + std::to_string(lo);
+          continue;
+        }
+        // Near zero the window may span several of a fine format's subnormal codes (e5m2's step
+        // is 2^-16): any code whose value lies between the window's two ends is right.
+        ++run.quant_ambiguous;
+        const double got_value = value_of(code);
+        if (!(value_of(lo) <= got_value && got_value <= value_of(hi)) && run.quant_mismatches++ == 0)
+          run.quant_first_mismatch = "row " + std::to_string(r) + " col " + std::to_string(i) + ": y " +
+                                     std::to_string(want) + " x " + std::to_string(multiplier) + " gave code " +
+                                     std::to_string(code) + ", want " + std::to_string(lo) + ".." + std::to_string(hi);
       }
-    run.amax_rel_err = std::abs(amax_got - amax_want) / std::max(amax_want, 1e-30);
+    }
+    if (!per_row) run.amax_rel_err = std::abs(amax_got - amax_want) / std::max(amax_want, 1e-30);
   }
   // Padding between rows and the row past the end keep their poison.
   const std::vector<char> poison(16, static_cast<char>(0xff));

@@ -132,7 +132,9 @@ struct ForwardRun {
   int64_t mask_ref_mismatches = 0;  // mask vs the reference, away from the clip boundaries
   // fp8_* specs: codes checked against the reference's y * scale encoded on the host (exact,
   // unless that value lies within 1e-5 of a rounding boundary), and amax against max |y|.
-  int64_t quant_checked = 0, quant_mismatches = 0;
+  double row_scale_rel_err = 0;  // *_row: worst |scale - amax(row) / qmax| / (amax(row) / qmax)
+  int64_t quant_checked = 0, quant_mismatches = 0, quant_ambiguous = 0;
+  std::string quant_first_mismatch;  // ambiguous: on a rounding boundary
   double amax_rel_err = 0;
   float quant_scale = 0;
   // residual specs: h as the GPU wrote it, and its elements that differ from x + residual rounded

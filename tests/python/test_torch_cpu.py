@@ -332,8 +332,9 @@ class StubKernel:
         return 4096
 
     def launch(self, *args):
-        # 20 positional arguments, then residual, h, dh_out for residual specs.
-        assert len(args) in (20, 23) and all(isinstance(a, (int, float)) for a in args)
+        # 20 positional arguments, then residual, h, dh_out for residual specs, then y_quant,
+        # quant_scale, amax, row_scales for the quantizing ones.
+        assert len(args) in (20, 23, 27) and all(isinstance(a, (int, float)) for a in args)
         self.launches.append(args)
 
 
@@ -714,3 +715,131 @@ def test_add_ada_norm_argument_errors():
         nt.add_ada_rms_norm(x, torch.randn(2, 3, 8), None)
     with pytest.raises(ValueError, match=r"add_ada_layer_norm takes x \[B, S, N\]"):
         nt.add_ada_layer_norm(x[0], torch.randn(3, 8), w)
+
+
+# ---- quantized outputs ------------------------------------------------------------------------
+
+def _quant64(x, w, b, norm, eps, quant, quant_scale=None):
+    """(codes as float64 values, row scales or None) from a float64 norm, by the formats' rules."""
+    y = ref64(x, w, b, norm, eps)
+    qmax = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int8": 127.0}[quant.replace("_row", "")]
+    if quant.endswith("_row"):
+        amax = y.abs().amax(-1, keepdim=True)
+        scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+        v = y / scale
+    else:
+        scale = None
+        v = y * quant_scale
+    return v.clamp(-qmax, qmax), scale
+
+
+@pytest.mark.parametrize("quant", ["fp8_e4m3", "fp8_e5m2", "fp8_e4m3_row", "fp8_e5m2_row", "int8_row"])
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+def test_quantized_reference_matches_float64(quant, norm):
+    torch.manual_seed(0)
+    x = torch.randn(6, 5, 96) * 3
+    x[0, 0] = 0  # a zero row: scale 1, codes 0 (no bias here, so its y is 0)
+    w, b = torch.randn(96), None
+    scale = torch.tensor([448.0 / 8], dtype=F32)
+    amax = torch.zeros(1)
+    y_q, scales, y, _ = torch.ops.normjit.quant_norm_fwd(x, None, w, b, norm, 1e-5, False, quant,
+                                                         None if quant.endswith("_row") else scale,
+                                                         None if quant.endswith("_row") else amax, True)
+    want, want_scale = _quant64(x.double(), w.double(), None, norm, 1e-5, quant, 448.0 / 8)
+    assert y_q.dtype == _launch.QUANT_DTYPES[quant] and y_q.shape == x.shape
+    got = y_q.double()
+    if quant == "int8_row":
+        assert (got - want).abs().max() <= 0.5 + 1e-4  # round half to even: within half a code
+    else:
+        # Within half a step of the format (relative 2^-4 e4m3, 2^-3 e5m2) or its subnormal spacing.
+        rel = 2.0 ** -4 if "e4m3" in quant else 2.0 ** -3
+        assert ((got - want).abs() <= rel * want.abs() + 2.0 ** -10).all()
+    if want_scale is not None:
+        torch.testing.assert_close(scales.double(), want_scale, rtol=1e-6, atol=0)
+        assert scales[0, 0, 0] == 1.0 and (y_q[0, 0].double() == 0).all()
+    else:
+        assert scales.numel() == 0
+        torch.testing.assert_close(amax.double(), ref64(x.double(), w.double(), None, norm, 1e-5).abs().max()
+                                   .reshape(1), rtol=1e-6, atol=0)
+    assert y.shape == x.shape and y.dtype == x.dtype
+
+
+def test_quantized_formats_saturate_and_round_half_to_even():
+    yf = torch.tensor([[1000.0, -1000.0, 0.0, 2.5, -2.5, 1.5]])
+    codes, _ = _reference.quantize(yf, "fp8_e4m3", torch.tensor([1.0]))
+    assert codes.float().tolist() == [[448.0, -448.0, 0.0, 2.5, -2.5, 1.5]]  # saturated, not NaN
+    codes, scales = _reference.quantize(torch.tensor([[127.0, 2.5, -2.5, 0.5, 1.5]]), "int8_row", None)
+    assert scales.item() == 1.0 and codes.tolist() == [[127, 2, -2, 0, 2]]
+
+
+def test_quantized_functions_on_cpu_and_their_return_shapes():
+    torch.manual_seed(1)
+    x, r, w = torch.randn(2, 3, 64), torch.randn(2, 3, 64), torch.randn(64)
+    with torch.no_grad():
+        q, s = nt.rms_norm_fp8(x, (64,), w)
+        assert q.dtype == torch.float8_e4m3fn and q.shape == x.shape and s.shape == (2, 3, 1)
+        y = nt.rms_norm(x, (64,), w)
+        torch.testing.assert_close(q.float() * s, y, rtol=2.0 ** -4, atol=1e-3)
+        scale, amax = torch.tensor([16.0]), torch.zeros(1)
+        q, s2, y2 = nt.layer_norm_fp8(x, 64, w, quant_scale=scale, amax=amax, fp8_dtype=torch.float8_e5m2,
+                                      return_y=True)
+        assert q.dtype == torch.float8_e5m2 and s2 is scale and y2.dtype == x.dtype
+        assert amax.item() == pytest.approx(F.layer_norm(x, (64,), w).abs().max().item(), rel=1e-6)
+        q, s, h = nt.add_rms_norm_fp8(x, r, w)
+        torch.testing.assert_close(h, x + r)
+        q8, s8 = nt.rms_norm_int8(x, (64,), w)
+        assert q8.dtype == torch.int8 and q8.abs().max() == 127
+        q8, s8, y8, h8 = nt.add_rms_norm_int8(x, r, w, return_y=True)
+        torch.testing.assert_close(q8.float() * s8, y8, rtol=0, atol=float(s8.max()) * 0.5 + 1e-6)
+        q, s = nt.rms_norm_fp8(x.reshape(2, 3, 8, 8), (8, 8), w.reshape(8, 8))  # two normalized dims
+        assert q.shape == (2, 3, 8, 8) and s.shape == (2, 3, 1)
+
+
+QUANT_ERRORS = [
+    (lambda: nt.rms_norm_fp8(torch.randn(2, 8, requires_grad=True), 8), RuntimeError, "inference only"),
+    (lambda: nt.rms_norm_fp8(torch.randn(2, 8), 8, fp8_dtype=torch.float16), ValueError, "fp8_dtype=torch.float16"),
+    (lambda: nt.rms_norm_fp8(torch.randn(2, 8), 8, quant_scale=torch.ones(2)), ValueError,
+     "quant_scale must be a float32 tensor of one element"),
+    (lambda: nt.rms_norm_fp8(torch.randn(2, 8), 8, amax=torch.zeros(1)), ValueError, "quant_scale and amax are for"),
+    (lambda: nt.layer_norm_fp8(torch.randn(2, 8), 8, quant_scale=torch.ones(1, dtype=torch.float64)), ValueError,
+     "torch.float64"),
+    (lambda: nt.add_rms_norm_int8(torch.randn(2, 8), torch.randn(2, 7)), ValueError, "residual"),
+    (lambda: torch.ops.normjit.quant_norm_fwd(torch.randn(2, 8), None, None, None, "rmsnorm", 1e-5, False, "fp4",
+                                              None, None, False), ValueError, "quant='fp4'"),
+]
+
+
+@pytest.mark.parametrize("call,error,match", QUANT_ERRORS, ids=[str(i) for i in range(len(QUANT_ERRORS))])
+def test_quantized_argument_errors(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_quantized_fake_shapes_and_opcheck():
+    x = torch.empty(4, 6, 100, dtype=BF16, device="meta")[..., :96]
+    y_q, s, y, h = torch.ops.normjit.quant_norm_fwd(x, None, None, None, "rmsnorm", 1e-5, False, "int8_row", None,
+                                                     None, False)
+    assert y_q.dtype == torch.int8 and y_q.shape == (4, 6, 96) and y_q.stride() == (600, 100, 1)
+    assert s.shape == (4, 6, 1) and s.dtype == F32 and y.numel() == 0 and h.numel() == 0
+    x = torch.randn(3, 40)
+    torch.library.opcheck(torch.ops.normjit.quant_norm_fwd.default,
+                          (x, torch.randn(3, 40), torch.randn(40), None, "rmsnorm", 1e-5, False, "fp8_e4m3",
+                           torch.tensor([4.0]), torch.zeros(1), True))
+    torch.library.opcheck(torch.ops.normjit.quant_norm_fwd.default,
+                          (x, None, None, torch.randn(40), "layernorm", 1e-5, True, "int8_row", None, None, False))
+
+
+def test_launch_quantized_arguments(stub_gpu):
+    x = torch.randn(4, 1000, dtype=BF16)[:, :768]
+    w = torch.randn(768, dtype=BF16)
+    y_q, scales, y, h = _launch.forward_quant(x, None, w, None, "rmsnorm", 1e-6, False, "fp8_e4m3_row", None, None,
+                                              False)
+    (k,) = stub_gpu.kernels
+    assert k.name.startswith("rmsnorm.fwd_infer.bf16.w_bf16.n768.fp8_e4m3_row.cfg_")
+    a = k.launches[-1]
+    assert a[FIELDS.index("x")] == x.data_ptr() and a[FIELDS.index("y")] == 0
+    assert a[FIELDS.index("row_stride")] == 1000 and a[FIELDS.index("rows")] == 4
+    # residual, h, dh_out, y_quant, quant_scale, amax, row_scales
+    assert a[20:] == (0, 0, 0, y_q.data_ptr(), 0, 0, scales.data_ptr())
+    assert y_q.dtype == torch.float8_e4m3fn and y_q.stride() == (1000, 1) and scales.shape == (4, 1)
+    assert y is None and h is None

@@ -560,3 +560,90 @@ def test_add_ada_norm_against_float64(gpu, norm, zero_centered, n, strided):
     close(got[0], exp[0] + dh.double(), 2 * TOL[BF16], "dx", scale=10 * dy.abs().max().item())
     close(got[2], exp[1], 2 * TOL[F32], "dweight")
     close(got[3], exp[2], 2 * TOL[F32], "dbias")
+
+
+# ---- quantized outputs ------------------------------------------------------------------------
+
+def _codes_close(got, want, quant):
+    """Codes within half a step of the format (the kernel's fp32 y may round a value on a boundary
+    the other way), and equal to the float64 ones for all but a few boundary values."""
+    got = got.double().cpu()
+    if quant == "int8_row":
+        assert (got - want).abs().max() <= 0.5 + 1e-3
+        exact = (got == want.round()).double().mean().item()
+    else:
+        rel = 2.0 ** -4 if "e4m3" in quant else 2.0 ** -3
+        bad = (got - want).abs() > rel * want.abs() + 2.0 ** -9
+        assert not bad.any(), f"{int(bad.sum())} codes off by more than half a step"
+        dtype = _launch_dtypes()[quant]
+        exact = (got == want.to(dtype).double()).double().mean().item()
+    assert exact >= 0.999, f"only {exact:.5f} of the codes equal the float64 ones"
+
+
+def _launch_dtypes():
+    from normjit.torch import _launch
+    return _launch.QUANT_DTYPES
+
+
+@pytest.mark.parametrize("quant", ["fp8_e4m3", "fp8_e5m2", "fp8_e4m3_row", "fp8_e5m2_row", "int8_row"])
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("dt", [BF16, F16, F32], ids=["bf16", "f16", "f32"])
+@pytest.mark.parametrize("n,strided,residual", [(7, False, False), (4096, True, True), (5120, False, True),
+                                                (20001, True, False)])
+def test_quantized_against_float64(gpu, quant, norm, dt, n, strided, residual):
+    from test_torch_cpu import _quant64
+    torch.manual_seed(n)
+    x = make_x((3, 5), n, dt, strided, "cuda")
+    r = make_x((3, 5), n, dt, strided, "cuda") if residual else None
+    w = torch.randn(n, device="cuda", dtype=dt)
+    b = torch.randn(n, device="cuda", dtype=dt) if norm == "layernorm" else None
+    per_row = quant.endswith("_row")
+    scale = None if per_row else torch.tensor([448.0 / 8], device="cuda")
+    amax = None if per_row else torch.zeros(1, device="cuda")
+    with torch.no_grad():
+        y_q, scales, y, h = torch.ops.normjit.quant_norm_fwd(x, r, w, b, norm, 1e-5, False, quant, scale, amax, True)
+    src = (x.float() + r.float()).to(dt) if residual else x
+    if residual:
+        assert torch.equal(h, src)
+    x64 = src.double().cpu()
+    want, want_scale = _quant64(x64, w.double().cpu(), None if b is None else b.double().cpu(), norm, 1e-5, quant,
+                                448.0 / 8)
+    if per_row:
+        torch.testing.assert_close(scales.double().cpu(), want_scale, rtol=2e-5, atol=0)
+        # The codes against the kernel's own scale: one ulp of the scale moves no code.
+        want = (ref64(x64, w.double().cpu(), None if b is None else b.double().cpu(), norm, 1e-5) /
+                scales.double().cpu()).clamp(-448.0 if "e4m3" in quant else -57344.0 if "e5m2" in quant else -127.0,
+                                             448.0 if "e4m3" in quant else 57344.0 if "e5m2" in quant else 127.0)
+    else:
+        y64 = ref64(x64, w.double().cpu(), None if b is None else b.double().cpu(), norm, 1e-5)
+        torch.testing.assert_close(amax.double().cpu(), y64.abs().max().reshape(1), rtol=1e-5, atol=0)
+    assert y_q.shape == x.shape and y_q.stride() == x.stride()  # x's row layout, strided or not
+    _codes_close(y_q, want, quant)
+    close(y, ref64(x64, w.double().cpu(), None if b is None else b.double().cpu(), norm, 1e-5).cuda(), TOL[dt], "y")
+
+
+def test_quantized_functions_compile_and_graph_replay(gpu):
+    x = torch.randn(64, 4096, device="cuda", dtype=BF16)
+    r = torch.randn_like(x)
+    w = torch.randn(4096, device="cuda", dtype=BF16)
+
+    def block(x, r, w):
+        q, s, h = nt.add_rms_norm_fp8(x, r, w)
+        return q.float() * s, h
+
+    with torch.no_grad():
+        want = block(x, r, w)
+        compiled = torch.compile(block, fullgraph=True)
+        got = compiled(x, r, w)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        q8, s8 = nt.rms_norm_int8(x, 4096, w)  # warm the int8 spec before capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            gq, gs, gh = nt.add_rms_norm_fp8(x, r, w)
+            g8, gs8 = nt.rms_norm_int8(x, 4096, w)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        q, s, h = nt.add_rms_norm_fp8(x, r, w)
+        assert torch.equal(gq.view(torch.uint8), q.view(torch.uint8)) and torch.equal(gs, s) and torch.equal(gh, h)
+        q8, s8 = nt.rms_norm_int8(x, 4096, w)
+        assert torch.equal(g8, q8) and torch.equal(gs8, s8)

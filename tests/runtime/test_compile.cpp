@@ -49,6 +49,18 @@ TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
             s.residual = n % 2 == 0;
             specs.push_back(resolve(s));
           }
+  // Per-row scaling: every row cache (registers, smem, gmem, pipelined), a residual on odd N.
+  for (Epilogue ep : {Epilogue::kFp8E4M3Row, Epilogue::kFp8E5M2Row, Epilogue::kInt8Row})
+    for (Norm norm : norms)
+      for (DType x : {DType::kF32, DType::kBF16})
+        for (int64_t n : {1, 7, 768, 4097, 20001, 65536, 262144}) {
+          Spec s = Spec::make(norm, n % 2 ? Phase::kForwardTraining : Phase::kForwardInference, x, n, norm != Norm::kRMSNorm);
+          s.epilogue = ep;
+          s.residual = n % 2 == 1;
+          specs.push_back(resolve(s));
+        }
+  specs.push_back(Spec::parse("rmsnorm.fwd_infer.bf16.w_bf16.n8192.int8_row.cfg_t512_r1_v8_tma3"));
+  specs.push_back(Spec::parse("layernorm.fwd_train.bf16.w_bf16.n12288.bias.fp8_e4m3_row.cfg_t512_r1_v8_pipe"));
   // The fusions (residual add, zero-centred weights) with every op and phase.
   for (Norm norm : norms)
     for (Phase phase : phases)
@@ -225,6 +237,16 @@ TEST_CASE("bulk-copied rows (tma) refuse to compile below sm_90 rather than run 
     CHECK_THROWS_WITH_AS(compile(generate(Spec::parse(text)), Target{80}),
                          doctest::Contains("bulk copies (tma) need sm_90 or newer"), Error);
   }
+}
+
+TEST_CASE("FP8 epilogues refuse to compile below sm_89; int8_row compiles for sm_80") {
+  for (const char* text : {"rmsnorm.fwd_infer.bf16.w_bf16.n4096.fp8_e4m3", "rmsnorm.fwd_infer.bf16.w_bf16.n4096.fp8_e4m3_row"}) {
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS(compile(generate(resolve(Spec::parse(text), 16, 80)), Target{80}),
+                         doctest::Contains("sm_89 or newer"), Error);
+  }
+  CHECK(!compile(generate(resolve(Spec::parse("rmsnorm.fwd_infer.bf16.w_bf16.n4096.int8_row"), 16, 80)), Target{80})
+             .binary.image.empty());
 }
 
 TEST_CASE("the ptxas report parser reads registers, stack and spills per function") {

@@ -162,8 +162,36 @@ TEST_CASE("quantizing epilogues: y_quant and quant_scale required, y and amax op
   const Spec plain = resolve(Spec::parse("layernorm.fwd_train.bf16.n4096.bias"));
   b = good_args(plain);
   b.amax = reinterpret_cast<float*>(0xf00000);
-  expect_error(plain, b, "amax=0xf00000 is given but only the quantizing epilogues");
+  expect_error(plain, b, "amax=0xf00000 is given but only the per-tensor FP8 epilogues");
   b = good_args(plain);
   b.y_quant = reinterpret_cast<void*>(0xd00000);
   expect_error(plain, b, "y_quant=0xd00000 is given");
+}
+
+TEST_CASE("per-row quantizing epilogues: y_quant and row_scales required, no quant_scale or amax") {
+  const Spec s = resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n4096.int8_row"));
+  LaunchArgs a = good_args(s);
+  a.y_quant = reinterpret_cast<void*>(0xd00000);
+  a.row_scales = reinterpret_cast<float*>(0xe00000);
+  CHECK_NOTHROW(validate_launch(s, a));
+  a.y = nullptr;
+  CHECK_NOTHROW(validate_launch(s, a));  // codes and scales only
+  LaunchArgs b = a;
+  b.row_scales = nullptr;
+  expect_error(s, b, "row_scales is null");
+  b = a;
+  b.quant_scale = reinterpret_cast<const float*>(0xe00010);
+  expect_error(s, b, "quant_scale=0xe00010 is given");
+  b = a;
+  b.amax = reinterpret_cast<float*>(0xf00000);
+  expect_error(s, b, "amax=0xf00000 is given but only the per-tensor FP8 epilogues");
+  b = a;
+  b.row_scales = reinterpret_cast<float*>(0xe00002);
+  expect_error(s, b, "row_scales=0xe00002 is not aligned to 4 bytes");
+  const Spec tensor = resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n4096.fp8_e4m3"));
+  b = good_args(tensor);
+  b.y_quant = reinterpret_cast<void*>(0xd00000);
+  b.quant_scale = reinterpret_cast<const float*>(0xe00000);
+  b.row_scales = reinterpret_cast<float*>(0xe00010);
+  expect_error(tensor, b, "row_scales=0xe00010 is given");
 }

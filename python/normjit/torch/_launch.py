@@ -87,12 +87,13 @@ def _load(device, spec, max_vec, by_vec):
     return kernel
 
 
-def _kernel(key, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride, residual=0, h=0, dh_out=0):
+def _kernel(key, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride, residual=0, h=0, dh_out=0, y_quant=0):
     entry = _entries.get(key)
     if entry is None:
         entry = _entries.setdefault(key, (_spec_of(key), {}))
     spec, by_vec = entry
-    vec = _normjit.max_vec_for(spec, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride, residual, h, dh_out)
+    vec = _normjit.max_vec_for(spec, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride, residual, h, dh_out,
+                               y_quant)
     kernel = by_vec.get(vec)
     if kernel is None:
         kernel = _load(key[0], spec, vec, by_vec)
@@ -167,11 +168,12 @@ def backward_layout(x, dy):
     return x, dy, rs
 
 
-def like_rows(x, rs):
-    """An uninitialized tensor of x's shape and dtype whose rows lie rs elements apart."""
+def like_rows(x, rs, dtype=None):
+    """An uninitialized tensor of x's shape (and dtype, unless given) whose rows lie rs elements apart."""
+    dtype = x.dtype if dtype is None else dtype
     if rs == x.shape[-1]:
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    return torch.empty_strided(x.shape, row_strides(x.shape, rs), dtype=x.dtype, device=x.device)
+        return torch.empty(x.shape, dtype=dtype, device=x.device)
+    return torch.empty_strided(x.shape, row_strides(x.shape, rs), dtype=dtype, device=x.device)
 
 
 def _launch(device, kernel, args, fused=()):
@@ -306,3 +308,59 @@ def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered,
             xp, gp, 0, 0 if mean is None else mean.data_ptr(), rstd.data_ptr(), 0, dyp, dxp, dgp, dbp,
             workspace.data_ptr(), ws_bytes, mp, 0.0, math.inf, rows, rs, rpb, 0.0, _raw_stream(device)), fused)
     return dx, (dgamma if weight is not None else None), dbeta
+
+
+# Quantized outputs: the code dtype of each quantizing epilogue.
+QUANT_DTYPES = {
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+    "fp8_e4m3_row": torch.float8_e4m3fn,
+    "fp8_e5m2_row": torch.float8_e5m2,
+    "int8_row": torch.int8,
+}
+
+
+def forward_quant(x, residual, weight, bias, norm, eps, zero_centered, quant, quant_scale, amax, want_y):
+    """The inference forward with a quantized output: (y_quant, row scales, y, h). y_quant has x's
+    shape and row stride in the format's dtype; per-tensor formats (fp8_e4m3 / fp8_e5m2) quantize
+    y * quant_scale (fp32, one element) and fold max |y| into amax (fp32, one element) where given;
+    per-row formats (*_row) return fp32 scales [..., 1], y ~ y_quant * scale. y (x's dtype) only
+    when want_y; h (x + residual) only with a residual."""
+    n = x.shape[-1]
+    h = None
+    if residual is not None:
+        x, residual, rs = _shared_layout(x, residual)
+        h = like_rows(x, rs)
+    else:
+        x, rs = layout(x)
+    y_quant = like_rows(x, rs, QUANT_DTYPES[quant])
+    y = like_rows(x, rs) if want_y else None
+    dev = x.device
+    rows = x.numel() // n
+    per_row = quant.endswith("_row")
+    scales = torch.empty(x.shape[:-1] + (1,), dtype=torch.float32, device=dev) if per_row else None
+    if weight is None:
+        weight = ones_weight(dev, x.dtype, n)
+    elif not weight.is_contiguous():
+        weight = weight.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    if rows == 0:
+        return y_quant, scales, y, h
+    rpb = rows // weight.shape[0] if norm in ADAPTIVE_NORMS else 0
+    device = dev.index
+    key = (device, norm, "fwd_infer", x.dtype, weight.dtype, n, bias is not None, quant, zero_centered,
+           residual is not None)
+    xp = x.data_ptr()
+    yp = 0 if y is None else y.data_ptr()
+    qp = y_quant.data_ptr()
+    gp = weight.data_ptr()
+    bp = 0 if bias is None else bias.data_ptr()
+    rp = 0 if residual is None else residual.data_ptr()
+    hp = 0 if h is None else h.data_ptr()
+    kernel = _kernel(key, xp, gp, bp, yp, 0, 0, 0, 0, 0, rs, rp, hp, 0, qp)
+    extra = (rp, hp, 0, qp, 0 if per_row else quant_scale.data_ptr(), 0 if amax is None else amax.data_ptr(),
+             scales.data_ptr() if per_row else 0)
+    _launch(device, kernel, (xp, gp, bp, 0, 0, yp, 0, 0, 0, 0, 0, 0, 0, 0.0, math.inf, rows, rs, rpb, eps,
+                             _raw_stream(device)), extra)
+    return y_quant, scales, y, h

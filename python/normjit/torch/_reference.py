@@ -54,8 +54,8 @@ def _scale(ref, zero_centered):
     return ref.float() + 1 if zero_centered else ref.float()
 
 
-def forward_fused(x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower, clip_upper):
-    """As _launch.forward_fused."""
+def _normalized(x, residual, weight, bias, norm, eps, zero_centered):
+    """(x or h, row stride, h, fp32 y, mean, rstd) of forward_fused before its epilogue."""
     h = None
     if residual is not None:
         x, residual, rs = _launch._shared_layout(x, residual)
@@ -70,7 +70,12 @@ def forward_fused(x, residual, weight, bias, norm, eps, training, zero_centered,
     yf = _batched(xhat, ref, norm) * _batched(_scale(ref, zero_centered), ref, norm)
     if bias is not None:
         yf = yf + _batched(bias.float(), ref, norm)
-    yf = yf.reshape(x.shape)
+    return x, rs, h, yf.reshape(x.shape), mean, rstd
+
+
+def forward_fused(x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower, clip_upper):
+    """As _launch.forward_fused."""
+    x, rs, h, yf, mean, rstd = _normalized(x, residual, weight, bias, norm, eps, zero_centered)
     mask = None
     if epilogue != "none":
         mask = pack_mask((yf > clip_lower) & (yf < clip_upper))
@@ -113,3 +118,48 @@ def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered,
     dweight = (_batched(g * xhat, ref, norm).sum(1).reshape(ref.shape).to(ref.dtype)) if weight is not None else None
     dbias = _batched(g, ref, norm).sum(1).reshape(ref.shape).to(ref.dtype) if bias_grad else None
     return dx, dweight, dbias
+
+
+# Quantized outputs: (code dtype, largest finite value) per format.
+QUANT_FORMATS = {
+    "fp8_e4m3": (torch.float8_e4m3fn, 448.0),
+    "fp8_e5m2": (torch.float8_e5m2, 57344.0),
+    "fp8_e4m3_row": (torch.float8_e4m3fn, 448.0),
+    "fp8_e5m2_row": (torch.float8_e5m2, 57344.0),
+    "int8_row": (torch.int8, 127.0),
+}
+
+
+def quantize(yf, quant, quant_scale):
+    """(codes, row scales or None) of fp32 y, as the quantizing epilogues define them: per tensor,
+    codes of y * quant_scale; per row, scale = amax(row) / qmax (1 for a zero row), codes of
+    y * (1 / scale). FP8 saturates to its largest finite value (torch's cast does not), int8 rounds
+    half to even and clamps to [-128, 127]."""
+    dtype, qmax = QUANT_FORMATS[quant]
+    if quant.endswith("_row"):
+        amax = yf.abs().amax(-1, keepdim=True)
+        scales = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+        v = yf * (1.0 / scales)
+    else:
+        scales = None
+        v = yf * quant_scale.float()
+    if dtype == torch.int8:
+        codes = torch.nan_to_num(v.round(), nan=0.0).clamp(-128, 127).to(torch.int8)
+    else:
+        codes = torch.where(v.isnan(), v, v.clamp(-qmax, qmax)).to(dtype)
+    return codes, scales
+
+
+def forward_quant(x, residual, weight, bias, norm, eps, zero_centered, quant, quant_scale, amax, want_y):
+    """As _launch.forward_quant."""
+    x, rs, h, yf, _, _ = _normalized(x, residual, weight, bias, norm, eps, zero_centered)
+    codes, scales = quantize(yf, quant, quant_scale)
+    y_quant = _launch.like_rows(x, rs, codes.dtype)
+    y_quant.copy_(codes)
+    if amax is not None and yf.numel():
+        amax.copy_(torch.maximum(amax, torch.nan_to_num(yf, nan=0.0).abs().amax().reshape(amax.shape)))
+    y = None
+    if want_y:
+        y = _launch.like_rows(x, rs)
+        y.copy_(yf)
+    return y_quant, scales, y, h

@@ -248,3 +248,106 @@ def layer_norm_relu(x, normalized_shape, weight=None, bias=None, eps=1e-5, clip_
 def rms_norm_relu(x, normalized_shape, weight=None, eps=None, bias=None, clip_lower=0.0, clip_upper=math.inf):
     """rms_norm followed by a clamp to [clip_lower, clip_upper], returning (y, mask); see layer_norm_relu."""
     return _relu(x, normalized_shape, weight, bias, eps, clip_lower, clip_upper, "rmsnorm")
+
+
+def _quant_norm(name, x, residual, normalized_shape, weight, bias, eps, zero_centered, quant, quant_scale, amax,
+                return_y, norm):
+    """The quantized-output functions below; returns (codes, scales[, y][, h])."""
+    _check_x(x)
+    if residual is not None:
+        _check_residual(x, residual)
+    x2, w, b, restore = _prepare(x, normalized_shape, weight, bias, zero_centered)
+    if norm == "rmsnorm":
+        eps = _rms_eps(x, eps)
+    _check_eps(eps)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, residual, weight, bias)):
+        raise RuntimeError(f"{name} is inference only (no autograd): run it under torch.no_grad() or "
+                           "torch.inference_mode(), or use the unquantized norm where gradients are needed")
+    per_row = quant.endswith("_row")
+    if per_row:
+        if quant_scale is not None or amax is not None:
+            raise ValueError(f"{name}: quant_scale and amax are for per-tensor scaling; with quant_scale=None each "
+                             "row gets its own scale")
+    else:
+        for arg, t in (("quant_scale", quant_scale), ("amax", amax)):
+            if t is None:
+                continue
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.numel() != 1 or t.device != x.device:
+                got = (f"{type(t).__name__}" if not isinstance(t, torch.Tensor)
+                       else f"{t.dtype} with {t.numel()} elements on {t.device}")
+                raise ValueError(f"{name}: {arg} must be a float32 tensor of one element on {x.device}; got {got}")
+        if quant_scale is None:
+            raise ValueError(f"{name}: per-tensor scaling needs quant_scale")
+    if residual is not None and restore is not None:
+        residual = residual.reshape(x2.shape)
+    y_quant, scales, y, h = torch.ops.normjit.quant_norm_fwd(x2, residual, w, b, norm, float(eps), zero_centered, quant,
+                                                             quant_scale, amax, return_y)
+    if restore is not None:
+        y_quant = y_quant.reshape(restore)
+        if per_row:
+            scales = scales.reshape(restore[:x.dim() - len(_shape_tuple(normalized_shape))] + (1,))
+        if return_y:
+            y = y.reshape(restore)
+        if residual is not None:
+            h = h.reshape(restore)
+    out = (y_quant, scales if per_row else quant_scale)
+    if return_y:
+        out += (y,)
+    if residual is not None:
+        out += (h,)
+    return out
+
+
+_FP8 = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
+
+
+def _fp8_quant(name, fp8_dtype, quant_scale):
+    if fp8_dtype not in _FP8:
+        raise ValueError(f"{name}: fp8_dtype={fp8_dtype} is not torch.float8_e4m3fn or torch.float8_e5m2")
+    return _FP8[fp8_dtype] + ("" if quant_scale is not None else "_row")
+
+
+def rms_norm_fp8(x, normalized_shape, weight=None, eps=None, bias=None, *, quant_scale=None, amax=None,
+                 fp8_dtype=torch.float8_e4m3fn, zero_centered=False, return_y=False):
+    """rms_norm with its output quantized to FP8 in the same kernel, for an FP8 GEMM after the norm.
+    Inference only. Returns (y_fp8, scale), plus y in x's dtype when return_y.
+
+    quant_scale=None: dynamic per-row scaling (vLLM's per-token): scale is float32 [..., 1], each
+    row's amax / fp8_max, and y ~ y_fp8.float() * scale. quant_scale (a float32 CUDA tensor of one
+    element): per-tensor scaling (TransformerEngine's delayed scaling), y_fp8 = y * quant_scale,
+    and the scale returned is quant_scale itself; amax (float32, one element) gets max |y| folded in
+    (in place). Rounding to nearest even, saturating at the format's largest finite value."""
+    quant = _fp8_quant("rms_norm_fp8", fp8_dtype, quant_scale)
+    return _quant_norm("rms_norm_fp8", x, None, normalized_shape, weight, bias, eps, zero_centered, quant,
+                       quant_scale, amax, return_y, "rmsnorm")
+
+
+def layer_norm_fp8(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, quant_scale=None, amax=None,
+                   fp8_dtype=torch.float8_e4m3fn, zero_centered=False, return_y=False):
+    """layer_norm with an FP8 output; scaling and returns as rms_norm_fp8."""
+    quant = _fp8_quant("layer_norm_fp8", fp8_dtype, quant_scale)
+    return _quant_norm("layer_norm_fp8", x, None, normalized_shape, weight, bias, eps, zero_centered, quant,
+                       quant_scale, amax, return_y, "layernorm")
+
+
+def add_rms_norm_fp8(x, residual, weight=None, eps=None, bias=None, *, quant_scale=None, amax=None,
+                     fp8_dtype=torch.float8_e4m3fn, zero_centered=False, return_y=False):
+    """add_rms_norm with an FP8 output (vLLM's fused add + RMSNorm + quant): h = x + residual,
+    y = rms_norm(h). Returns (y_fp8, scale[, y], h); scaling as rms_norm_fp8."""
+    quant = _fp8_quant("add_rms_norm_fp8", fp8_dtype, quant_scale)
+    return _quant_norm("add_rms_norm_fp8", x, residual, x.shape[-1:] if isinstance(x, torch.Tensor) and x.dim() else (),
+                       weight, bias, eps, zero_centered, quant, quant_scale, amax, return_y, "rmsnorm")
+
+
+def rms_norm_int8(x, normalized_shape, weight=None, eps=None, bias=None, *, zero_centered=False, return_y=False):
+    """rms_norm with a dynamic per-row int8 output (vLLM's per-token int8): returns (y_int8, scale),
+    scale float32 [..., 1] = amax(row) / 127, y ~ y_int8.float() * scale; codes round half to even.
+    Inference only; y in x's dtype too when return_y."""
+    return _quant_norm("rms_norm_int8", x, None, normalized_shape, weight, bias, eps, zero_centered, "int8_row", None,
+                       None, return_y, "rmsnorm")
+
+
+def add_rms_norm_int8(x, residual, weight=None, eps=None, bias=None, *, zero_centered=False, return_y=False):
+    """add_rms_norm with a per-row int8 output: returns (y_int8, scale[, y], h)."""
+    return _quant_norm("add_rms_norm_int8", x, residual, x.shape[-1:] if isinstance(x, torch.Tensor) and x.dim() else (),
+                       weight, bias, eps, zero_centered, "int8_row", None, None, return_y, "rmsnorm")

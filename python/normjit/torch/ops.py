@@ -307,3 +307,49 @@ def call_fused(x, residual, weight, bias, norm, eps, zero_centered, epilogue="no
             mask = None
     out = tuple(t for t in (y, h, mask) if t is not None)
     return out if len(out) > 1 else y
+
+
+# Quantized outputs, inference only (no autograd: the gradient of a quantized output is the plain
+# norm's, which layer_norm / rms_norm give):
+#
+#     quant_norm_fwd(x, residual?, weight?, bias?, norm, eps, zero_centered, quant, quant_scale?,
+#                    amax?, want_y) -> (y_quant, scales, y, h)
+#
+# quant: "fp8_e4m3" / "fp8_e5m2" (per tensor: codes of y * quant_scale, max |y| folded into amax in
+# place where given) or "fp8_e4m3_row" / "fp8_e5m2_row" / "int8_row" (per row: scales [..., 1] fp32,
+# y ~ codes * scale). y_quant has x's shape and row layout in float8_e4m3fn / float8_e5m2 / int8.
+# Outputs not produced (scales per tensor, y without want_y, h without residual) are empty [0].
+_QUANTS = tuple(_launch.QUANT_DTYPES)
+
+
+def _check_quant(norm, quant):
+    _check_names(norm, "none")
+    if quant not in _QUANTS:
+        raise ValueError(f"quant={quant!r} is not one of {', '.join(_QUANTS)}")
+
+
+@torch.library.custom_op("normjit::quant_norm_fwd", mutates_args=("amax",))
+def quant_norm_fwd(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], norm: str,
+                   eps: float, zero_centered: bool, quant: str, quant_scale: Optional[Tensor], amax: Optional[Tensor],
+                   want_y: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    _check_quant(norm, quant)
+    impl = _launch.forward_quant if x.is_cuda else _reference.forward_quant
+    y_quant, scales, y, h = impl(x, residual, weight, bias, norm, eps, zero_centered, quant, quant_scale, amax, want_y)
+    # A fresh empty tensor for each output not produced: outputs may not alias each other.
+    return (y_quant, scales if scales is not None else x.new_empty((0,), dtype=torch.float32),
+            y if y is not None else x.new_empty((0,)), h if h is not None else x.new_empty((0,)))
+
+
+@quant_norm_fwd.register_fake
+def _quant_norm_fwd_fake(x, residual, weight, bias, norm, eps, zero_centered, quant, quant_scale, amax, want_y):
+    _check_quant(norm, quant)
+    if residual is not None:
+        x, residual, rs = _launch._shared_layout(x, residual)
+    else:
+        x, rs = _launch.layout(x)
+    y_quant = _launch.like_rows(x, rs, _launch.QUANT_DTYPES[quant])
+    scales = (x.new_empty(x.shape[:-1] + (1,), dtype=torch.float32) if quant.endswith("_row")
+              else x.new_empty((0,), dtype=torch.float32))
+    y = _launch.like_rows(x, rs) if want_y else x.new_empty((0,))
+    h = _launch.like_rows(x, rs) if residual is not None else x.new_empty((0,))
+    return y_quant, scales, y, h

@@ -1,0 +1,46 @@
+// Dynamic per-row quantization (vLLM's per-token FP8 / int8): each row's largest |y| gives its
+// scale, scale = amax / qmax (1 for a row of zeros), stored as fp32 in p.row_scales[row]; the codes
+// of y / scale go to p.y_quant (round to nearest even; FP8 saturates to the largest finite value
+// and keeps NaN, int8 clamps to [-128, 127] and gives 0 for NaN). qmax: 448 (e4m3), 57344 (e5m2),
+// 127 (int8). y in x's dtype is stored too only where p.y is set. Forward only; the row's amax
+// comes from the kernel's measuring pass (kRowScaled), so the row must sit in one CTA.
+#pragma once
+#include "normjit/quant_common.cuh"
+
+namespace normjit {
+
+enum class RowQuantFormat { kE4M3, kE5M2, kInt8 };
+
+template <RowQuantFormat kFormat>
+struct EpilogueRowQuant {
+  static constexpr bool kAlwaysStoresY = false;
+  static constexpr bool kNeedsPreActivation = false;
+  static constexpr bool kRowScaled = true;
+  static constexpr float kQMax = kFormat == RowQuantFormat::kE4M3   ? 448.f
+                                 : kFormat == RowQuantFormat::kE5M2 ? 57344.f
+                                                                    : 127.f;
+
+  template <class YT, int kVec, int kThreadsPerRow>
+  static __device__ __forceinline__ void forward(float (&v)[kVec], bool valid, const NormParams& p, long long row,
+                                                 int col, int, float row_amax) {
+    if (!valid) return;
+    // IEEE division and reciprocal (no fast math): the host reference gets the same scale.
+    const float scale = row_amax > 0.f ? row_amax / kQMax : 1.f;
+    if (col == 0) p.row_scales[row] = scale;
+    const float inv = 1.f / scale;
+    unsigned char q[kVec];
+    if constexpr (kFormat == RowQuantFormat::kInt8) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) q[j] = to_int8(v[j] * inv);
+    } else {
+      to_fp8<kFormat == RowQuantFormat::kE5M2, kVec>(v, inv, q);
+    }
+    store_codes<kVec>(p.y_quant + row * p.row_stride + col, q);
+  }
+
+  template <int kVec>
+  static __device__ __forceinline__ void backward(float (&)[kVec], const float (&)[kVec], bool, const NormParams&,
+                                                  long long, int) {}
+};
+
+}  // namespace normjit
