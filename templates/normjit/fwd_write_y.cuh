@@ -25,20 +25,41 @@ struct RowScaled<E, decltype(void(E::kRowScaled))> {
   static constexpr bool value = E::kRowScaled;
 };
 
+// Epilogues with per-thread state (a `State` type) get it by reference in every hook call, and a
+// `finish<kThreadsPerRow>(state, p)` call once the thread's rows are done, reached by every thread
+// of the CTA (so it may reduce over the CTA). Others get an empty placeholder.
+struct NoEpilogueState {};
+template <class E, class = void>
+struct EpilogueState {
+  using type = NoEpilogueState;
+  static constexpr bool kStateful = false;
+};
+template <class E>
+struct EpilogueState<E, decltype(void(sizeof(typename E::State)))> {
+  using type = typename E::State;
+  static constexpr bool kStateful = true;
+};
+
 // Normalizes, applies the epilogue and stores kCount packs. Every lane of the row group runs the
 // loop (the epilogue may shuffle); only valid packs of active rows are read and written.
 // Pointers and columns are relative to the CTA's segment; the epilogue sees the row's column.
 // With kHeld packs of weights (first_pack a compile-time index then), gamma / beta come from `held`.
-// row_amax: the row's largest |y|, for kRowScaled epilogues. kMeasure: the measuring pass of
-// those epilogues instead; nothing is stored, and the return value is this thread's largest |y|
-// over its packs (NaN ignored). One loop body for both passes, so they normalize alike.
-template <class Cfg, int kCount, class XT, class WT, int kVec, int kHeld = 0, bool kMeasure = false>
+// row_amax: the row's largest |y|, for kRowScaled epilogues, whose rows take two passes:
+//   kPassMeasure: nothing is stored; the return value is this thread's largest |y| over its packs
+//     (NaN ignored), and the normalized packs go to `held_y` where given (register rows);
+//   kPassWrite: as for every other epilogue, normalizing again (rows read from memory);
+//   kPassWriteHeld: the epilogue and stores over `held_y` (register rows: normalized once).
+// One loop body for every pass, so they normalize alike.
+enum FwdPass { kPassWrite, kPassMeasure, kPassWriteHeld };
+template <class Cfg, int kCount, class XT, class WT, int kVec, int kHeld = 0, int kPass = kPassWrite>
 __device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT, kVec> (&packs)[kCount],
                                              int first_pack, int lane, long long row, bool active, XT* y,
                                              const WT* gamma, const WT* beta, float center, float shift,
                                              float rstd, int segment_col,
                                              const HeldWeights<WT, kVec, kHeld>* held = nullptr,
-                                             float row_amax = 0.f) {
+                                             float row_amax = 0.f,
+                                             typename EpilogueState<typename Cfg::Epilogue>::type* state = nullptr,
+                                             float (*held_y)[kVec] = nullptr) {
   using S = FwdShape<Cfg>;
   float amax = 0.f;
 #pragma unroll
@@ -47,7 +68,10 @@ __device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT,
     const bool valid = active && pack < S::kVecs;
     const int col = pack * kVec;
     float out[kVec];
-    if (valid) {
+    if constexpr (kPass == kPassWriteHeld) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) out[j] = held_y[i][j];
+    } else if (valid) {
       Pack<WT, kVec> g, b;
       if constexpr (kHeld > 0) {
         g = held->g[first_pack + i];
@@ -71,13 +95,18 @@ __device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT,
 #pragma unroll
       for (int j = 0; j < kVec; ++j) out[j] = 0.f;
     }
-    if constexpr (kMeasure) {
+    if constexpr (kPass == kPassMeasure) {
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) amax = fmaxf(amax, fabsf(out[j]));
+      for (int j = 0; j < kVec; ++j) {
+        amax = fmaxf(amax, fabsf(out[j]));
+        if (held_y) held_y[i][j] = out[j];
+      }
       continue;
     }
     if constexpr (RowScaled<typename Cfg::Epilogue>::value)
       Cfg::Epilogue::template forward<XT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane, row_amax);
+    else if constexpr (EpilogueState<typename Cfg::Epilogue>::kStateful)
+      Cfg::Epilogue::template forward<XT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane, *state);
     else
       Cfg::Epilogue::template forward<XT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane);
     if (valid && (Cfg::Epilogue::kAlwaysStoresY || p.y != nullptr)) {
@@ -98,7 +127,8 @@ __device__ __forceinline__ void write_row(const NormParams& p, const XT* source,
                                           XT* y, const WT* gamma, const WT* beta, float center, float shift,
                                           float rstd, int segment_col,
                                           const HeldWeights<WT, Cfg::kVec, kHeld>* held = nullptr,
-                                          float row_amax = 0.f) {
+                                          float row_amax = 0.f,
+                                          typename EpilogueState<typename Cfg::Epilogue>::type* state = nullptr) {
   using S = FwdShape<Cfg>;
   constexpr int kVec = Cfg::kVec;
   // Held weights are indexed by pack: the chunks must unroll for them to stay in registers.
@@ -107,11 +137,11 @@ __device__ __forceinline__ void write_row(const NormParams& p, const XT* source,
     Pack<XT, kVec> chunk[S::kChunk];
     load_chunk<Cfg>(chunk, source, base, lane, active);
     write_packs<Cfg, S::kChunk, XT, WT, kVec, kHeld>(p, chunk, base, lane, row, active, y, gamma, beta, center,
-                                                     shift, rstd, segment_col, held, row_amax);
+                                                     shift, rstd, segment_col, held, row_amax, state);
   }
 }
 
-// The measuring pass (write_packs' kMeasure) over a row waiting in `source`, as write_row reads it.
+// The measuring pass (write_packs' kPassMeasure) over a row waiting in `source`, as write_row reads it.
 template <class Cfg, class XT, class WT, int kHeld = 0>
 __device__ __forceinline__ float row_source_amax(const NormParams& p, const XT* source, int lane, long long row,
                                                  bool active, const WT* gamma, const WT* beta, float center,
@@ -124,7 +154,7 @@ __device__ __forceinline__ float row_source_amax(const NormParams& p, const XT* 
   for (int base = 0; base < S::kIters; base += S::kChunk) {
     Pack<XT, kVec> chunk[S::kChunk];
     load_chunk<Cfg>(chunk, source, base, lane, active);
-    amax = fmaxf(amax, write_packs<Cfg, S::kChunk, XT, WT, kVec, kHeld, true>(
+    amax = fmaxf(amax, write_packs<Cfg, S::kChunk, XT, WT, kVec, kHeld, kPassMeasure>(
                            p, chunk, base, lane, row, active, nullptr, gamma, beta, center, shift, rstd, 0, held));
   }
   return amax;

@@ -131,29 +131,40 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
   }
   constexpr const HeldWeights<WT, kVec, 0>* kNoHeldWeights = nullptr;
   float row_amax = 0.f;
-  if constexpr (RowScaled<typename Cfg::Epilogue>::value) {
+  constexpr bool kRowScaled = RowScaled<typename Cfg::Epilogue>::value;
+  // Register rows of a row-scaled epilogue keep y between its two passes (normalized once).
+  float held_y[kRowScaled && Cfg::kCache == RowCache::kRegisters ? S::kIters : 1][kVec];
+  if constexpr (kRowScaled) {
     static_assert(S::kCluster == 1, "a row-scaled epilogue needs the whole row in one CTA");
     __shared__ float max_scratch[kScratch];
     float amax;
     if constexpr (Cfg::kCache == RowCache::kRegisters)
-      amax = write_packs<Cfg, S::kIters, XT, WT, kVec, 0, true>(p, cache, 0, lane, row, active, y, gamma, beta, center,
-                                                                shift, rstd, segment_col);
+      amax = write_packs<Cfg, S::kIters, XT, WT, kVec, 0, kPassMeasure>(
+          p, cache, 0, lane, row, active, y, gamma, beta, center, shift, rstd, segment_col, kNoHeldWeights, 0.f,
+          nullptr, held_y);
     else
       amax = row_source_amax<Cfg, XT, WT>(p, Cfg::kCache == RowCache::kShared ? shared_row : Cfg::Prologue::reread(p, x),
                                           lane, row, active, gamma, beta, center, shift, rstd);
     row_amax = row_max<S::kThreads>(amax, max_scratch);
   }
-  if constexpr (Cfg::kCache == RowCache::kRegisters) {
+  using Epilogue = typename Cfg::Epilogue;
+  typename EpilogueState<Epilogue>::type state{};
+  if constexpr (Cfg::kCache == RowCache::kRegisters && kRowScaled) {
+    write_packs<Cfg, S::kIters, XT, WT, kVec, 0, kPassWriteHeld>(p, cache, 0, lane, row, active, y, gamma, beta,
+                                                                 center, shift, rstd, segment_col, kNoHeldWeights,
+                                                                 row_amax, &state, held_y);
+  } else if constexpr (Cfg::kCache == RowCache::kRegisters) {
     write_packs<Cfg, S::kIters, XT, WT>(p, cache, 0, lane, row, active, y, gamma, beta, center, shift, rstd,
-                                        segment_col, kNoHeldWeights, row_amax);
+                                        segment_col, kNoHeldWeights, row_amax, &state);
     // A CTA's shared memory must outlive the other CTAs' reads of it.
     if constexpr (S::kCluster > 1) cluster_wait();
   } else {
     // Second pass: from shared memory (kShared) or global memory again (kGlobal).
     write_row<Cfg>(p, Cfg::kCache == RowCache::kShared ? shared_row : Cfg::Prologue::reread(p, x), lane, row, active,
-                   y, gamma, beta, center, shift, rstd, segment_col, kNoHeldWeights, row_amax);
+                   y, gamma, beta, center, shift, rstd, segment_col, kNoHeldWeights, row_amax, &state);
     if constexpr (S::kCluster > 1) cluster_wait();
   }
+  if constexpr (EpilogueState<Epilogue>::kStateful) Epilogue::template finish<S::kThreads>(state, p);
 }
 
 // Starts the copy of `row` (this CTA's segment, from segment_col) into buffer `buffer` of
@@ -238,6 +249,8 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s)
     fwd_fill_buffer<Cfg, kBulk>(p, shared_rows, row_ready, segment_col, lane, first + s * stride, s);
+  using Epilogue = typename Cfg::Epilogue;
+  typename EpilogueState<Epilogue>::type state{};
   int buffer = 0, parity = 0;
   unsigned ready_phases = 0;  // bulk copies: bit b, the parity of buffer b's next phase
   for (long long row = first; row < p.rows; row += stride, parity ^= 1) {
@@ -279,12 +292,13 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
           max_scratch);
     }
     write_row<Cfg, XT, WT, kHeld>(p, row_x, lane, row, true, y, gamma, beta, center, shift, rstd, segment_col, &held,
-                                  row_amax);
+                                  row_amax, &state);
     buffer = Pipeline::next(buffer);
     // The next row's reduction reuses the scratch (a cluster's barrier already orders it).
     if constexpr (S::kCluster == 1) __syncthreads();
   }
   Pipeline::drain();
+  if constexpr (EpilogueState<Epilogue>::kStateful) Epilogue::template finish<S::kThreads>(state, p);
   // A CTA's cluster slots must outlive the other CTAs' reads of them.
   if constexpr (S::kCluster > 1) {
     cluster_arrive();

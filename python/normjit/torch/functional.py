@@ -280,8 +280,14 @@ def _quant_norm(name, x, residual, normalized_shape, weight, bias, eps, zero_cen
             raise ValueError(f"{name}: per-tensor scaling needs quant_scale")
     if residual is not None and restore is not None:
         residual = residual.reshape(x2.shape)
-    y_quant, scales, y, h = torch.ops.normjit.quant_norm_fwd(x2, residual, w, b, norm, float(eps), zero_centered, quant,
-                                                             quant_scale, amax, return_y)
+    if not torch.compiler.is_compiling() and x2.is_cuda and type(x2) is torch.Tensor:
+        # Eagerly the launch path directly: the custom op's dispatch would cost more host time
+        # than a small kernel takes.
+        y_quant, scales, y, h = _launch.forward_quant(x2, residual, w, b, norm, float(eps), zero_centered, quant,
+                                                      quant_scale, amax, return_y)
+    else:
+        y_quant, scales, y, h = torch.ops.normjit.quant_norm_fwd(x2, residual, w, b, norm, float(eps), zero_centered,
+                                                                 quant, quant_scale, amax, return_y)
     if restore is not None:
         y_quant = y_quant.reshape(restore)
         if per_row:
