@@ -63,6 +63,8 @@ EpilogueBinding epilogue_binding(Epilogue e) {
     case Epilogue::kFp8E4M3Row: return {"epilogue_quant_row.cuh", "EpilogueRowQuant<normjit::RowQuantFormat::kE4M3>"};
     case Epilogue::kFp8E5M2Row: return {"epilogue_quant_row.cuh", "EpilogueRowQuant<normjit::RowQuantFormat::kE5M2>"};
     case Epilogue::kInt8Row: return {"epilogue_quant_row.cuh", "EpilogueRowQuant<normjit::RowQuantFormat::kInt8>"};
+    case Epilogue::kMxfp8E4M3: return {"epilogue_mx.cuh", "EpilogueMx<false>"};
+    case Epilogue::kMxfp8E5M2: return {"epilogue_mx.cuh", "EpilogueMx<true>"};
   }
   throw Error(Status::kNotSupported, std::string("epilogue '") + to_string(e) + "' has no device binding");
 }

@@ -40,7 +40,8 @@ constexpr Named<DType> kDTypes[] = {{DType::kF32, "f32"}, {DType::kF16, "f16"}, 
 constexpr Named<Epilogue> kEpilogues[] = {
     {Epilogue::kNone, "none"},         {Epilogue::kReluBitmask, "relu_bitmask"}, {Epilogue::kGelu, "gelu"},
     {Epilogue::kFp8E4M3, "fp8_e4m3"}, {Epilogue::kFp8E5M2, "fp8_e5m2"}, {Epilogue::kFp8E4M3Row, "fp8_e4m3_row"},
-    {Epilogue::kFp8E5M2Row, "fp8_e5m2_row"}, {Epilogue::kInt8Row, "int8_row"}};
+    {Epilogue::kFp8E5M2Row, "fp8_e5m2_row"}, {Epilogue::kInt8Row, "int8_row"}, {Epilogue::kMxfp8E4M3, "mxfp8_e4m3"},
+    {Epilogue::kMxfp8E5M2, "mxfp8_e5m2"}};
 constexpr Named<RowCache> kRowCaches[] = {
     {RowCache::kRegisters, "reg"}, {RowCache::kGlobal, "gmem"}, {RowCache::kShared, "smem"},
     {RowCache::kSharedPipelined, "pipe"}};
@@ -285,9 +286,16 @@ void validate(const Spec& s) {
       why = "must leave each CTA whole mask bytes (n / cluster a multiple of 8)";
     else if (scales_per_row(s.epilogue))
       why = "cannot split a row whose scale needs its whole amax (per-row quantization): use cluster 1";
+    else if (scales_per_block(s.epilogue) && (s.n / b.cluster) % kMxBlock != 0)
+      why = "must leave each CTA whole 32-value scale blocks (n / cluster a multiple of 32)";
     if (why)
       throw Error(Status::kInvalidSpec, where() + "cluster=" + std::to_string(b.cluster) + " " + why);
   }
+  if (scales_per_block(s.epilogue) && b.threads_per_row * b.vec % kMxBlock != 0)
+    throw Error(Status::kInvalidSpec, where() + "threads_per_row=" + std::to_string(b.threads_per_row) + " x vec=" +
+                                          std::to_string(b.vec) + " must be a multiple of 32 for " +
+                                          to_string(s.epilogue) + ": a 32-value scale block lies in one pass of the "
+                                          "row's lanes");
   if (b.cache == RowCache::kSharedPipelined ? b.stages < 2 || b.stages > kMaxPipeStages : b.stages != 2)
     throw Error(Status::kInvalidSpec, where() + "stages=" + std::to_string(b.stages) +
                                           (b.cache == RowCache::kSharedPipelined

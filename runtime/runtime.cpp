@@ -28,7 +28,8 @@ int access_bytes(int vec, DType d) { return std::min(16, vec * dtype_size(d)); }
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Every field of a spec in one word (n - 1 < 2^18, rows_per_cta - 1 < 2^10, threads_per_row <
-// 2^11, vec and cluster by their log2; stages 2-4). A spec without a block config packs
+// 2^11, vec (at most 16 bytes of 2-byte or 4-byte elements: 8) and cluster by their log2;
+// stages 2-4). A spec without a block config packs
 // threads_per_row = 0, which no resolved spec has.
 uint64_t packed_key(const Spec& s) {
   const BlockConfig b = s.block.value_or(BlockConfig{});
@@ -40,16 +41,16 @@ uint64_t packed_key(const Spec& s) {
   k = k << 1 | static_cast<uint64_t>(s.has_bias);
   k = k << 1 | static_cast<uint64_t>(s.zero_centered);
   k = k << 1 | static_cast<uint64_t>(s.residual);
-  static_assert(static_cast<int>(Epilogue::kInt8Row) < 8, "the epilogue's 3 bits of the key are full");
-  k = k << 3 | static_cast<uint64_t>(s.epilogue);
+  static_assert(static_cast<int>(Epilogue::kMxfp8E5M2) < 16, "the epilogue's 4 bits of the key are full");
+  k = k << 4 | static_cast<uint64_t>(s.epilogue);
   k = k << 11 | static_cast<uint64_t>(b.threads_per_row);
   k = k << 10 | (static_cast<uint64_t>(b.rows_per_cta - 1) & 1023);
-  k = k << 3 | static_cast<uint64_t>(b.vec > 0 ? __builtin_ctz(static_cast<unsigned>(b.vec)) : 0);  // 1-16
+  k = k << 2 | static_cast<uint64_t>(b.vec > 0 ? __builtin_ctz(static_cast<unsigned>(b.vec)) : 0);  // 1-8
   k = k << 2 | static_cast<uint64_t>(b.cache);
   k = k << 3 | static_cast<uint64_t>(__builtin_ctz(static_cast<unsigned>(std::max(1, b.cluster))));  // 1-16
   k = k << 2 | static_cast<uint64_t>(b.stages - 2);                          // 2, 3, 4
   k = k << 1 | static_cast<uint64_t>(b.bulk_copy);
-  return k;  // 18 + 2+2+2+2+1+1+1+3 + 11+10+3+2+3+2+1 = 64 bits
+  return k;  // 18 + 2+2+2+2+1+1+1+4 + 11+10+2+2+3+2+1 = 64 bits
 }
 
 bool needs_pre_activation(Epilogue e) { return e == Epilogue::kGelu; }
@@ -80,7 +81,8 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
   const bool ada = is_adaptive(s.norm);
   const bool bitmask = s.epilogue == Epilogue::kReluBitmask;
   const bool quant = quantizes(s.epilogue);
-  const bool per_tensor = scales_per_tensor(s.epilogue), per_row = scales_per_row(s.epilogue);
+  const bool per_tensor = scales_per_tensor(s.epilogue), per_row = scales_per_row(s.epilogue),
+             per_block = scales_per_block(s.epilogue);
   const char* phase = to_string(s.phase);
   // (field, pointer, whether this spec uses it, why)
   struct Field {
@@ -110,6 +112,7 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
       {"y_quant", a.y_quant, quant, "the quantized output (spec .fp8_*, .int8_row)"},
       {"quant_scale", a.quant_scale, per_tensor, "the per-tensor scale of the quantized output (spec .fp8_e4m3, .fp8_e5m2)"},
       {"row_scales", a.row_scales, per_row, "the per-row scales written beside the codes (spec .*_row)"},
+      {"block_scales", a.block_scales, per_block, "the E8M0 block scales written beside the codes (spec .mxfp8_*)"},
   };
   for (const Field& f : fields) {
     if (f.used && !f.ptr) fail(std::string(f.name) + " is null; " + phase + " needs it (" + f.role + ")");
@@ -251,6 +254,8 @@ NormParams Kernel::params_for(const LaunchArgs& a) const {
   p.quant_scale = a.quant_scale;
   p.amax = a.amax;
   p.row_scales = a.row_scales;
+  p.block_scales = a.block_scales;
+  p.block_scale_stride = (spec_.n + kMxBlock - 1) / kMxBlock;
   return p;
 }
 

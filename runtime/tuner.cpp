@@ -119,7 +119,8 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
       rstd(rows * 4), mask(size_t(rows) * mask_row_bytes(n)), dgamma(n * ws), dbeta(n * ws), work(workspace),
       residual(spec.residual ? x_bytes : 0), h(spec.residual && !backward ? x_bytes : 0),
       quant_scale(scales_per_tensor(spec.epilogue) ? 4 : 0), amax(scales_per_tensor(spec.epilogue) ? 4 : 0),
-      row_scales(scales_per_row(spec.epilogue) ? rows * 4 : 0);
+      row_scales(scales_per_row(spec.epilogue) ? rows * 4 : 0),
+      block_scales(scales_per_block(spec.epilogue) ? rows * ((n + kMxBlock - 1) / kMxBlock) : 0);
   {
     const detail::FillKernels fill(target_, device_.sm_count);
     const unsigned seed = static_cast<unsigned>(n * 7919 + static_cast<int>(spec.phase));
@@ -158,8 +159,10 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
     if (scales_per_tensor(spec.epilogue)) {
       a.quant_scale = static_cast<const float*>(quant_scale.get());
       a.amax = static_cast<float*>(amax.get());
-    } else {
+    } else if (scales_per_row(spec.epilogue)) {
       a.row_scales = static_cast<float*>(row_scales.get());
+    } else {
+      a.block_scales = static_cast<uint8_t*>(block_scales.get());
     }
   }
   if (backward) {

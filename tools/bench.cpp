@@ -214,13 +214,16 @@ int main(int argc, char** argv) {
       // Residual: the forward also reads residual and writes h, the backward reads dh_out.
       // Quantizing epilogues write one byte of y an element instead of x's dtype.
       const bool quant = nj::quantizes(spec.epilogue);
-      const bool per_tensor = nj::scales_per_tensor(spec.epilogue), per_row = nj::scales_per_row(spec.epilogue);
+      const bool per_tensor = nj::scales_per_tensor(spec.epilogue), per_row = nj::scales_per_row(spec.epilogue),
+                 per_block = nj::scales_per_block(spec.epilogue);
+      const int64_t blocks_per_row = (n + nj::kMxBlock - 1) / nj::kMxBlock;
       const double weight_bytes = double(groups) * n * ws;
       const double bytes =
           double(residual_streams) * x_bytes +
           (backward ? 3.0 * x_bytes + weight_bytes * (2 + (spec.has_bias ? 1 : 0))
                     : x_bytes * (quant ? 1.0 + 1.0 / xs : 2.0) + weight_bytes * (spec.has_bias ? 2 : 1) +
                           double(rows) * 4 * ((training ? 1 : 0) + (has_mean ? 1 : 0) + (per_row ? 1 : 0)) +
+                          (per_block ? double(rows) * blocks_per_row : 0.0) +
                           (bitmask ? mask_bytes : 0));
       // --graph also replays a copy of the launch's own bytes (half read, half written) per set: the
       // M·N copy above moves fewer bytes than a backward does.
@@ -233,7 +236,7 @@ int main(int argc, char** argv) {
           workspace(backward ? kernel.workspace_bytes(rows, rpb) : 0),
           residual_in(residual && !backward ? x_bytes * sets : 0), h_out(residual && !backward ? x_bytes * sets : 0),
           dh_out(residual && backward ? x_bytes * sets : 0), quant_scale(per_tensor ? 4 : 0), amax(per_tensor ? 4 : 0),
-          row_scales(per_row ? rows * 4 * sets : 0);
+          row_scales(per_row ? rows * 4 * sets : 0), block_scales(per_block ? rows * blocks_per_row * sets : 0);
       const unsigned s0 = seed + 17 * static_cast<unsigned>(si);
       util.run(x.get(), spec.x_dtype, (long long)(rows * n * sets), s0, 2.0f, 0.5f);
       util.run(gamma.get(), spec.w_dtype, groups * n, s0 + 1, 0.5f, 1.0f);
@@ -271,8 +274,10 @@ int main(int argc, char** argv) {
           if (per_tensor) {
             a.quant_scale = static_cast<const float*>(quant_scale.get());
             a.amax = static_cast<float*>(amax.get());
-          } else {
+          } else if (per_row) {
             a.row_scales = reinterpret_cast<float*>(row_scales.get()) + size_t(set) * rows;
+          } else {
+            a.block_scales = reinterpret_cast<uint8_t*>(block_scales.get()) + size_t(set) * rows * blocks_per_row;
           }
         }
         return a;
@@ -395,18 +400,29 @@ int main(int argc, char** argv) {
           NORMJIT_CU(cuMemcpyDtoH(codes.data(), y.ptr + size_t(set) * x_bytes + size_t(r) * n, n));
           float dequant = 1.f;  // per tensor: the filled quant_scale is 1
           if (per_row) NORMJIT_CU(cuMemcpyDtoH(&dequant, row_scales.ptr + (size_t(set) * rows + r) * 4, 4));
+          std::vector<uint8_t> scale_codes(per_block ? blocks_per_row : 0);
+          if (per_block)
+            NORMJIT_CU(cuMemcpyDtoH(scale_codes.data(), block_scales.ptr + (size_t(set) * rows + r) * blocks_per_row,
+                                    scale_codes.size()));
           const bool int8 = spec.epilogue == nj::Epilogue::kInt8Row;
-          const bool e5m2 = spec.epilogue == nj::Epilogue::kFp8E5M2 || spec.epilogue == nj::Epilogue::kFp8E5M2Row;
+          const bool e5m2 = spec.epilogue == nj::Epilogue::kFp8E5M2 || spec.epilogue == nj::Epilogue::kFp8E5M2Row ||
+                            spec.epilogue == nj::Epilogue::kMxfp8E5M2;
           const auto format = e5m2 ? nj::reference::MiniFloat::kE5M2 : nj::reference::MiniFloat::kE4M3;
           const double half_step_rel = int8 ? 0.0 : e5m2 ? 0.125 : 0.0625;
-          const double half_step_abs = (int8 ? 0.5 : e5m2 ? std::ldexp(1.0, -17) : std::ldexp(1.0, -10)) * dequant;
           const nj::reference::Tolerance f32_tol = nj::reference::tolerance(nj::DType::kF32);
           for (int64_t i = 0; i < n; ++i) {
+            if (per_block) dequant = static_cast<float>(nj::reference::decode_e8m0(scale_codes[i / nj::kMxBlock]));
+            const double half_step_abs =
+                (int8 ? 0.5 : e5m2 ? std::ldexp(1.0, -17) : std::ldexp(1.0, -10)) * dequant;
             const double code_value = int8 ? static_cast<double>(static_cast<int8_t>(codes[i]))
                                            : nj::reference::decode(format, codes[i]);
             const double got = code_value * dequant;
-            note(std::abs(got - want[i]) / (half_step_abs + half_step_rel * std::abs(want[i]) + f32_tol.atol +
-                                             f32_tol.rtol * std::abs(want[i])));
+            // FP8 saturates at its largest finite value times the scale (MXFP8: a block's amax / X
+            // reaches up to 2^(emax + 1), past e4m3's 448).
+            const double limit = int8 ? INFINITY : nj::reference::max_finite(format) * dequant;
+            const double want_saturated = std::clamp(want[i], -limit, limit);
+            note(std::abs(got - want_saturated) / (half_step_abs + half_step_rel * std::abs(want_saturated) + f32_tol.atol +
+                                             f32_tol.rtol * std::abs(want_saturated)));
           }
         }
         if (!(worst <= 1.0)) all_ok = false;

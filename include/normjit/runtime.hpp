@@ -53,6 +53,9 @@ struct LaunchArgs {
   const float* quant_scale = nullptr;
   float* amax = nullptr;
   float* row_scales = nullptr;
+  // mxfp8_e4m3 / mxfp8_e5m2 forward: y_quant gets the codes of y / X, block_scales ([rows,
+  // ceil(n / 32)] bytes, row-major) the E8M0 code of each 32-value block's X.
+  uint8_t* block_scales = nullptr;
   float clip_lower = 0.f;
   float clip_upper = INFINITY;
   int64_t rows = 0;

@@ -32,7 +32,23 @@ enum class DType { kF32, kF16, kBF16 };
 //                 scale = amax(row) / qmax (448, 57344, 127; 1 for a row of zeros) goes to
 //                 row_scales, the codes of y / scale to y_quant (int8: round half to even, clamped
 //                 to [-128, 127]). Forward only; the row must sit in one CTA (no cluster).
-enum class Epilogue { kNone, kReluBitmask, kGelu, kFp8E4M3, kFp8E5M2, kFp8E4M3Row, kFp8E5M2Row, kInt8Row };
+//   mxfp8_e4m3, mxfp8_e5m2: OCP MXFP8: every 32 consecutive values of a row share an E8M0 scale
+//                 X = 2^(floor(log2(amax of the block)) - emax of the element format), written to
+//                 block_scales ([rows, ceil(n / 32)] bytes, row-major); the codes of y / X go to
+//                 y_quant. Forward only; a row group's lanes must cover whole blocks
+//                 (threads_per_row * vec a multiple of 32; n / cluster too).
+enum class Epilogue {
+  kNone,
+  kReluBitmask,
+  kGelu,
+  kFp8E4M3,
+  kFp8E5M2,
+  kFp8E4M3Row,
+  kFp8E5M2Row,
+  kInt8Row,
+  kMxfp8E4M3,
+  kMxfp8E5M2
+};
 
 // Per-tensor FP8 with a given scale (quant_scale, optional amax).
 inline bool scales_per_tensor(Epilogue e) { return e == Epilogue::kFp8E4M3 || e == Epilogue::kFp8E5M2; }
@@ -40,8 +56,11 @@ inline bool scales_per_tensor(Epilogue e) { return e == Epilogue::kFp8E4M3 || e 
 inline bool scales_per_row(Epilogue e) {
   return e == Epilogue::kFp8E4M3Row || e == Epilogue::kFp8E5M2Row || e == Epilogue::kInt8Row;
 }
+// Block scales (block_scales), 32 values a block.
+inline bool scales_per_block(Epilogue e) { return e == Epilogue::kMxfp8E4M3 || e == Epilogue::kMxfp8E5M2; }
+constexpr int kMxBlock = 32;
 // True for the epilogues that quantize y into y_quant.
-inline bool quantizes(Epilogue e) { return scales_per_tensor(e) || scales_per_row(e); }
+inline bool quantizes(Epilogue e) { return scales_per_tensor(e) || scales_per_row(e) || scales_per_block(e); }
 // Forward: where a CTA keeps its row between the statistics and output passes: registers (reg),
 // dynamic shared memory (smem: one row per CTA, or one segment per CTA of a cluster; at most
 // kMaxSharedRowBytes per CTA), or nowhere, streaming it twice (gmem). Backward: reg = one fused

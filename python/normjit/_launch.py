@@ -76,7 +76,7 @@ def _stream_handle(stream, x):
 def launch(runtime, spec, *, x=None, gamma=None, beta=None, mean=None, rstd=None, y=None, dy=None, dx=None,
            dgamma=None, dbeta=None, workspace=None, workspace_bytes=None, mask=None, clip_lower=0.0,
            clip_upper=math.inf, rows=None, row_stride=None, rows_per_batch=None, eps=1e-5, stream=None,
-           residual=None, h=None, dh_out=None, y_quant=None, quant_scale=None, amax=None, row_scales=None):
+           residual=None, h=None, dh_out=None, y_quant=None, quant_scale=None, amax=None, row_scales=None, block_scales=None):
     """Launches the kernel of ``spec`` (a Spec or spec string) on ``runtime``'s GPU.
 
     Arrays: torch tensors, ``__cuda_array_interface__`` or DLPack arrays, int pointers, or None
@@ -95,7 +95,8 @@ def launch(runtime, spec, *, x=None, gamma=None, beta=None, mean=None, rstd=None
     for name, obj in (("x", x), ("gamma", gamma), ("beta", beta), ("mean", mean), ("rstd", rstd), ("y", y),
                       ("dy", dy), ("dx", dx), ("dgamma", dgamma), ("dbeta", dbeta), ("mask", mask),
                       ("residual", residual), ("h", h), ("dh_out", dh_out), ("y_quant", y_quant),
-                      ("quant_scale", quant_scale), ("amax", amax), ("row_scales", row_scales)):
+                      ("quant_scale", quant_scale), ("amax", amax), ("row_scales", row_scales),
+                      ("block_scales", block_scales)):
         p, s, st, size = _array_info(obj, name)
         ptr[name] = p
         if obj is anchor:
@@ -128,5 +129,5 @@ def launch(runtime, spec, *, x=None, gamma=None, beta=None, mean=None, rstd=None
     kernel.launch(ptr["x"], ptr["gamma"], ptr["beta"], ptr["mean"], ptr["rstd"], ptr["y"], ptr["dy"], ptr["dx"],
                   ptr["dgamma"], ptr["dbeta"], ws_ptr, workspace_bytes, ptr["mask"], clip_lower, clip_upper, rows,
                   row_stride, rows_per_batch, eps, _stream_handle(stream, anchor), ptr["residual"], ptr["h"],
-                  ptr["dh_out"], ptr["y_quant"], ptr["quant_scale"], ptr["amax"], ptr["row_scales"])
+                  ptr["dh_out"], ptr["y_quant"], ptr["quant_scale"], ptr["amax"], ptr["row_scales"], ptr["block_scales"])
     return kernel

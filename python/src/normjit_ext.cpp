@@ -289,7 +289,7 @@ NB_MODULE(_normjit, m) {
               size_t workspace_bytes, uintptr_t mask, float clip_lower, float clip_upper, int64_t rows,
               int64_t row_stride, int64_t rows_per_batch, float eps, uintptr_t stream, uintptr_t residual,
               uintptr_t h, uintptr_t dh_out, uintptr_t y_quant, uintptr_t quant_scale, uintptr_t amax,
-              uintptr_t row_scales) {
+              uintptr_t row_scales, uintptr_t block_scales) {
              normjit::LaunchArgs a = pointer_args(x, gamma, beta, y, dy, dx, dgamma, dbeta, mask);
              a.residual = reinterpret_cast<const void*>(residual);
              a.h = reinterpret_cast<void*>(h);
@@ -298,6 +298,7 @@ NB_MODULE(_normjit, m) {
              a.quant_scale = reinterpret_cast<const float*>(quant_scale);
              a.amax = reinterpret_cast<float*>(amax);
              a.row_scales = reinterpret_cast<float*>(row_scales);
+             a.block_scales = reinterpret_cast<uint8_t*>(block_scales);
              a.mean = reinterpret_cast<float*>(mean);
              a.rstd = reinterpret_cast<float*>(rstd);
              a.workspace = reinterpret_cast<void*>(workspace);
@@ -313,12 +314,13 @@ NB_MODULE(_normjit, m) {
            "x"_a, "gamma"_a, "beta"_a, "mean"_a, "rstd"_a, "y"_a, "dy"_a, "dx"_a, "dgamma"_a, "dbeta"_a,
            "workspace"_a, "workspace_bytes"_a, "mask"_a, "clip_lower"_a, "clip_upper"_a, "rows"_a, "row_stride"_a,
            "rows_per_batch"_a, "eps"_a, "stream"_a, "residual"_a = 0, "h"_a = 0, "dh_out"_a = 0, "y_quant"_a = 0,
-           "quant_scale"_a = 0, "amax"_a = 0, "row_scales"_a = 0,
+           "quant_scale"_a = 0, "amax"_a = 0, "row_scales"_a = 0, "block_scales"_a = 0,
            nb::call_guard<nb::gil_scoped_release>(),
            "Launches on `stream` (0: the legacy default stream). Arguments: x, gamma, beta, mean, rstd, y, dy, dx, "
            "dgamma, dbeta, workspace, workspace_bytes, mask, clip_lower, clip_upper, rows, row_stride, "
            "rows_per_batch, eps, stream, then residual, h, dh_out (residual specs) and y_quant, quant_scale, amax "
-           "(fp8_e4m3 / fp8_e5m2 specs) or y_quant, row_scales (*_row specs); pointers as ints, 0 where unused.");
+           "(fp8_e4m3 / fp8_e5m2 specs) or y_quant, row_scales (*_row specs) or y_quant, block_scales (mxfp8_* specs); pointers as ints, 0 where "
+           "unused.");
 
   nb::class_<normjit::Runtime>(m, "Runtime", "normjit on one GPU: its kernels, loaded once, and the disk cache.")
       .def("__init__",

@@ -37,6 +37,9 @@ struct NormParams {
   float* amax;               // optional: max |y| over the launch is folded in (atomicMax); null: none
   // Per-row quantizing epilogues (*_row), last for the same reason.
   float* row_scales;  // forward: [rows] f32, each row's scale amax / qmax (its codes are y / scale)
+  // Block-scaled epilogues (mxfp8_*), last for the same reason.
+  unsigned char* block_scales;   // forward: [rows, block_scale_stride] E8M0 codes, one per 32 values
+  long long block_scale_stride;  // ceil(N / 32)
 };
 
 }  // namespace normjit

@@ -83,6 +83,21 @@ TEST_CASE("canonical form is stable and human readable") {
   // The heuristic never picks a cluster for them, even where it would for the plain spec.
   CHECK(resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n262144"), 8, 90, 16).block->cluster > 1);
   CHECK(resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n262144.int8_row"), 8, 90, 16).block->cluster == 1);
+  // MXFP8: a 32-value block in one pass of a row's lanes, and whole blocks per cluster CTA.
+  CHECK(Spec::parse("rmsnorm.fwd_infer.bf16.n4096.mxfp8_e4m3").epilogue == Epilogue::kMxfp8E4M3);
+  CHECK(scales_per_block(Spec::parse("layernorm.fwd_train.f32.n64.bias.mxfp8_e5m2").epilogue));
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.n64.mxfp8_e4m3"), doctest::Contains("has no backward"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.fwd_infer.bf16.n64.mxfp8_e4m3.cfg_t2_r128_v8_reg"),
+                       doctest::Contains("threads_per_row=2 x vec=8 must be a multiple of 32"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.fwd_infer.bf16.n65552.mxfp8_e4m3.cfg_t1024_r1_v2_c2_reg"),
+                       doctest::Contains("whole 32-value scale blocks"), Error);
+  for (int64_t n : {1, 7, 33, 100, 4096, 262144})
+    for (int vec : {1, 2, 8}) {
+      CAPTURE(n);
+      CAPTURE(vec);
+      const Spec r = resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n" + std::to_string(n) + ".mxfp8_e4m3"), vec);
+      CHECK(r.block->threads_per_row * r.block->vec % 32 == 0);
+    }
   // The fusions: flags after bias, in a fixed order, before the epilogue.
   const Spec f = Spec::parse("rmsnorm.bwd.bf16.w_f32.n7168.bias.zero_centered.residual.relu_bitmask");
   CHECK(f.has_bias);

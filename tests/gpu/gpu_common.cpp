@@ -75,17 +75,22 @@ ForwardRun run_forward(const Case& c) {
   // *_row: each row's scale comes back in row_scales (one poisoned slot past the end).
   const bool quant = quantizes(s.epilogue);
   const bool per_row = scales_per_row(s.epilogue), int8 = s.epilogue == Epilogue::kInt8Row;
-  const reference::MiniFloat format = s.epilogue == Epilogue::kFp8E5M2 || s.epilogue == Epilogue::kFp8E5M2Row
+  const bool per_block = scales_per_block(s.epilogue), per_tensor = scales_per_tensor(s.epilogue);
+  const int64_t blocks = (sh.n + kMxBlock - 1) / kMxBlock;
+  const reference::MiniFloat format = s.epilogue == Epilogue::kFp8E5M2 || s.epilogue == Epilogue::kFp8E5M2Row ||
+                                              s.epilogue == Epilogue::kMxfp8E5M2
                                           ? reference::MiniFloat::kE5M2
                                           : reference::MiniFloat::kE4M3;
-  run.quant_scale = quant && !per_row ? static_cast<float>(reference::max_finite(format) / 6.0) : 0.f;
+  run.quant_scale = per_tensor ? static_cast<float>(reference::max_finite(format) / 6.0) : 0.f;
   const float zero = 0.f;
-  DeviceMem y_quant(quant ? sh.elems : 0), quant_scale(4), amax(4), row_scales(per_row ? 4 * (c.rows + 1) : 0);
+  DeviceMem y_quant(quant ? sh.elems : 0), quant_scale(4), amax(4), row_scales(per_row ? 4 * (c.rows + 1) : 0),
+      block_scales(per_block ? blocks * (c.rows + 1) : 0);
   if (quant) {
     y_quant.poison();
     quant_scale.upload(&run.quant_scale, 4);
     amax.upload(&zero, 4);
     row_scales.poison();
+    block_scales.poison();
   }
 
   LaunchArgs a;
@@ -107,11 +112,12 @@ ForwardRun run_forward(const Case& c) {
     a.h = h.get() + c.x_offset * sh.xs;
   }
   if (quant) a.y_quant = y_quant.get() + c.x_offset;
-  if (quant && !per_row) {
+  if (per_tensor) {
     a.quant_scale = reinterpret_cast<const float*>(quant_scale.get());
     a.amax = reinterpret_cast<float*>(amax.get());
   }
   if (per_row) a.row_scales = reinterpret_cast<float*>(row_scales.get());
+  if (per_block) a.block_scales = reinterpret_cast<uint8_t*>(block_scales.get());
   launch(s, a);
   run.y.resize(run.x.size());
   y.download(run.y.data(), run.y.size());
@@ -169,6 +175,12 @@ ForwardRun run_forward(const Case& c) {
     amax.download(&amax_got, 4);
     std::vector<float> scales_got(per_row ? c.rows + 1 : 0);
     if (per_row) row_scales.download(scales_got.data(), 4 * scales_got.size());
+    std::vector<uint8_t> block_codes(per_block ? blocks * (c.rows + 1) : 0);
+    if (per_block) {
+      block_scales.download(block_codes.data(), block_codes.size());
+      for (int64_t b = 0; b < blocks; ++b)  // the row past the end keeps its poison
+        if (block_codes[c.rows * blocks + b] != 0xff) ++run.quant_mismatches;
+    }
     // The row's past-the-end slot keeps its poison.
     const std::vector<char> poison(4, static_cast<char>(0xff));
     if (per_row && std::memcmp(&scales_got[c.rows], poison.data(), 4) != 0) ++run.quant_mismatches;
@@ -199,6 +211,20 @@ ForwardRun run_forward(const Case& c) {
           if (code != 0xff) ++run.quant_mismatches;
           continue;
         }
+        if (per_block && i % kMxBlock == 0) {
+          // The block's scale against the reference's E8M0 code; where the fp64 block amax sits
+          // within the fp32 y's tolerance of a power of two, either neighbouring code.
+          double block_amax = 0;
+          for (int64_t k = i; k < std::min<int64_t>(i + kMxBlock, sh.n); ++k)
+            block_amax = std::max(block_amax, std::abs(ref.y[r * sh.n + k]));
+          const double slack = f32_tol.atol + f32_tol.rtol * block_amax;
+          const uint8_t got = block_codes[r * blocks + i / kMxBlock];
+          const uint8_t lo = reference::mx_scale_code(std::max(block_amax - slack, 0.0), format);
+          const uint8_t hi = reference::mx_scale_code(block_amax + slack, format);
+          if (lo != hi) ++run.quant_ambiguous;
+          if (got < lo || got > hi) ++run.quant_mismatches;
+          multiplier = 1.0 / reference::decode_e8m0(got);  // the kernel's own X: exact
+        }
         const double want = ref.y[r * sh.n + i];
         amax_want = std::max(amax_want, std::abs(want));
         // The kernel quantizes its fp32 y, which sits within f32's tolerance of the fp64 one
@@ -226,7 +252,7 @@ ForwardRun run_forward(const Case& c) {
                                      std::to_string(code) + ", want " + std::to_string(lo) + ".." + std::to_string(hi);
       }
     }
-    if (!per_row) run.amax_rel_err = std::abs(amax_got - amax_want) / std::max(amax_want, 1e-30);
+    if (per_tensor) run.amax_rel_err = std::abs(amax_got - amax_want) / std::max(amax_want, 1e-30);
   }
   // Padding between rows and the row past the end keep their poison.
   const std::vector<char> poison(16, static_cast<char>(0xff));

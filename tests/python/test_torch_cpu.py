@@ -333,8 +333,8 @@ class StubKernel:
 
     def launch(self, *args):
         # 20 positional arguments, then residual, h, dh_out for residual specs, then y_quant,
-        # quant_scale, amax, row_scales for the quantizing ones.
-        assert len(args) in (20, 23, 27) and all(isinstance(a, (int, float)) for a in args)
+        # quant_scale, amax, row_scales, block_scales for the quantizing ones.
+        assert len(args) in (20, 23, 28) and all(isinstance(a, (int, float)) for a in args)
         self.launches.append(args)
 
 
@@ -722,7 +722,17 @@ def test_add_ada_norm_argument_errors():
 def _quant64(x, w, b, norm, eps, quant, quant_scale=None):
     """(codes as float64 values, row scales or None) from a float64 norm, by the formats' rules."""
     y = ref64(x, w, b, norm, eps)
-    qmax = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int8": 127.0}[quant.replace("_row", "")]
+    qmax = {"fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int8": 127.0}[quant.replace("_row", "").replace("mx", "")]
+    if quant.startswith("mx"):
+        # OCP MX: X = 2^(floor(log2 amax) - emax) per 32 values; scale returned as X (float64).
+        n = y.shape[-1]
+        blocks = F.pad(y, (0, (-n) % 32)).reshape(y.shape[:-1] + (-1, 32))
+        amax = blocks.abs().amax(-1)
+        emax = 8 if "e4m3" in quant else 15
+        e = torch.where(amax > 0, torch.floor(torch.log2(amax)) - emax, torch.full_like(amax, -127)).clamp(-127, 127)
+        scale = torch.exp2(e)
+        v = (blocks / scale.unsqueeze(-1)).reshape(y.shape[:-1] + (-1,))[..., :n]
+        return v.clamp(-qmax, qmax), scale
     if quant.endswith("_row"):
         amax = y.abs().amax(-1, keepdim=True)
         scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
@@ -733,7 +743,8 @@ def _quant64(x, w, b, norm, eps, quant, quant_scale=None):
     return v.clamp(-qmax, qmax), scale
 
 
-@pytest.mark.parametrize("quant", ["fp8_e4m3", "fp8_e5m2", "fp8_e4m3_row", "fp8_e5m2_row", "int8_row"])
+@pytest.mark.parametrize("quant", ["fp8_e4m3", "fp8_e5m2", "fp8_e4m3_row", "fp8_e5m2_row", "int8_row", "mxfp8_e4m3",
+                                   "mxfp8_e5m2"])
 @pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
 def test_quantized_reference_matches_float64(quant, norm):
     torch.manual_seed(0)
@@ -742,9 +753,10 @@ def test_quantized_reference_matches_float64(quant, norm):
     w, b = torch.randn(96), None
     scale = torch.tensor([448.0 / 8], dtype=F32)
     amax = torch.zeros(1)
+    per_tensor = not quant.endswith("_row") and not quant.startswith("mx")
     y_q, scales, y, _ = torch.ops.normjit.quant_norm_fwd(x, None, w, b, norm, 1e-5, False, quant,
-                                                         None if quant.endswith("_row") else scale,
-                                                         None if quant.endswith("_row") else amax, True)
+                                                         scale if per_tensor else None,
+                                                         amax if per_tensor else None, True)
     want, want_scale = _quant64(x.double(), w.double(), None, norm, 1e-5, quant, 448.0 / 8)
     assert y_q.dtype == _launch.QUANT_DTYPES[quant] and y_q.shape == x.shape
     got = y_q.double()
@@ -754,7 +766,12 @@ def test_quantized_reference_matches_float64(quant, norm):
         # Within half a step of the format (relative 2^-4 e4m3, 2^-3 e5m2) or its subnormal spacing.
         rel = 2.0 ** -4 if "e4m3" in quant else 2.0 ** -3
         assert ((got - want).abs() <= rel * want.abs() + 2.0 ** -10).all()
-    if want_scale is not None:
+    if quant.startswith("mx"):
+        assert scales.shape == (6, 5, 3) and scales.dtype == _launch.E8M0
+        x_scale = torch.exp2(scales.view(torch.uint8).double() - 127)
+        torch.testing.assert_close(x_scale, want_scale, rtol=0, atol=0)
+        assert scales.view(torch.uint8)[0, 0, 0] == 0 and (y_q[0, 0].double() == 0).all()  # zero row: X = 2^-127
+    elif want_scale is not None:
         torch.testing.assert_close(scales.double(), want_scale, rtol=1e-6, atol=0)
         assert scales[0, 0, 0] == 1.0 and (y_q[0, 0].double() == 0).all()
     else:
@@ -793,6 +810,18 @@ def test_quantized_functions_on_cpu_and_their_return_shapes():
         torch.testing.assert_close(q8.float() * s8, y8, rtol=0, atol=float(s8.max()) * 0.5 + 1e-6)
         q, s = nt.rms_norm_fp8(x.reshape(2, 3, 8, 8), (8, 8), w.reshape(8, 8))  # two normalized dims
         assert q.shape == (2, 3, 8, 8) and s.shape == (2, 3, 1)
+        q, s = nt.rms_norm_mxfp8(x, 64, w)
+        assert q.dtype == torch.float8_e4m3fn and s.shape == (2, 3, 2) and s.dtype == _launch.E8M0
+        x_scale = torch.exp2(s.view(torch.uint8).float() - 127).unsqueeze(-1)
+        deq = q.float().reshape(2, 3, 2, 32) * x_scale
+        # A block's amax / X reaches up to 2^9, past e4m3's 448: the largest values saturate.
+        want = nt.rms_norm(x, (64,), w).reshape(2, 3, 2, 32)
+        want = torch.maximum(torch.minimum(want, 448 * x_scale), -448 * x_scale)
+        torch.testing.assert_close(deq, want, rtol=2.0 ** -4, atol=1e-6)
+        q, s, h = nt.add_rms_norm_mxfp8(x, r, w, fp8_dtype=torch.float8_e5m2)
+        assert q.dtype == torch.float8_e5m2 and h.shape == x.shape
+        q, s = nt.layer_norm_mxfp8(x.reshape(2, 3, 8, 8), (8, 8))
+        assert s.shape == (2, 3, 2)
 
 
 QUANT_ERRORS = [
@@ -804,6 +833,7 @@ QUANT_ERRORS = [
     (lambda: nt.layer_norm_fp8(torch.randn(2, 8), 8, quant_scale=torch.ones(1, dtype=torch.float64)), ValueError,
      "torch.float64"),
     (lambda: nt.add_rms_norm_int8(torch.randn(2, 8), torch.randn(2, 7)), ValueError, "residual"),
+    (lambda: nt.rms_norm_mxfp8(torch.randn(2, 8), 8, fp8_dtype=torch.int8), ValueError, "fp8_dtype=torch.int8"),
     (lambda: torch.ops.normjit.quant_norm_fwd(torch.randn(2, 8), None, None, None, "rmsnorm", 1e-5, False, "fp4",
                                               None, None, False), ValueError, "quant='fp4'"),
 ]
@@ -840,6 +870,18 @@ def test_launch_quantized_arguments(stub_gpu):
     assert a[FIELDS.index("x")] == x.data_ptr() and a[FIELDS.index("y")] == 0
     assert a[FIELDS.index("row_stride")] == 1000 and a[FIELDS.index("rows")] == 4
     # residual, h, dh_out, y_quant, quant_scale, amax, row_scales
-    assert a[20:] == (0, 0, 0, y_q.data_ptr(), 0, 0, scales.data_ptr())
+    assert a[20:] == (0, 0, 0, y_q.data_ptr(), 0, 0, scales.data_ptr(), 0)
     assert y_q.dtype == torch.float8_e4m3fn and y_q.stride() == (1000, 1) and scales.shape == (4, 1)
     assert y is None and h is None
+
+
+def test_launch_mxfp8_arguments(stub_gpu):
+    x = torch.randn(4, 100, dtype=BF16)
+    y_q, scales, y, h = _launch.forward_quant(x, None, None, None, "rmsnorm", 1e-6, False, "mxfp8_e4m3", None, None,
+                                              True)
+    (k,) = stub_gpu.kernels
+    assert k.name.startswith("rmsnorm.fwd_infer.bf16.w_bf16.n100.mxfp8_e4m3.cfg_")
+    a = k.launches[-1]
+    # residual, h, dh_out, y_quant, quant_scale, amax, row_scales, block_scales
+    assert a[20:] == (0, 0, 0, y_q.data_ptr(), 0, 0, 0, scales.data_ptr())
+    assert a[FIELDS.index("y")] == y.data_ptr() and scales.shape == (4, 4) and scales.dtype == _launch.E8M0

@@ -585,7 +585,8 @@ def _launch_dtypes():
     return _launch.QUANT_DTYPES
 
 
-@pytest.mark.parametrize("quant", ["fp8_e4m3", "fp8_e5m2", "fp8_e4m3_row", "fp8_e5m2_row", "int8_row"])
+@pytest.mark.parametrize("quant", ["fp8_e4m3", "fp8_e5m2", "fp8_e4m3_row", "fp8_e5m2_row", "int8_row", "mxfp8_e4m3",
+                                   "mxfp8_e5m2"])
 @pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
 @pytest.mark.parametrize("dt", [BF16, F16, F32], ids=["bf16", "f16", "f32"])
 @pytest.mark.parametrize("n,strided,residual", [(7, False, False), (4096, True, True), (5120, False, True),
@@ -598,8 +599,9 @@ def test_quantized_against_float64(gpu, quant, norm, dt, n, strided, residual):
     w = torch.randn(n, device="cuda", dtype=dt)
     b = torch.randn(n, device="cuda", dtype=dt) if norm == "layernorm" else None
     per_row = quant.endswith("_row")
-    scale = None if per_row else torch.tensor([448.0 / 8], device="cuda")
-    amax = None if per_row else torch.zeros(1, device="cuda")
+    per_block = quant.startswith("mx")
+    scale = None if per_row or per_block else torch.tensor([448.0 / 8], device="cuda")
+    amax = None if per_row or per_block else torch.zeros(1, device="cuda")
     with torch.no_grad():
         y_q, scales, y, h = torch.ops.normjit.quant_norm_fwd(x, r, w, b, norm, 1e-5, False, quant, scale, amax, True)
     src = (x.float() + r.float()).to(dt) if residual else x
@@ -608,7 +610,17 @@ def test_quantized_against_float64(gpu, quant, norm, dt, n, strided, residual):
     x64 = src.double().cpu()
     want, want_scale = _quant64(x64, w.double().cpu(), None if b is None else b.double().cpu(), norm, 1e-5, quant,
                                 448.0 / 8)
-    if per_row:
+    if per_block:
+        # The block scales equal the float64 ones but where a block's amax sits on a power of two
+        # within fp32's error; the codes against the kernel's own X.
+        got_x = torch.exp2(scales.view(torch.uint8).double().cpu() - 127)
+        ratio = got_x / want_scale
+        assert ((ratio == 1) | (ratio == 2) | (ratio == 0.5)).all() and (ratio == 1).double().mean() >= 0.999
+        y64 = ref64(x64, w.double().cpu(), None if b is None else b.double().cpu(), norm, 1e-5)
+        qmax = 448.0 if "e4m3" in quant else 57344.0
+        blocks = F.pad(y64, (0, (-n) % 32)).reshape(y64.shape[:-1] + (-1, 32)) / got_x.unsqueeze(-1)
+        want = blocks.reshape(y64.shape[:-1] + (-1,))[..., :n].clamp(-qmax, qmax)
+    elif per_row:
         torch.testing.assert_close(scales.double().cpu(), want_scale, rtol=2e-5, atol=0)
         # The codes against the kernel's own scale: one ulp of the scale moves no code.
         want = (ref64(x64, w.double().cpu(), None if b is None else b.double().cpu(), norm, 1e-5) /

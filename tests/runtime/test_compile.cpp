@@ -60,6 +60,17 @@ TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
           specs.push_back(resolve(s));
         }
   specs.push_back(Spec::parse("rmsnorm.fwd_infer.bf16.w_bf16.n8192.int8_row.cfg_t512_r1_v8_tma3"));
+  // MXFP8: every row cache, clusters included, narrow vectors.
+  for (Epilogue ep : {Epilogue::kMxfp8E4M3, Epilogue::kMxfp8E5M2})
+    for (Norm norm : norms)
+      for (DType x : {DType::kF32, DType::kBF16})
+        for (int64_t n : {1, 7, 768, 4097, 20001, 65536, 262144}) {
+          Spec s = Spec::make(norm, n % 2 ? Phase::kForwardTraining : Phase::kForwardInference, x, n, norm != Norm::kRMSNorm);
+          s.epilogue = ep;
+          s.residual = n % 2 == 1;
+          specs.push_back(resolve(s));
+          specs.push_back(resolve(s, 1));
+        }
   specs.push_back(Spec::parse("layernorm.fwd_train.bf16.w_bf16.n12288.bias.fp8_e4m3_row.cfg_t512_r1_v8_pipe"));
   // The fusions (residual add, zero-centred weights) with every op and phase.
   for (Norm norm : norms)

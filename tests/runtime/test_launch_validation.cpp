@@ -168,6 +168,23 @@ TEST_CASE("quantizing epilogues: y_quant and quant_scale required, y and amax op
   expect_error(plain, b, "y_quant=0xd00000 is given");
 }
 
+TEST_CASE("MXFP8 epilogues: y_quant and block_scales required, no other scale") {
+  const Spec s = resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n4096.mxfp8_e4m3"));
+  LaunchArgs a = good_args(s);
+  a.y_quant = reinterpret_cast<void*>(0xd00000);
+  a.block_scales = reinterpret_cast<uint8_t*>(0xe00001);  // bytes: any alignment
+  CHECK_NOTHROW(validate_launch(s, a));
+  LaunchArgs b = a;
+  b.block_scales = nullptr;
+  expect_error(s, b, "block_scales is null");
+  b = a;
+  b.row_scales = reinterpret_cast<float*>(0xe00010);
+  expect_error(s, b, "row_scales=0xe00010 is given");
+  b = a;
+  b.amax = reinterpret_cast<float*>(0xf00000);
+  expect_error(s, b, "amax=0xf00000 is given");
+}
+
 TEST_CASE("per-row quantizing epilogues: y_quant and row_scales required, no quant_scale or amax") {
   const Spec s = resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n4096.int8_row"));
   LaunchArgs a = good_args(s);

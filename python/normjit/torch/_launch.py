@@ -317,15 +317,21 @@ QUANT_DTYPES = {
     "fp8_e4m3_row": torch.float8_e4m3fn,
     "fp8_e5m2_row": torch.float8_e5m2,
     "int8_row": torch.int8,
+    "mxfp8_e4m3": torch.float8_e4m3fn,
+    "mxfp8_e5m2": torch.float8_e5m2,
 }
+MX_BLOCK = 32
+# E8M0 block scales as torch's own dtype where it has one.
+E8M0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
 
 
 def forward_quant(x, residual, weight, bias, norm, eps, zero_centered, quant, quant_scale, amax, want_y):
     """The inference forward with a quantized output: (y_quant, row scales, y, h). y_quant has x's
     shape and row stride in the format's dtype; per-tensor formats (fp8_e4m3 / fp8_e5m2) quantize
     y * quant_scale (fp32, one element) and fold max |y| into amax (fp32, one element) where given;
-    per-row formats (*_row) return fp32 scales [..., 1], y ~ y_quant * scale. y (x's dtype) only
-    when want_y; h (x + residual) only with a residual."""
+    per-row formats (*_row) return fp32 scales [..., 1], y ~ y_quant * scale; MXFP8 (mxfp8_*)
+    returns E8M0 block scales [..., ceil(n / 32)] (torch.float8_e8m0fnu), y ~ y_quant * 2^(code - 127)
+    blockwise. y (x's dtype) only when want_y; h (x + residual) only with a residual."""
     n = x.shape[-1]
     h = None
     if residual is not None:
@@ -338,7 +344,12 @@ def forward_quant(x, residual, weight, bias, norm, eps, zero_centered, quant, qu
     dev = x.device
     rows = x.numel() // n
     per_row = quant.endswith("_row")
-    scales = torch.empty(x.shape[:-1] + (1,), dtype=torch.float32, device=dev) if per_row else None
+    per_block = quant.startswith("mx")
+    scales = None
+    if per_row:
+        scales = torch.empty(x.shape[:-1] + (1,), dtype=torch.float32, device=dev)
+    elif per_block:
+        scales = torch.empty(x.shape[:-1] + ((n + MX_BLOCK - 1) // MX_BLOCK,), dtype=E8M0, device=dev)
     if weight is None:
         weight = ones_weight(dev, x.dtype, n)
     elif not weight.is_contiguous():
@@ -359,8 +370,9 @@ def forward_quant(x, residual, weight, bias, norm, eps, zero_centered, quant, qu
     rp = 0 if residual is None else residual.data_ptr()
     hp = 0 if h is None else h.data_ptr()
     kernel = _kernel(key, xp, gp, bp, yp, 0, 0, 0, 0, 0, rs, rp, hp, 0, qp)
-    extra = (rp, hp, 0, qp, 0 if per_row else quant_scale.data_ptr(), 0 if amax is None else amax.data_ptr(),
-             scales.data_ptr() if per_row else 0)
+    per_tensor = not per_row and not per_block
+    extra = (rp, hp, 0, qp, quant_scale.data_ptr() if per_tensor else 0, 0 if amax is None else amax.data_ptr(),
+             scales.data_ptr() if per_row else 0, scales.data_ptr() if per_block else 0)
     _launch(device, kernel, (xp, gp, bp, 0, 0, yp, 0, 0, 0, 0, 0, 0, 0, 0.0, math.inf, rows, rs, rpb, eps,
                              _raw_stream(device)), extra)
     return y_quant, scales, y, h

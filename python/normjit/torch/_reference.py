@@ -2,6 +2,7 @@
 kernels compute, with the same output layouts, so the ops run (and torch.library.opcheck checks
 them) on CPU. Not a fast path."""
 import torch
+import torch.nn.functional as F
 
 from . import _launch
 
@@ -127,7 +128,10 @@ QUANT_FORMATS = {
     "fp8_e4m3_row": (torch.float8_e4m3fn, 448.0),
     "fp8_e5m2_row": (torch.float8_e5m2, 57344.0),
     "int8_row": (torch.int8, 127.0),
+    "mxfp8_e4m3": (torch.float8_e4m3fn, 448.0),
+    "mxfp8_e5m2": (torch.float8_e5m2, 57344.0),
 }
+_MX_EMAX = {"mxfp8_e4m3": 8, "mxfp8_e5m2": 15}
 
 
 def quantize(yf, quant, quant_scale):
@@ -136,6 +140,19 @@ def quantize(yf, quant, quant_scale):
     y * (1 / scale). FP8 saturates to its largest finite value (torch's cast does not), int8 rounds
     half to even and clamps to [-128, 127]."""
     dtype, qmax = QUANT_FORMATS[quant]
+    if quant.startswith("mx"):
+        # OCP MX: per 32 values, X = 2^(floor(log2 amax) - emax), exponent in [-127, 127]; the
+        # scales as their E8M0 codes (exponent + 127; amax 0 gives 0).
+        n = yf.shape[-1]
+        pad = (-n) % 32
+        blocks = F.pad(yf, (0, pad)).reshape(yf.shape[:-1] + (-1, 32))
+        amax = torch.nan_to_num(blocks, nan=0.0).abs().amax(-1)
+        _, exp = torch.frexp(amax)  # amax = m * 2^exp, m in [0.5, 1): floor(log2 amax) = exp - 1
+        e = torch.where(amax > 0, exp - 1 - _MX_EMAX[quant], torch.full_like(exp, -127)).clamp(-127, 127)
+        v = (blocks * torch.exp2(-e.float()).unsqueeze(-1)).reshape(yf.shape[:-1] + (-1,))[..., :n]
+        codes = torch.where(v.isnan(), v, v.clamp(-qmax, qmax)).to(dtype)
+        scales = (e + 127).to(torch.uint8)
+        return codes, scales.view(_launch.E8M0)
     if quant.endswith("_row"):
         amax = yf.abs().amax(-1, keepdim=True)
         scales = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))

@@ -264,7 +264,12 @@ def _quant_norm(name, x, residual, normalized_shape, weight, bias, eps, zero_cen
         raise RuntimeError(f"{name} is inference only (no autograd): run it under torch.no_grad() or "
                            "torch.inference_mode(), or use the unquantized norm where gradients are needed")
     per_row = quant.endswith("_row")
-    if per_row:
+    per_block = quant.startswith("mx")
+    if per_block:
+        if quant_scale is not None or amax is not None:
+            raise ValueError(f"{name}: quant_scale and amax are for per-tensor scaling; MXFP8 scales each block of "
+                             "32 values itself")
+    elif per_row:
         if quant_scale is not None or amax is not None:
             raise ValueError(f"{name}: quant_scale and amax are for per-tensor scaling; with quant_scale=None each "
                              "row gets its own scale")
@@ -290,13 +295,13 @@ def _quant_norm(name, x, residual, normalized_shape, weight, bias, eps, zero_cen
                                                                  quant, quant_scale, amax, return_y)
     if restore is not None:
         y_quant = y_quant.reshape(restore)
-        if per_row:
-            scales = scales.reshape(restore[:x.dim() - len(_shape_tuple(normalized_shape))] + (1,))
+        if per_row or per_block:
+            scales = scales.reshape(restore[:x.dim() - len(_shape_tuple(normalized_shape))] + scales.shape[-1:])
         if return_y:
             y = y.reshape(restore)
         if residual is not None:
             h = h.reshape(restore)
-    out = (y_quant, scales if per_row else quant_scale)
+    out = (y_quant, scales if per_row or per_block else quant_scale)
     if return_y:
         out += (y,)
     if residual is not None:
@@ -357,3 +362,37 @@ def add_rms_norm_int8(x, residual, weight=None, eps=None, bias=None, *, zero_cen
     """add_rms_norm with a per-row int8 output: returns (y_int8, scale[, y], h)."""
     return _quant_norm("add_rms_norm_int8", x, residual, x.shape[-1:] if isinstance(x, torch.Tensor) and x.dim() else (),
                        weight, bias, eps, zero_centered, "int8_row", None, None, return_y, "rmsnorm")
+
+
+_MX = {torch.float8_e4m3fn: "mxfp8_e4m3", torch.float8_e5m2: "mxfp8_e5m2"}
+
+
+def _mx_quant(name, fp8_dtype):
+    if fp8_dtype not in _MX:
+        raise ValueError(f"{name}: fp8_dtype={fp8_dtype} is not torch.float8_e4m3fn or torch.float8_e5m2")
+    return _MX[fp8_dtype]
+
+
+def rms_norm_mxfp8(x, normalized_shape, weight=None, eps=None, bias=None, *, fp8_dtype=torch.float8_e4m3fn,
+                   zero_centered=False, return_y=False):
+    """rms_norm with an OCP MXFP8 output: every 32 consecutive values of a row share a power-of-two
+    scale X = 2^(floor(log2 amax) - emax) (emax 8 for e4m3, 15 for e5m2). Returns (y_fp8, scales):
+    scales [..., ceil(N / 32)] in torch.float8_e8m0fnu (E8M0 codes: X = 2^(code - 127)), row-major;
+    y ~ y_fp8.float() * X blockwise. Inference only; y in x's dtype too when return_y."""
+    return _quant_norm("rms_norm_mxfp8", x, None, normalized_shape, weight, bias, eps, zero_centered,
+                       _mx_quant("rms_norm_mxfp8", fp8_dtype), None, None, return_y, "rmsnorm")
+
+
+def layer_norm_mxfp8(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, fp8_dtype=torch.float8_e4m3fn,
+                     zero_centered=False, return_y=False):
+    """layer_norm with an MXFP8 output; as rms_norm_mxfp8."""
+    return _quant_norm("layer_norm_mxfp8", x, None, normalized_shape, weight, bias, eps, zero_centered,
+                       _mx_quant("layer_norm_mxfp8", fp8_dtype), None, None, return_y, "layernorm")
+
+
+def add_rms_norm_mxfp8(x, residual, weight=None, eps=None, bias=None, *, fp8_dtype=torch.float8_e4m3fn,
+                       zero_centered=False, return_y=False):
+    """add_rms_norm with an MXFP8 output: returns (y_fp8, scales[, y], h); as rms_norm_mxfp8."""
+    return _quant_norm("add_rms_norm_mxfp8", x, residual, x.shape[-1:] if isinstance(x, torch.Tensor) and x.dim()
+                       else (), weight, bias, eps, zero_centered, _mx_quant("add_rms_norm_mxfp8", fp8_dtype), None,
+                       None, return_y, "rmsnorm")

@@ -316,8 +316,9 @@ def call_fused(x, residual, weight, bias, norm, eps, zero_centered, epilogue="no
 #                    amax?, want_y) -> (y_quant, scales, y, h)
 #
 # quant: "fp8_e4m3" / "fp8_e5m2" (per tensor: codes of y * quant_scale, max |y| folded into amax in
-# place where given) or "fp8_e4m3_row" / "fp8_e5m2_row" / "int8_row" (per row: scales [..., 1] fp32,
-# y ~ codes * scale). y_quant has x's shape and row layout in float8_e4m3fn / float8_e5m2 / int8.
+# place where given), "fp8_e4m3_row" / "fp8_e5m2_row" / "int8_row" (per row: scales [..., 1] fp32,
+# y ~ codes * scale) or "mxfp8_e4m3" / "mxfp8_e5m2" (OCP MXFP8: E8M0 scales [..., ceil(n / 32)],
+# one per 32 values). y_quant has x's shape and row layout in float8_e4m3fn / float8_e5m2 / int8.
 # Outputs not produced (scales per tensor, y without want_y, h without residual) are empty [0].
 _QUANTS = tuple(_launch.QUANT_DTYPES)
 
@@ -348,8 +349,12 @@ def _quant_norm_fwd_fake(x, residual, weight, bias, norm, eps, zero_centered, qu
     else:
         x, rs = _launch.layout(x)
     y_quant = _launch.like_rows(x, rs, _launch.QUANT_DTYPES[quant])
-    scales = (x.new_empty(x.shape[:-1] + (1,), dtype=torch.float32) if quant.endswith("_row")
-              else x.new_empty((0,), dtype=torch.float32))
+    if quant.endswith("_row"):
+        scales = x.new_empty(x.shape[:-1] + (1,), dtype=torch.float32)
+    elif quant.startswith("mx"):
+        scales = x.new_empty(x.shape[:-1] + ((x.shape[-1] + 31) // 32,), dtype=_launch.E8M0)
+    else:
+        scales = x.new_empty((0,), dtype=torch.float32)
     y = _launch.like_rows(x, rs) if want_y else x.new_empty((0,))
     h = _launch.like_rows(x, rs) if residual is not None else x.new_empty((0,))
     return y_quant, scales, y, h

@@ -1,0 +1,49 @@
+// OCP MXFP8 output (Microscaling Formats v1.0): every 32 consecutive values of a row share one
+// scale X = 2^(floor(log2(amax)) - emax), emax 8 (e4m3) or 15 (e5m2), the exponent clamped to
+// [-127, 127] (amax 0: X = 2^-127; NaN values are left out of the amax and stay NaN codes, as
+// normjit::reference::quantize_mx defines it). X's E8M0 code (exponent + 127) goes to
+// p.block_scales[row * p.block_scale_stride + col / 32], the element codes of y / X (round to
+// nearest even, saturating; NaN kept) to p.y_quant. y in YT is stored too only where p.y is set.
+// A block is 32 / kVec lanes' packs of one pass (the spec's threads_per_row * vec is a multiple
+// of 32): their amax is reduced by shuffles. Forward only; sm_89+.
+#pragma once
+#include "normjit/quant_common.cuh"
+#include "normjit/reduce_warp.cuh"
+
+namespace normjit {
+
+template <bool kE5M2>
+struct EpilogueMx {
+  static constexpr bool kAlwaysStoresY = false;
+  static constexpr bool kNeedsPreActivation = false;
+  static constexpr int kElementEmax = kE5M2 ? 15 : 8;
+
+  template <class YT, int kVec, int kThreadsPerRow>
+  static __device__ __forceinline__ void forward(float (&v)[kVec], bool valid, const NormParams& p, long long row,
+                                                 int col, int) {
+    constexpr int kLanesPerBlock = 32 / kVec;
+    static_assert(kThreadsPerRow % kLanesPerBlock == 0, "a scale block must lie within one row's lanes");
+    float amax = 0.f;
+    if (valid) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) amax = fmaxf(amax, fabsf(v[j]));  // fmaxf drops NaN
+    }
+    // The block's lanes are consecutive and aligned; every lane of the warp takes part.
+    amax = group_max<kLanesPerBlock>(amax);
+    if (!valid) return;
+    const int exponent = amax > 0.f ? ilogbf(amax) - kElementEmax : -127;
+    const int clamped = exponent < -127 ? -127 : exponent > 127 ? 127 : exponent;
+    const unsigned char scale_code = static_cast<unsigned char>(clamped + 127);
+    const float inv = ldexpf(1.f, -clamped);  // 1 / X, exact: a power of two
+    if (col % 32 == 0) p.block_scales[row * p.block_scale_stride + col / 32] = scale_code;
+    unsigned char q[kVec];
+    to_fp8<kE5M2, kVec>(v, inv, q);
+    store_codes<kVec>(p.y_quant + row * p.row_stride + col, q);
+  }
+
+  template <int kVec>
+  static __device__ __forceinline__ void backward(float (&)[kVec], const float (&)[kVec], bool, const NormParams&,
+                                                  long long, int) {}
+};
+
+}  // namespace normjit
