@@ -169,7 +169,12 @@ TEST_CASE("quantized output: fp8 e4m3 / e5m2 codes and amax against the host ref
                 << " of them on a rounding boundary (either neighbour accepted)");
 }
 
-TEST_CASE("quantized output: per-row fp8 / int8 scales and codes against the host references") {
+// The per-row and block-scaled epilogues over every op x dtype x N x row layout (bf16_only: with
+// bf16 x only, its code path being another format's), plus pinned specs of other row caches. At
+// N >= 32 a case may have at most 1 / ambiguous_divisor of its codes (+ 5) on a rounding boundary.
+void check_quantized_grid(const char* what, std::initializer_list<Epilogue> formats, Epilogue bf16_only,
+                          std::initializer_list<int64_t> ns, std::initializer_list<const char*> pinned,
+                          int64_t ambiguous_divisor) {
   int64_t checked = 0, ambiguous = 0;
   int cases = 0;
   auto check = [&](Case& c, int layout) {
@@ -178,21 +183,21 @@ TEST_CASE("quantized output: per-row fp8 / int8 scales and codes against the hos
     CAPTURE(layout);
     c.rows_per_batch = is_adaptive(c.spec.norm) ? c.rows : 0;
     const ForwardRun r = run_forward(c);
+    CAPTURE(r.quant_first_mismatch);
     CHECK(r.worst <= 1.0);  // y in x's dtype, written beside the codes
     CHECK(r.quant_checked == c.rows * c.spec.n);
-    CAPTURE(r.quant_first_mismatch);
     CHECK(r.quant_mismatches == 0);
-    CHECK(r.row_scale_rel_err <= 2e-5);
-    if (c.spec.n >= 32) CHECK(r.quant_ambiguous <= r.quant_checked / 100 + 5);  // see the fp8 case
+    CHECK(r.row_scale_rel_err <= 2e-5);  // per-row scales (0 elsewhere)
+    if (c.spec.n >= 32) CHECK(r.quant_ambiguous <= r.quant_checked / ambiguous_divisor + 5);  // see the fp8 case
     checked += r.quant_checked;
     ambiguous += r.quant_ambiguous;
     ++cases;
   };
-  for (Epilogue ep : {Epilogue::kFp8E4M3Row, Epilogue::kInt8Row, Epilogue::kFp8E5M2Row})
+  for (Epilogue ep : formats)
     for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
       for (DType x : {DType::kF32, DType::kF16, DType::kBF16}) {
-        if (ep == Epilogue::kFp8E5M2Row && x != DType::kBF16) continue;  // the format's code path is e4m3's
-        for (int64_t n : {1, 7, 127, 768, 4097, 20001, 65536, 262144})
+        if (ep == bf16_only && x != DType::kBF16) continue;
+        for (int64_t n : ns)
           for (int layout = 0; layout < (n > 65536 ? 1 : 3); ++layout) {  // contiguous; strided; strided, unaligned
             Case c;
             c.spec = Spec::make(norm, (n + layout) % 2 ? Phase::kForwardTraining : Phase::kForwardInference, x, n,
@@ -205,67 +210,36 @@ TEST_CASE("quantized output: per-row fp8 / int8 scales and codes against the hos
             check(c, layout);
           }
       }
-  // The pipelined rows (pipe, tma), which the heuristic picks at other shapes.
-  for (const char* spec : {"rmsnorm.fwd_infer.bf16.w_bf16.n8192.int8_row.cfg_t512_r1_v8_tma3",
-                           "layernorm.fwd_train.bf16.w_bf16.n12288.bias.fp8_e4m3_row.cfg_t512_r1_v8_pipe",
-                           "layernorm.fwd_infer.f16.w_f32.n6144.bias.fp8_e4m3_row.cfg_t256_r1_v8_pipe4"}) {
+  for (const char* spec : pinned) {
     Case c;
     c.spec = Spec::parse(spec);
     c.rows = 300;  // several rows per persistent CTA
     check(c, 0);
   }
-  MESSAGE(cases << " per-row cases, " << checked << " codes checked against the host encoding, " << ambiguous
-                << " of them on a rounding boundary (either neighbour accepted)");
+  MESSAGE(cases << " " << std::string(what) << " cases, " << checked << " codes checked against the host encoding, " << ambiguous
+                << " codes or scales on a rounding boundary (either neighbour accepted)");
+}
+
+TEST_CASE("quantized output: per-row fp8 / int8 scales and codes against the host references") {
+  // The pinned specs: pipelined rows (pipe, tma), which the heuristic picks at other shapes.
+  check_quantized_grid("per-row", {Epilogue::kFp8E4M3Row, Epilogue::kInt8Row, Epilogue::kFp8E5M2Row},
+                       Epilogue::kFp8E5M2Row,
+                       {1, 7, 127, 768, 4097, 20001, 65536, 262144},
+                       {"rmsnorm.fwd_infer.bf16.w_bf16.n8192.int8_row.cfg_t512_r1_v8_tma3",
+                        "layernorm.fwd_train.bf16.w_bf16.n12288.bias.fp8_e4m3_row.cfg_t512_r1_v8_pipe",
+                        "layernorm.fwd_infer.f16.w_f32.n6144.bias.fp8_e4m3_row.cfg_t256_r1_v8_pipe4"},
+                       100);
 }
 
 TEST_CASE("quantized output: MXFP8 block scales and codes against the host references") {
-  int64_t checked = 0, ambiguous = 0;
-  int cases = 0;
-  auto check = [&](Case& c, int layout) {
-    const std::string name = c.spec.str();
-    CAPTURE(name);
-    CAPTURE(layout);
-    c.rows_per_batch = is_adaptive(c.spec.norm) ? c.rows : 0;
-    const ForwardRun r = run_forward(c);
-    CAPTURE(r.quant_first_mismatch);
-    CHECK(r.worst <= 1.0);  // y in x's dtype, written beside the codes
-    CHECK(r.quant_checked == c.rows * c.spec.n);
-    CHECK(r.quant_mismatches == 0);
-    // The window is y's fp32 tolerance divided by X, wide in code units where X is small: 2 %.
-    // (N = 32 rows with unaligned x had 21 of 1184 codes or scales on a boundary on an H100.)
-    if (c.spec.n >= 32) CHECK(r.quant_ambiguous <= r.quant_checked / 50 + 5);  // see the fp8 case
-    checked += r.quant_checked;
-    ambiguous += r.quant_ambiguous;
-    ++cases;
-  };
-  for (Epilogue ep : {Epilogue::kMxfp8E4M3, Epilogue::kMxfp8E5M2})
-    for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
-      for (DType x : {DType::kF32, DType::kF16, DType::kBF16}) {
-        if (ep == Epilogue::kMxfp8E5M2 && x != DType::kBF16) continue;  // the format's code path is e4m3's
-        for (int64_t n : {1, 7, 32, 127, 768, 4097, 20001, 65536, 262144})
-          for (int layout = 0; layout < (n > 65536 ? 1 : 3); ++layout) {  // contiguous; strided; strided, unaligned
-            Case c;
-            c.spec = Spec::make(norm, (n + layout) % 2 ? Phase::kForwardTraining : Phase::kForwardInference, x, n,
-                                norm != Norm::kRMSNorm);
-            c.spec.epilogue = ep;
-            c.spec.residual = layout == 1 && n % 7 == 0;
-            c.rows = n >= 65536 ? 3 : 37;
-            c.row_stride = layout > 0 ? n + 9 : 0;
-            c.x_offset = layout == 2 ? 1 : 0;
-            check(c, layout);
-          }
-      }
-  // Pipelined and clustered rows.
-  for (const char* spec : {"rmsnorm.fwd_infer.bf16.w_bf16.n8192.mxfp8_e4m3.cfg_t512_r1_v8_tma3",
-                           "layernorm.fwd_train.bf16.w_bf16.n12288.bias.mxfp8_e4m3.cfg_t512_r1_v8_pipe",
-                           "rmsnorm.fwd_infer.bf16.w_bf16.n65536.mxfp8_e4m3.cfg_t512_r1_v8_c4_smem"}) {
-    Case c;
-    c.spec = Spec::parse(spec);
-    c.rows = 300;
-    check(c, 0);
-  }
-  MESSAGE(cases << " MXFP8 cases, " << checked << " codes checked against the host encoding, " << ambiguous
-                << " codes or scales on a rounding boundary (either neighbour accepted)");
+  // The window is y's fp32 tolerance divided by X, wide in code units where X is small: 2 %
+  // (N = 32 rows with unaligned x had 21 of 1184 codes or scales on a boundary on an H100).
+  check_quantized_grid("MXFP8", {Epilogue::kMxfp8E4M3, Epilogue::kMxfp8E5M2}, Epilogue::kMxfp8E5M2,
+                       {1, 7, 32, 127, 768, 4097, 20001, 65536, 262144},
+                       {"rmsnorm.fwd_infer.bf16.w_bf16.n8192.mxfp8_e4m3.cfg_t512_r1_v8_tma3",
+                        "layernorm.fwd_train.bf16.w_bf16.n12288.bias.mxfp8_e4m3.cfg_t512_r1_v8_pipe",
+                        "rmsnorm.fwd_infer.bf16.w_bf16.n65536.mxfp8_e4m3.cfg_t512_r1_v8_c4_smem"},
+                       50);
 }
 
 TEST_CASE("variance has no cancellation: x = 1e4 + noise in f32") {

@@ -185,6 +185,17 @@ def _launch(device, kernel, args, fused=()):
         kernel.launch(*args, *fused)
 
 
+def _kernel_params(weight, bias, dev, dtype, n):
+    """weight and bias as the kernels read them: contiguous, a ones weight where there is none."""
+    if weight is None:
+        weight = ones_weight(dev, dtype, n)
+    elif not weight.is_contiguous():
+        weight = weight.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    return weight, bias
+
+
 def forward(x, weight, bias, norm, eps, training, epilogue, clip_lower, clip_upper):
     """Launches the forward of x [..., n] (CUDA; rows evenly strided or made contiguous).
 
@@ -233,12 +244,7 @@ def forward_fused(x, residual, weight, bias, norm, eps, training, zero_centered,
             mean = torch.empty(rows, dtype=torch.float32, device=dev)
     if epilogue != "none":
         mask = torch.empty(x.shape[:-1] + ((n + 7) // 8,), dtype=torch.uint8, device=dev)
-    if weight is None:
-        weight = ones_weight(dev, x.dtype, n)
-    elif not weight.is_contiguous():
-        weight = weight.contiguous()
-    if bias is not None and not bias.is_contiguous():
-        bias = bias.contiguous()
+    weight, bias = _kernel_params(weight, bias, dev, x.dtype, n)
     if rows == 0:
         return y, h, mean, rstd, mask
     rpb = rows // weight.shape[0] if norm in ADAPTIVE_NORMS else 0
@@ -350,12 +356,7 @@ def forward_quant(x, residual, weight, bias, norm, eps, zero_centered, quant, qu
         scales = torch.empty(x.shape[:-1] + (1,), dtype=torch.float32, device=dev)
     elif per_block:
         scales = torch.empty(x.shape[:-1] + ((n + MX_BLOCK - 1) // MX_BLOCK,), dtype=E8M0, device=dev)
-    if weight is None:
-        weight = ones_weight(dev, x.dtype, n)
-    elif not weight.is_contiguous():
-        weight = weight.contiguous()
-    if bias is not None and not bias.is_contiguous():
-        bias = bias.contiguous()
+    weight, bias = _kernel_params(weight, bias, dev, x.dtype, n)
     if rows == 0:
         return y_quant, scales, y, h
     rpb = rows // weight.shape[0] if norm in ADAPTIVE_NORMS else 0
