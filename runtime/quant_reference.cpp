@@ -80,6 +80,20 @@ uint8_t encode_satfinite(MiniFloat format, double v) {
   return sign | static_cast<uint8_t>(std::min<unsigned>(m, l.max_code));
 }
 
+MiniFloat fp8_element(Epilogue epilogue) {
+  switch (epilogue) {
+    case Epilogue::kFp8E4M3:
+    case Epilogue::kFp8E4M3Row:
+    case Epilogue::kMxfp8E4M3: return MiniFloat::kE4M3;
+    case Epilogue::kFp8E5M2:
+    case Epilogue::kFp8E5M2Row:
+    case Epilogue::kMxfp8E5M2: return MiniFloat::kE5M2;
+    default: break;
+  }
+  throw Error(Status::kInvalidArgument,
+              std::string("fp8_element: epilogue ") + to_string(epilogue) + " has no FP8 element format");
+}
+
 double decode_e8m0(uint8_t code) {
   return code == 255 ? std::numeric_limits<double>::quiet_NaN() : std::ldexp(1.0, static_cast<int>(code) - 127);
 }

@@ -109,7 +109,7 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
       {"residual", a.residual, s.residual && !backward, "the forward's residual input (spec .residual)"},
       {"h", a.h, s.residual && !backward, "the forward's x + residual output (spec .residual)"},
       {"dh_out", a.dh_out, s.residual && backward, "the gradient arriving on h (spec .residual)"},
-      {"y_quant", a.y_quant, quant, "the quantized output (spec .fp8_*, .int8_row)"},
+      {"y_quant", a.y_quant, quant, "the quantized output (spec .fp8_*, .int8_row, .mxfp8_*)"},
       {"quant_scale", a.quant_scale, per_tensor, "the per-tensor scale of the quantized output (spec .fp8_e4m3, .fp8_e5m2)"},
       {"row_scales", a.row_scales, per_row, "the per-row scales written beside the codes (spec .*_row)"},
       {"block_scales", a.block_scales, per_block, "the E8M0 block scales written beside the codes (spec .mxfp8_*)"},
@@ -255,7 +255,7 @@ NormParams Kernel::params_for(const LaunchArgs& a) const {
   p.amax = a.amax;
   p.row_scales = a.row_scales;
   p.block_scales = a.block_scales;
-  p.block_scale_stride = (spec_.n + kMxBlock - 1) / kMxBlock;
+  p.block_scale_stride = block_scale_row_bytes(spec_.n);
   return p;
 }
 

@@ -120,7 +120,7 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
       residual(spec.residual ? x_bytes : 0), h(spec.residual && !backward ? x_bytes : 0),
       quant_scale(scales_per_tensor(spec.epilogue) ? 4 : 0), amax(scales_per_tensor(spec.epilogue) ? 4 : 0),
       row_scales(scales_per_row(spec.epilogue) ? rows * 4 : 0),
-      block_scales(scales_per_block(spec.epilogue) ? rows * ((n + kMxBlock - 1) / kMxBlock) : 0);
+      block_scales(scales_per_block(spec.epilogue) ? rows * block_scale_row_bytes(n) : 0);
   {
     const detail::FillKernels fill(target_, device_.sm_count);
     const unsigned seed = static_cast<unsigned>(n * 7919 + static_cast<int>(spec.phase));

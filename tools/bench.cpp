@@ -216,7 +216,7 @@ int main(int argc, char** argv) {
       const bool quant = nj::quantizes(spec.epilogue);
       const bool per_tensor = nj::scales_per_tensor(spec.epilogue), per_row = nj::scales_per_row(spec.epilogue),
                  per_block = nj::scales_per_block(spec.epilogue);
-      const int64_t blocks_per_row = (n + nj::kMxBlock - 1) / nj::kMxBlock;
+      const int64_t blocks_per_row = nj::block_scale_row_bytes(n);
       const double weight_bytes = double(groups) * n * ws;
       const double bytes =
           double(residual_streams) * x_bytes +
@@ -405,9 +405,9 @@ int main(int argc, char** argv) {
             NORMJIT_CU(cuMemcpyDtoH(scale_codes.data(), block_scales.ptr + (size_t(set) * rows + r) * blocks_per_row,
                                     scale_codes.size()));
           const bool int8 = spec.epilogue == nj::Epilogue::kInt8Row;
-          const bool e5m2 = spec.epilogue == nj::Epilogue::kFp8E5M2 || spec.epilogue == nj::Epilogue::kFp8E5M2Row ||
-                            spec.epilogue == nj::Epilogue::kMxfp8E5M2;
-          const auto format = e5m2 ? nj::reference::MiniFloat::kE5M2 : nj::reference::MiniFloat::kE4M3;
+          const auto format = int8 ? nj::reference::MiniFloat::kE4M3  // unused for int8
+                                   : nj::reference::fp8_element(spec.epilogue);
+          const bool e5m2 = format == nj::reference::MiniFloat::kE5M2;
           const double half_step_rel = int8 ? 0.0 : e5m2 ? 0.125 : 0.0625;
           const nj::reference::Tolerance f32_tol = nj::reference::tolerance(nj::DType::kF32);
           for (int64_t i = 0; i < n; ++i) {

@@ -6,12 +6,17 @@
 #include <cstdint>
 #include <vector>
 
+#include "normjit/spec.hpp"
+
 namespace normjit::reference {
 
 // Element formats: e4m3 (OCP E4M3FN: bias 7, no infinity, NaN S.1111.111, max 448), e5m2 (OCP
 // E5M2: bias 15, IEEE-like infinities and NaNs, max 57344), e2m1 (OCP FP4: bias 1, no infinity or
 // NaN, max 6; codes in the low 4 bits).
 enum class MiniFloat { kE4M3, kE5M2, kE2M1 };
+
+// The element format of an FP8 quantizing epilogue (fp8_*, mxfp8_*); throws for any other.
+MiniFloat fp8_element(Epilogue epilogue);
 
 // The value of a code (NaN or ±infinity where the code means one).
 double decode(MiniFloat format, uint8_t code);

@@ -220,5 +220,7 @@ int max_vec_for(const Spec& spec, const LaunchArgs& args);
 
 // Bytes per row of the relu_bitmask mask: ceil(n / 8).
 inline int64_t mask_row_bytes(int64_t n) { return (n + 7) / 8; }
+// Bytes (E8M0 scales) per row of the mxfp8_* block scales: ceil(n / 32).
+inline int64_t block_scale_row_bytes(int64_t n) { return (n + kMxBlock - 1) / kMxBlock; }
 
 }  // namespace normjit

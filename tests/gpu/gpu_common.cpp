@@ -76,11 +76,9 @@ ForwardRun run_forward(const Case& c) {
   const bool quant = quantizes(s.epilogue);
   const bool per_row = scales_per_row(s.epilogue), int8 = s.epilogue == Epilogue::kInt8Row;
   const bool per_block = scales_per_block(s.epilogue), per_tensor = scales_per_tensor(s.epilogue);
-  const int64_t blocks = (sh.n + kMxBlock - 1) / kMxBlock;
-  const reference::MiniFloat format = s.epilogue == Epilogue::kFp8E5M2 || s.epilogue == Epilogue::kFp8E5M2Row ||
-                                              s.epilogue == Epilogue::kMxfp8E5M2
-                                          ? reference::MiniFloat::kE5M2
-                                          : reference::MiniFloat::kE4M3;
+  const int64_t blocks = block_scale_row_bytes(sh.n);
+  const reference::MiniFloat format =
+      quant && !int8 ? reference::fp8_element(s.epilogue) : reference::MiniFloat::kE4M3;  // unused without FP8 codes
   run.quant_scale = per_tensor ? static_cast<float>(reference::max_finite(format) / 6.0) : 0.f;
   const float zero = 0.f;
   DeviceMem y_quant(quant ? sh.elems : 0), quant_scale(4), amax(4), row_scales(per_row ? 4 * (c.rows + 1) : 0),

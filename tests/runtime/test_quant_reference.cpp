@@ -193,3 +193,15 @@ TEST_CASE("per-tensor FP8 with a scale, and dynamic per-row FP8 and int8") {
   CHECK_THROWS_WITH_AS(quantize_fp8_per_tensor(v, 1.0, MiniFloat::kE2M1), doctest::Contains("e2m1 is not an FP8 format"),
                        Error);
 }
+
+TEST_CASE("fp8_element names each FP8 epilogue's element format and refuses the others") {
+  using normjit::Epilogue;
+  CHECK(normjit::reference::fp8_element(Epilogue::kFp8E4M3) == normjit::reference::MiniFloat::kE4M3);
+  CHECK(normjit::reference::fp8_element(Epilogue::kFp8E4M3Row) == normjit::reference::MiniFloat::kE4M3);
+  CHECK(normjit::reference::fp8_element(Epilogue::kMxfp8E4M3) == normjit::reference::MiniFloat::kE4M3);
+  CHECK(normjit::reference::fp8_element(Epilogue::kFp8E5M2) == normjit::reference::MiniFloat::kE5M2);
+  CHECK(normjit::reference::fp8_element(Epilogue::kFp8E5M2Row) == normjit::reference::MiniFloat::kE5M2);
+  CHECK(normjit::reference::fp8_element(Epilogue::kMxfp8E5M2) == normjit::reference::MiniFloat::kE5M2);
+  CHECK_THROWS_WITH_AS(normjit::reference::fp8_element(Epilogue::kInt8Row),
+                       doctest::Contains("epilogue int8_row has no FP8 element format"), normjit::Error);
+}

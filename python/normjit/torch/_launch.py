@@ -331,6 +331,11 @@ MX_BLOCK = 32
 E8M0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
 
 
+def block_scales_shape(x):
+    """The shape of x's MXFP8 block scales: one per 32 values of a row."""
+    return x.shape[:-1] + ((x.shape[-1] + MX_BLOCK - 1) // MX_BLOCK,)
+
+
 def forward_quant(x, residual, weight, bias, norm, eps, zero_centered, quant, quant_scale, amax, want_y):
     """The inference forward with a quantized output: (y_quant, row scales, y, h). y_quant has x's
     shape and row stride in the format's dtype; per-tensor formats (fp8_e4m3 / fp8_e5m2) quantize
@@ -355,7 +360,7 @@ def forward_quant(x, residual, weight, bias, norm, eps, zero_centered, quant, qu
     if per_row:
         scales = torch.empty(x.shape[:-1] + (1,), dtype=torch.float32, device=dev)
     elif per_block:
-        scales = torch.empty(x.shape[:-1] + ((n + MX_BLOCK - 1) // MX_BLOCK,), dtype=E8M0, device=dev)
+        scales = torch.empty(block_scales_shape(x), dtype=E8M0, device=dev)
     weight, bias = _kernel_params(weight, bias, dev, x.dtype, n)
     if rows == 0:
         return y_quant, scales, y, h

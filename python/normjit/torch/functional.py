@@ -265,14 +265,11 @@ def _quant_norm(name, x, residual, normalized_shape, weight, bias, eps, zero_cen
                            "torch.inference_mode(), or use the unquantized norm where gradients are needed")
     per_row = quant.endswith("_row")
     per_block = quant.startswith("mx")
-    if per_block:
+    if per_block or per_row:
         if quant_scale is not None or amax is not None:
-            raise ValueError(f"{name}: quant_scale and amax are for per-tensor scaling; MXFP8 scales each block of "
-                             "32 values itself")
-    elif per_row:
-        if quant_scale is not None or amax is not None:
-            raise ValueError(f"{name}: quant_scale and amax are for per-tensor scaling; with quant_scale=None each "
-                             "row gets its own scale")
+            own = "MXFP8 scales each block of 32 values itself" if per_block else \
+                "with quant_scale=None each row gets its own scale"
+            raise ValueError(f"{name}: quant_scale and amax are for per-tensor scaling; {own}")
     else:
         for arg, t in (("quant_scale", quant_scale), ("amax", amax)):
             if t is None:

@@ -352,7 +352,7 @@ def _quant_norm_fwd_fake(x, residual, weight, bias, norm, eps, zero_centered, qu
     if quant.endswith("_row"):
         scales = x.new_empty(x.shape[:-1] + (1,), dtype=torch.float32)
     elif quant.startswith("mx"):
-        scales = x.new_empty(x.shape[:-1] + ((x.shape[-1] + 31) // 32,), dtype=_launch.E8M0)
+        scales = x.new_empty(_launch.block_scales_shape(x), dtype=_launch.E8M0)
     else:
         scales = x.new_empty((0,), dtype=torch.float32)
     y = _launch.like_rows(x, rs) if want_y else x.new_empty((0,))
