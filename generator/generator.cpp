@@ -65,6 +65,8 @@ EpilogueBinding epilogue_binding(Epilogue e) {
     case Epilogue::kInt8Row: return {"epilogue_quant_row.cuh", "EpilogueRowQuant<normjit::RowQuantFormat::kInt8>"};
     case Epilogue::kMxfp8E4M3: return {"epilogue_mx.cuh", "EpilogueMx<false>"};
     case Epilogue::kMxfp8E5M2: return {"epilogue_mx.cuh", "EpilogueMx<true>"};
+    case Epilogue::kMxfp4: return {"epilogue_fp4.cuh", "EpilogueFp4<false>"};
+    case Epilogue::kNvfp4: return {"epilogue_fp4.cuh", "EpilogueFp4<true>"};
   }
   throw Error(Status::kNotSupported, std::string("epilogue '") + to_string(e) + "' has no device binding");
 }
@@ -117,6 +119,7 @@ GeneratedSource generate(const Spec& spec) {
     // Rows in registers or shared memory: the fused persistent kernel; streamed: the split route.
     values["FUSED"] = b.cache != RowCache::kGlobal ? "1" : "0";
     values["DBETA_SHARED"] = dbeta_sums_in_shared(spec, b) ? "true" : "false";
+    values["XHAT_FROM_Y"] = spec.memory_efficient ? "true" : "false";
   } else {
     values["TRAINING"] = spec.phase == Phase::kForwardTraining ? "true" : "false";
     // A 512-thread row in registers or one CTA's shared memory asks for two CTAs per SM (64

@@ -196,13 +196,13 @@ std::optional<BlockConfig> detail::apply_pick_block(const TableBlock& tb, const 
   BlockConfig b = tb.block;
   if (b.cluster > max_cluster || s.n % b.vec != 0 || (s.n / b.vec) % b.cluster != 0) return std::nullopt;
   if (b.cluster > 1 && s.epilogue == Epilogue::kReluBitmask && (s.n / b.cluster) % 8 != 0) return std::nullopt;
-  if (b.cluster > 1 && scales_per_row(s.epilogue)) return std::nullopt;
-  if (b.cluster > 1 && scales_per_block(s.epilogue) && (s.n / b.cluster) % kMxBlock != 0) return std::nullopt;
+  if (b.cluster > 1 && scales_per_block(s.epilogue) && (s.n / b.cluster) % scale_block_size(s.epilogue) != 0)
+    return std::nullopt;
   const int64_t segment = s.n / b.vec / b.cluster;
   if (tb.packs_per_thread > 0)
     b.threads_per_row = static_cast<int>(round_up((segment + tb.packs_per_thread - 1) / tb.packs_per_thread, 32));
   if (tb.even_only && segment % b.threads_per_row != 0) return std::nullopt;
-  if (scales_per_block(s.epilogue) && b.threads_per_row * b.vec % kMxBlock != 0) return std::nullopt;
+  if (scales_per_block(s.epilogue) && b.threads_per_row * b.vec % scale_block_size(s.epilogue) != 0) return std::nullopt;
   return b;
 }
 
@@ -222,9 +222,9 @@ Spec resolve(const Spec& spec, int max_vec, int sm, int max_cluster) {
       break;
     }
   s.block = picked ? *picked : fallback(s, vec);
-  if (scales_per_block(s.epilogue) && s.block->threads_per_row * s.block->vec < kMxBlock) {
-    // A block's 32 values in one pass of the row's lanes: at least 32 / vec lanes a row.
-    s.block->threads_per_row = kMxBlock / s.block->vec;
+  if (scales_per_block(s.epilogue) && s.block->threads_per_row * s.block->vec < scale_block_size(s.epilogue)) {
+    // A block's 32 (NVFP4: 16) values in one pass of the row's lanes: at least block / vec lanes a row.
+    s.block->threads_per_row = scale_block_size(s.epilogue) / s.block->vec;
     s.block->rows_per_cta = std::max(1, 256 / s.block->threads_per_row);
   }
   if (s.residual && s.phase != Phase::kBackward && s.block->cache == RowCache::kSharedPipelined) {

@@ -41,7 +41,7 @@ constexpr Named<Epilogue> kEpilogues[] = {
     {Epilogue::kNone, "none"},         {Epilogue::kReluBitmask, "relu_bitmask"}, {Epilogue::kGelu, "gelu"},
     {Epilogue::kFp8E4M3, "fp8_e4m3"}, {Epilogue::kFp8E5M2, "fp8_e5m2"}, {Epilogue::kFp8E4M3Row, "fp8_e4m3_row"},
     {Epilogue::kFp8E5M2Row, "fp8_e5m2_row"}, {Epilogue::kInt8Row, "int8_row"}, {Epilogue::kMxfp8E4M3, "mxfp8_e4m3"},
-    {Epilogue::kMxfp8E5M2, "mxfp8_e5m2"}};
+    {Epilogue::kMxfp8E5M2, "mxfp8_e5m2"}, {Epilogue::kMxfp4, "mxfp4"}, {Epilogue::kNvfp4, "nvfp4"}};
 constexpr Named<RowCache> kRowCaches[] = {
     {RowCache::kRegisters, "reg"}, {RowCache::kGlobal, "gmem"}, {RowCache::kShared, "smem"},
     {RowCache::kSharedPipelined, "pipe"}};
@@ -97,8 +97,9 @@ bool dbeta_sums_in_shared(const Spec& s, const BlockConfig& b) {
     return false;
   const int64_t packs = s.n / b.vec / b.cluster;
   const int64_t values = (packs + b.threads_per_row - 1) / b.threads_per_row * b.vec;
-  // The residual's dh_out, read as dx is written, needs registers too: 8 fewer values before the move.
-  return values > (b.threads_per_row > 768 ? 16 : 24) - (s.residual ? 8 : 0);
+  // The residual's dh_out, read as dx is written, and a memory_efficient row's beta, read to recover
+  // x̂, need registers too: 8 fewer values each before the move (both spilled at 768-1024 threads).
+  return values > (b.threads_per_row > 768 ? 16 : 24) - (s.residual ? 8 : 0) - (s.memory_efficient ? 8 : 0);
 }
 
 int64_t shared_row_bytes(const Spec& s, const BlockConfig& b) {
@@ -122,7 +123,7 @@ Spec Spec::make(Norm norm, Phase phase, DType x, int64_t n, bool has_bias) {
 bool Spec::operator==(const Spec& o) const {
   return norm == o.norm && phase == o.phase && x_dtype == o.x_dtype && w_dtype == o.w_dtype && n == o.n &&
          has_bias == o.has_bias && zero_centered == o.zero_centered && residual == o.residual &&
-         epilogue == o.epilogue && block == o.block;
+         memory_efficient == o.memory_efficient && epilogue == o.epilogue && block == o.block;
 }
 
 std::string Spec::str() const {
@@ -131,6 +132,7 @@ std::string Spec::str() const {
   if (has_bias) s += ".bias";
   if (zero_centered) s += ".zero_centered";
   if (residual) s += ".residual";
+  if (memory_efficient) s += ".memory_efficient";
   if (epilogue != Epilogue::kNone) s += std::string(".") + to_string(epilogue);
   if (block) {
     s += ".cfg_t" + std::to_string(block->threads_per_row) + "_r" + std::to_string(block->rows_per_cta) + "_v" +
@@ -217,7 +219,8 @@ Spec Spec::parse(std::string_view text) {
   ++i;
   // Optional flags, each at most once and in this order.
   const std::pair<const char*, bool*> flags[] = {
-      {"bias", &s.has_bias}, {"zero_centered", &s.zero_centered}, {"residual", &s.residual}};
+      {"bias", &s.has_bias}, {"zero_centered", &s.zero_centered}, {"residual", &s.residual},
+      {"memory_efficient", &s.memory_efficient}};
   for (const auto& [name, flag] : flags)
     if (i < tokens.size() && tokens[i] == name) {
       *flag = true;
@@ -227,7 +230,7 @@ Spec Spec::parse(std::string_view text) {
     auto ep = lookup(kEpilogues, tokens[i]);
     if (!ep || *ep == Epilogue::kNone)
       bad_spec(text, "unknown token '" + std::string(tokens[i]) +
-                         "' (expected, in this order: bias, zero_centered, residual, an epilogue (" +
+                         "' (expected, in this order: bias, zero_centered, residual, memory_efficient, an epilogue (" +
                          choices(kEpilogues).substr(5) + "), cfg_...)");
     s.epilogue = *ep;
     ++i;
@@ -253,9 +256,19 @@ void validate(const Spec& s) {
     throw Error(Status::kInvalidSpec, where() + "epilogue " + to_string(s.epilogue) +
                                           " has no backward: the gradient of a quantized output is the plain "
                                           "norm's (its spec without the epilogue)");
+  if (s.memory_efficient && s.phase != Phase::kBackward)
+    throw Error(Status::kInvalidSpec, where() + "memory_efficient applies to the backward (it reads the forward's y "
+                                          "instead of x); phase " + to_string(s.phase) + " has none");
+  if (s.memory_efficient && s.epilogue != Epilogue::kNone)
+    throw Error(Status::kInvalidSpec, where() + "memory_efficient recovers x̂ from y, which epilogue " +
+                                          to_string(s.epilogue) + " does not leave invertible; use the backward "
+                                          "that reads x");
   if (s.n < 1 || s.n > kMaxHiddenSize)
     throw Error(Status::kInvalidSpec, where() + "n=" + std::to_string(s.n) + " is outside [1, " +
                                           std::to_string(kMaxHiddenSize) + "]");
+  if (packs_fp4(s.epilogue) && s.n % 2 != 0)
+    throw Error(Status::kInvalidSpec, where() + "n=" + std::to_string(s.n) + " must be even for " +
+                                          to_string(s.epilogue) + ": two e2m1 codes share a byte");
   if (!s.block) return;
   const BlockConfig& b = *s.block;
   const int max_vec = 16 / dtype_size(s.x_dtype);
@@ -284,18 +297,20 @@ void validate(const Spec& s) {
       why = "must divide the row's packs (n / vec)";
     else if (s.epilogue == Epilogue::kReluBitmask && (s.n / b.cluster) % 8 != 0)
       why = "must leave each CTA whole mask bytes (n / cluster a multiple of 8)";
-    else if (scales_per_row(s.epilogue))
-      why = "cannot split a row whose scale needs its whole amax (per-row quantization): use cluster 1";
-    else if (scales_per_block(s.epilogue) && (s.n / b.cluster) % kMxBlock != 0)
-      why = "must leave each CTA whole 32-value scale blocks (n / cluster a multiple of 32)";
+    else if (scales_per_block(s.epilogue) && (s.n / b.cluster) % scale_block_size(s.epilogue) != 0)
+      why = scale_block_size(s.epilogue) == kMxBlock
+                ? "must leave each CTA whole 32-value scale blocks (n / cluster a multiple of 32)"
+                : "must leave each CTA whole 16-value scale blocks (n / cluster a multiple of 16)";
     if (why)
       throw Error(Status::kInvalidSpec, where() + "cluster=" + std::to_string(b.cluster) + " " + why);
   }
-  if (scales_per_block(s.epilogue) && b.threads_per_row * b.vec % kMxBlock != 0)
+  if (scales_per_block(s.epilogue) && b.threads_per_row * b.vec % scale_block_size(s.epilogue) != 0) {
+    const std::string block = std::to_string(scale_block_size(s.epilogue));
     throw Error(Status::kInvalidSpec, where() + "threads_per_row=" + std::to_string(b.threads_per_row) + " x vec=" +
-                                          std::to_string(b.vec) + " must be a multiple of 32 for " +
-                                          to_string(s.epilogue) + ": a 32-value scale block lies in one pass of the "
-                                          "row's lanes");
+                                          std::to_string(b.vec) + " must be a multiple of " + block + " for " +
+                                          to_string(s.epilogue) + ": a " + block + "-value scale block lies in one "
+                                          "pass of the row's lanes");
+  }
   if (b.cache == RowCache::kSharedPipelined ? b.stages < 2 || b.stages > kMaxPipeStages : b.stages != 2)
     throw Error(Status::kInvalidSpec, where() + "stages=" + std::to_string(b.stages) +
                                           (b.cache == RowCache::kSharedPipelined

@@ -147,18 +147,54 @@ BlockQuantized quantize_mx(const std::vector<double>& values, int64_t rows, int6
       values, rows, n, 32, element, [element](double amax) { return mx_scale_code(amax, element); }, decode_e8m0);
 }
 
+std::vector<uint8_t> pack_e2m1(const std::vector<uint8_t>& codes) {
+  std::vector<uint8_t> out((codes.size() + 1) / 2, 0);
+  for (size_t i = 0; i < codes.size(); ++i) out[i / 2] |= static_cast<uint8_t>((codes[i] & 0xF) << (i % 2 ? 4 : 0));
+  return out;
+}
+
+float nvfp4_encode_scale(double amax) {
+  if (!(amax > 0)) return 1.0f;
+  const double s = max_finite(MiniFloat::kE4M3) * max_finite(MiniFloat::kE2M1) / amax;
+  return static_cast<float>(std::min<double>(s, std::numeric_limits<float>::max()));
+}
+
+BlockQuantized quantize_nvfp4(const std::vector<double>& values, int64_t rows, int64_t n, double encode_scale) {
+  check_shape(values, rows, n, "quantize_nvfp4");
+  const double e2m1_max = max_finite(MiniFloat::kE2M1);
+  // The elements divide by decode(s) / S_enc: quantize_blocks codes 0 where that is not > 0.
+  BlockQuantized q = quantize_blocks(
+      values, rows, n, kNvfp4Block, MiniFloat::kE2M1,
+      [&](double block_amax) { return encode_satfinite(MiniFloat::kE4M3, block_amax / e2m1_max * encode_scale); },
+      [&](uint8_t code) { return decode(MiniFloat::kE4M3, code) / encode_scale; });
+  q.tensor_scale = 1.0 / encode_scale;
+  return q;
+}
+
 BlockQuantized quantize_nvfp4(const std::vector<double>& values, int64_t rows, int64_t n) {
   check_shape(values, rows, n, "quantize_nvfp4");
-  const double e4m3_max = max_finite(MiniFloat::kE4M3), e2m1_max = max_finite(MiniFloat::kE2M1);
-  const double amax = block_amax(values, 0, static_cast<int64_t>(values.size()));
-  // Stored as fp32: the decode multiplier as a kernel would read it.
-  const double tensor_scale = static_cast<float>(amax > 0 ? amax / (e4m3_max * e2m1_max) : 1.0);
-  BlockQuantized q = quantize_blocks(
-      values, rows, n, 16, MiniFloat::kE2M1,
-      [&](double block_amax) { return encode_satfinite(MiniFloat::kE4M3, block_amax / e2m1_max / tensor_scale); },
-      [&](uint8_t code) { return decode(MiniFloat::kE4M3, code) * tensor_scale; });
-  q.tensor_scale = tensor_scale;
-  return q;
+  return quantize_nvfp4(values, rows, n, nvfp4_encode_scale(block_amax(values, 0, static_cast<int64_t>(values.size()))));
+}
+
+std::vector<uint8_t> swizzle_block_scales(const std::vector<uint8_t>& scales, int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0 || static_cast<int64_t>(scales.size()) != rows * cols)
+    throw Error(Status::kInvalidArgument, "swizzle_block_scales: scales.size()=" + std::to_string(scales.size()) +
+                                              " is not rows=" + std::to_string(rows) + " x cols=" + std::to_string(cols));
+  const int64_t row_tiles = (rows + 127) / 128, col_tiles = (cols + 3) / 4;
+  std::vector<uint8_t> out(row_tiles * col_tiles * 512, 0);
+  // Tile (tr, tc) is 512 bytes at (tr * col_tiles + tc) * 512: 32 lines of 16 bytes, line l holding
+  // rows l, l + 32, l + 64, l + 96 of the tile, 4 scales each.
+  for (int64_t tr = 0; tr < row_tiles; ++tr)
+    for (int64_t tc = 0; tc < col_tiles; ++tc) {
+      uint8_t* tile = out.data() + (tr * col_tiles + tc) * 512;
+      for (int64_t line = 0; line < 32; ++line)
+        for (int64_t quarter = 0; quarter < 4; ++quarter)
+          for (int64_t c = 0; c < 4; ++c) {
+            const int64_t r = tr * 128 + quarter * 32 + line, col = tc * 4 + c;
+            if (r < rows && col < cols) tile[line * 16 + quarter * 4 + c] = scales[r * cols + col];
+          }
+    }
+  return out;
 }
 
 TensorQuantized quantize_fp8_per_tensor(const std::vector<double>& values, double scale, MiniFloat format) {

@@ -96,9 +96,12 @@ ForwardRef forward(const Spec& s, const void* x, const void* gamma, const void* 
   return r;
 }
 
-BackwardRef backward(const Spec& s, const void* dy, const void* x, const void* gamma, const void* beta,
-                     const float* mean, const float* rstd, const uint8_t* mask, int64_t rows, int64_t row_stride,
-                     int64_t rows_per_batch) {
+namespace {
+// The backward of `rows` rows, x̂ of (row, column) from `xhat_of`.
+template <class XhatOf>
+BackwardRef backward_rows(const Spec& s, const void* dy, const void* gamma, const void* beta, const uint8_t* mask,
+                          int64_t rows, int64_t row_stride, int64_t rows_per_batch, const float* rstd,
+                          XhatOf xhat_of) {
   const int64_t groups = is_adaptive(s.norm) ? rows / rows_per_batch : 1;
   const int64_t mask_stride = (s.n + 7) / 8;
   BackwardRef r;
@@ -110,11 +113,10 @@ BackwardRef backward(const Spec& s, const void* dy, const void* x, const void* g
     const int64_t base = row * row_stride;
     const int64_t g_row = weight_row(s, row, rows_per_batch);
     const int64_t w = g_row * s.n;
-    const double mu = subtracts_mean(s.norm) ? mean[row] : 0.0;
     const double rs = rstd[row];
     double c1 = 0, c2 = 0;
     for (int64_t i = 0; i < s.n; ++i) {
-      xhat[i] = (load(x, s.x_dtype, base + i) - mu) * rs;
+      xhat[i] = xhat_of(row, base + i, w + i);
       const double g = load(gamma, s.w_dtype, w + i) + (s.zero_centered ? 1 : 0);
       double d = load(dy, s.x_dtype, base + i);
       if (s.epilogue == Epilogue::kReluBitmask && !((mask[row * mask_stride + i / 8] >> (i % 8)) & 1)) d = 0;
@@ -131,6 +133,27 @@ BackwardRef backward(const Spec& s, const void* dy, const void* x, const void* g
   }
   if (!s.has_bias) std::fill(r.dbeta.begin(), r.dbeta.end(), 0.0);
   return r;
+}
+}  // namespace
+
+BackwardRef backward(const Spec& s, const void* dy, const void* x, const void* gamma, const void* beta,
+                     const float* mean, const float* rstd, const uint8_t* mask, int64_t rows, int64_t row_stride,
+                     int64_t rows_per_batch) {
+  return backward_rows(s, dy, gamma, beta, mask, rows, row_stride, rows_per_batch, rstd,
+                       [&](int64_t row, int64_t at, int64_t) {
+                         const double mu = subtracts_mean(s.norm) ? mean[row] : 0.0;
+                         return (load(x, s.x_dtype, at) - mu) * rstd[row];
+                       });
+}
+
+BackwardRef backward_from_y(const Spec& s, const void* dy, const void* y, const void* gamma, const void* beta,
+                            const float* rstd, int64_t rows, int64_t row_stride, int64_t rows_per_batch) {
+  return backward_rows(s, dy, gamma, beta, nullptr, rows, row_stride, rows_per_batch, rstd,
+                       [&](int64_t, int64_t at, int64_t w) {
+                         const double g = load(gamma, s.w_dtype, w) + (s.zero_centered ? 1 : 0);
+                         const double b = beta ? load(beta, s.w_dtype, w) : 0.0;
+                         return (load(y, s.x_dtype, at) - b) / g;
+                       });
 }
 
 Tolerance tolerance(DType d) {

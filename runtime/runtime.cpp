@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 
+#include "../templates/normjit/block_scale_layout.h"
 #include "../templates/normjit/params.h"
 #include "runtime/log.hpp"
 
@@ -35,13 +36,14 @@ uint64_t packed_key(const Spec& s) {
   const BlockConfig b = s.block.value_or(BlockConfig{});
   uint64_t k = static_cast<uint64_t>(s.n - 1);  // 18 bits
   k = k << 2 | static_cast<uint64_t>(s.norm);
-  k = k << 2 | static_cast<uint64_t>(s.phase);
+  // Phase takes values 0-2; 3 is the memory_efficient backward.
+  k = k << 2 | static_cast<uint64_t>(s.memory_efficient ? 3 : static_cast<int>(s.phase));
   k = k << 2 | static_cast<uint64_t>(s.x_dtype);
   k = k << 2 | static_cast<uint64_t>(s.w_dtype);
   k = k << 1 | static_cast<uint64_t>(s.has_bias);
   k = k << 1 | static_cast<uint64_t>(s.zero_centered);
   k = k << 1 | static_cast<uint64_t>(s.residual);
-  static_assert(static_cast<int>(Epilogue::kMxfp8E5M2) < 16, "the epilogue's 4 bits of the key are full");
+  static_assert(static_cast<int>(Epilogue::kNvfp4) < 16, "the epilogue's 4 bits of the key are full");
   k = k << 4 | static_cast<uint64_t>(s.epilogue);
   k = k << 11 | static_cast<uint64_t>(b.threads_per_row);
   k = k << 10 | (static_cast<uint64_t>(b.rows_per_cta - 1) & 1023);
@@ -55,7 +57,22 @@ uint64_t packed_key(const Spec& s) {
 
 bool needs_pre_activation(Epilogue e) { return e == Epilogue::kGelu; }
 
+// y_quant's alignment for vec-element packs: a byte an element, half a byte for e2m1 codes.
+int y_quant_align(int vec, Epilogue e) { return packs_fp4(e) ? std::max(1, vec / 2) : vec; }
+
+static_assert(static_cast<int>(BlockScaleLayout::kRowMajor) == kBlockScaleRowMajor &&
+                  static_cast<int>(BlockScaleLayout::kSwizzled) == kBlockScaleSwizzled,
+              "the host's and the kernels' layout numbers agree");
+
 }  // namespace
+
+const char* to_string(BlockScaleLayout v) {
+  switch (v) {
+    case BlockScaleLayout::kRowMajor: return "row_major";
+    case BlockScaleLayout::kSwizzled: return "swizzled";
+  }
+  return "?";
+}
 
 int max_vec_for(const Spec& spec, const LaunchArgs& a) {
   int vec = 16 / dtype_size(spec.x_dtype);
@@ -63,7 +80,7 @@ int max_vec_for(const Spec& spec, const LaunchArgs& a) {
     const int xb = access_bytes(v, spec.x_dtype), wb = access_bytes(v, spec.w_dtype);
     return spec.n % v == 0 && a.row_stride % v == 0 && aligned(a.x, xb) && aligned(a.y, xb) && aligned(a.dy, xb) &&
            aligned(a.dx, xb) && aligned(a.residual, xb) && aligned(a.h, xb) && aligned(a.dh_out, xb) &&
-           aligned(a.gamma, wb) && aligned(a.beta, wb) && aligned(a.y_quant, v);
+           aligned(a.gamma, wb) && aligned(a.beta, wb) && aligned(a.y_quant, y_quant_align(v, spec.epilogue));
   };
   while (vec > 1 && !ok(vec)) vec /= 2;
   return vec;
@@ -92,13 +109,18 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
     const char* role;
     bool optional = false;  // may be given or not (y beside a quantized output)
   };
+  const bool from_y = s.memory_efficient;  // a backward reading y in place of x (and no mean)
   const Field fields[] = {
-      {"x", a.x, true, "the input"},
+      {"x", a.x, !from_y, from_y ? "a memory_efficient backward reads y instead" : "the input"},
       {"gamma", a.gamma, true, "the scale"},
-      {"beta", a.beta, backward ? s.has_bias && needs_pre_activation(s.epilogue) : s.has_bias,
-       backward ? "read by the backward only with a bias and a gelu epilogue" : "the bias (spec .bias)"},
-      {"y", a.y, !backward && !quant, "the forward output", quant},
-      {"mean", a.mean, has_mean && (training || backward), "LayerNorm training output / backward input"},
+      {"beta", a.beta, backward ? s.has_bias && (needs_pre_activation(s.epilogue) || from_y) : s.has_bias,
+       backward ? "read by the backward only with a bias and a gelu epilogue or memory_efficient"
+                : "the bias (spec .bias)"},
+      {"y", a.y, (!backward && !quant) || from_y,
+       from_y ? "the forward's output, from which a memory_efficient backward recovers x̂" : "the forward output",
+       quant},
+      {"mean", a.mean, has_mean && (training || (backward && !from_y)),
+       from_y ? "a memory_efficient backward needs no mean" : "LayerNorm training output / backward input"},
       {"rstd", a.rstd, training || backward, "training output / backward input"},
       {"dy", a.dy, backward, "the backward input"},
       {"dx", a.dx, backward, "the backward output"},
@@ -109,10 +131,12 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
       {"residual", a.residual, s.residual && !backward, "the forward's residual input (spec .residual)"},
       {"h", a.h, s.residual && !backward, "the forward's x + residual output (spec .residual)"},
       {"dh_out", a.dh_out, s.residual && backward, "the gradient arriving on h (spec .residual)"},
-      {"y_quant", a.y_quant, quant, "the quantized output (spec .fp8_*, .int8_row, .mxfp8_*)"},
-      {"quant_scale", a.quant_scale, per_tensor, "the per-tensor scale of the quantized output (spec .fp8_e4m3, .fp8_e5m2)"},
+      {"y_quant", a.y_quant, quant, "the quantized output (spec .fp8_*, .int8_row, .mxfp8_*, .mxfp4, .nvfp4)"},
+      {"quant_scale", a.quant_scale, reads_quant_scale(s.epilogue),
+       "the per-tensor scale of the quantized output (spec .fp8_e4m3, .fp8_e5m2; .nvfp4's S_enc)"},
       {"row_scales", a.row_scales, per_row, "the per-row scales written beside the codes (spec .*_row)"},
-      {"block_scales", a.block_scales, per_block, "the E8M0 block scales written beside the codes (spec .mxfp8_*)"},
+      {"block_scales", a.block_scales, per_block,
+       "the block scales written beside the codes (spec .mxfp8_*, .mxfp4: E8M0; .nvfp4: e4m3)"},
   };
   for (const Field& f : fields) {
     if (f.used && !f.ptr) fail(std::string(f.name) + " is null; " + phase + " needs it (" + f.role + ")");
@@ -124,6 +148,17 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
   if (!per_tensor && a.amax)
     fail("amax=" + hex_ptr(a.amax) + " is given but only the per-tensor FP8 epilogues (spec .fp8_e4m3, .fp8_e5m2) "
          "write it");
+  if (a.block_scale_layout != BlockScaleLayout::kRowMajor) {
+    if (a.block_scale_layout != BlockScaleLayout::kSwizzled)
+      fail("block_scale_layout=" + std::to_string(static_cast<int>(a.block_scale_layout)) +
+           " is not row_major (0) or swizzled (1)");
+    if (!per_block)
+      fail(std::string("block_scale_layout=") + to_string(a.block_scale_layout) +
+           " is given but only the block-scaled epilogues (spec .mxfp8_*, .mxfp4, .nvfp4) write block scales");
+  }
+  if (packs_fp4(s.epilogue) && a.row_stride % 2 != 0)
+    fail("row_stride=" + std::to_string(a.row_stride) + " must be even for " + to_string(s.epilogue) +
+         ": y_quant's rows lie row_stride / 2 bytes apart");
   if (a.rows < 0) fail("rows=" + std::to_string(a.rows) + " is negative");
   const int64_t max_rows = int64_t(0x7fffffff) * s.block->rows_per_cta;
   if (a.rows > max_rows) fail("rows=" + std::to_string(a.rows) + " exceeds " + std::to_string(max_rows));
@@ -167,7 +202,7 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
   check_align("mean", a.mean, 4, "f32");
   check_align("rstd", a.rstd, 4, "f32");
   check_align("workspace", a.workspace, 16, "vector stores");
-  check_align("y_quant", a.y_quant, vec, vec_why.c_str());
+  check_align("y_quant", a.y_quant, y_quant_align(vec, s.epilogue), vec_why.c_str());
   check_align("quant_scale", a.quant_scale, 4, "f32");
   check_align("amax", a.amax, 4, "f32");
   check_align("row_scales", a.row_scales, 4, "f32");
@@ -228,10 +263,11 @@ size_t Kernel::workspace_bytes(int64_t rows, int64_t rows_per_batch) const {
 
 NormParams Kernel::params_for(const LaunchArgs& a) const {
   NormParams p{};
-  p.x = a.x;
+  // A memory_efficient backward's kernels read y where the others read x.
+  p.x = spec_.memory_efficient ? a.y : a.x;
   p.gamma = a.gamma;
   p.beta = a.beta;
-  p.y = a.y;
+  p.y = spec_.memory_efficient ? nullptr : a.y;
   p.mean = a.mean;
   p.rstd = a.rstd;
   p.dy = a.dy;
@@ -255,7 +291,8 @@ NormParams Kernel::params_for(const LaunchArgs& a) const {
   p.amax = a.amax;
   p.row_scales = a.row_scales;
   p.block_scales = a.block_scales;
-  p.block_scale_stride = block_scale_row_bytes(spec_.n);
+  p.block_scale_stride = block_scale_row_bytes(spec_.n, spec_.epilogue);
+  p.block_scale_layout = static_cast<int>(a.block_scale_layout);
   return p;
 }
 

@@ -105,6 +105,7 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   Spec fwd = spec;
   fwd.phase = Phase::kForwardTraining;
   fwd.residual = false;  // a residual backward's x is h: its statistics come from the plain forward
+  fwd.memory_efficient = false;
   const std::vector<BlockConfig> candidates = candidate_configs(spec, target_.arch, 16, limit);
   size_t workspace = 0;
   for (const BlockConfig& b : candidates) {
@@ -118,9 +119,9 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   DeviceBuffer x(x_bytes), y(x_bytes), dy(backward ? x_bytes : 0), gamma(n * ws), beta(n * ws), mean(rows * 4),
       rstd(rows * 4), mask(size_t(rows) * mask_row_bytes(n)), dgamma(n * ws), dbeta(n * ws), work(workspace),
       residual(spec.residual ? x_bytes : 0), h(spec.residual && !backward ? x_bytes : 0),
-      quant_scale(scales_per_tensor(spec.epilogue) ? 4 : 0), amax(scales_per_tensor(spec.epilogue) ? 4 : 0),
+      quant_scale(reads_quant_scale(spec.epilogue) ? 4 : 0), amax(scales_per_tensor(spec.epilogue) ? 4 : 0),
       row_scales(scales_per_row(spec.epilogue) ? rows * 4 : 0),
-      block_scales(scales_per_block(spec.epilogue) ? rows * block_scale_row_bytes(n) : 0);
+      block_scales(rows * block_scale_row_bytes(n, spec.epilogue));
   {
     const detail::FillKernels fill(target_, device_.sm_count);
     const unsigned seed = static_cast<unsigned>(n * 7919 + static_cast<int>(spec.phase));
@@ -129,10 +130,9 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
     fill.run(beta.get(), spec.w_dtype, n, seed + 2, 0.5f, 0.0f);
     if (backward) fill.run(dy.get(), spec.x_dtype, rows * n, seed + 3, 1.0f, 0.0f);
     if (spec.residual) fill.run(residual.get(), spec.x_dtype, rows * n, seed + 4, 1.0f, 0.0f);
-    if (scales_per_tensor(spec.epilogue)) {
+    if (reads_quant_scale(spec.epilogue))
       fill.run(quant_scale.get(), DType::kF32, 1, seed + 5, 0.0f, 1.0f);  // scale 1
-      NORMJIT_CU(cuMemsetD8(amax.ptr, 0, 4));
-    }
+    if (scales_per_tensor(spec.epilogue)) NORMJIT_CU(cuMemsetD8(amax.ptr, 0, 4));
     NORMJIT_CU(cuCtxSynchronize());  // the fills finish before their module is unloaded
   }
   LaunchArgs a;
@@ -163,6 +163,7 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
       a.row_scales = static_cast<float*>(row_scales.get());
     } else {
       a.block_scales = static_cast<uint8_t*>(block_scales.get());
+      if (reads_quant_scale(spec.epilogue)) a.quant_scale = static_cast<const float*>(quant_scale.get());  // nvfp4
     }
   }
   if (backward) {
@@ -171,8 +172,14 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
     f.rstd = static_cast<float*>(rstd.get());
     get(fwd).launch(f);  // the statistics (and mask) the backward reads
     a.y = nullptr;
-    a.beta = spec.has_bias && spec.epilogue == Epilogue::kGelu ? beta.get() : nullptr;
+    a.beta = spec.has_bias && (spec.epilogue == Epilogue::kGelu || spec.memory_efficient) ? beta.get() : nullptr;
     a.mean = f.mean;
+    if (spec.memory_efficient) {  // reads the forward's y, moved into x's buffer (dx takes y's)
+      NORMJIT_CU(cuMemcpyDtoDAsync(x.ptr, y.ptr, x_bytes, nullptr));
+      a.y = x.get();
+      a.x = nullptr;
+      a.mean = nullptr;
+    }
     a.rstd = f.rstd;
     a.dy = dy.get();
     a.dx = y.get();

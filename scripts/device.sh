@@ -171,7 +171,7 @@ job_test() {
   # The GPU tests' literal specs and the forward each backward runs first. Their reference grids
   # compile on all cores themselves; the other cases would compile one kernel at a time.
   grep -ohE '"(ada)?(layer|rms)norm\.[a-z0-9_.]+"' tests/gpu/*.cpp | tr -d '"' |
-    sed -E 'p; /\.bwd\./!d; s/\.bwd\./.fwd_train./; s/\.cfg_.*//' | sort -u >"$WORK/gpu_test_specs.txt"
+    sed -E 'p; /\.bwd\./!d; s/\.bwd\./.fwd_train./; s/\.memory_efficient//; s/\.cfg_.*//' | sort -u >"$WORK/gpu_test_specs.txt"
   # A spec that fails here is left to the tests, which report it themselves.
   precompile gpu_tests "$(nproc)" --manifest "$WORK/gpu_test_specs.txt"
   if [[ ${CPU_TESTS:-1} == 1 ]]; then

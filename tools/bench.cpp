@@ -184,6 +184,9 @@ int main(int argc, char** argv) {
       if (backward) fwd_spec.phase = nj::Phase::kForwardTraining;
       // A residual backward's x is h: its statistics come from the plain forward of x.
       if (backward) fwd_spec.residual = false;
+      fwd_spec.memory_efficient = false;
+      // A memory_efficient backward reads the forward's y (kept in its own buffers) instead of x.
+      const bool from_y = spec.memory_efficient;
       const bool residual = spec.residual;
       // M·N tensors the residual adds: residual read and h written (forward), dh_out read (backward).
       const int residual_streams = residual ? (backward ? 1 : 2) : 0;
@@ -216,12 +219,15 @@ int main(int argc, char** argv) {
       const bool quant = nj::quantizes(spec.epilogue);
       const bool per_tensor = nj::scales_per_tensor(spec.epilogue), per_row = nj::scales_per_row(spec.epilogue),
                  per_block = nj::scales_per_block(spec.epilogue);
-      const int64_t blocks_per_row = nj::block_scale_row_bytes(n);
+      const int64_t blocks_per_row = nj::block_scale_row_bytes(n, spec.epilogue);
+      const bool fp4 = nj::packs_fp4(spec.epilogue), reads_scale = nj::reads_quant_scale(spec.epilogue);
+      // NVFP4's S_enc: 448 * 6 / 8, for |y| up to about 8 (larger values clamp their block's scale).
+      const float nvfp4_s_enc = 336.0f;
       const double weight_bytes = double(groups) * n * ws;
       const double bytes =
           double(residual_streams) * x_bytes +
-          (backward ? 3.0 * x_bytes + weight_bytes * (2 + (spec.has_bias ? 1 : 0))
-                    : x_bytes * (quant ? 1.0 + 1.0 / xs : 2.0) + weight_bytes * (spec.has_bias ? 2 : 1) +
+          (backward ? 3.0 * x_bytes + weight_bytes * (2 + (spec.has_bias ? (from_y ? 2 : 1) : 0))
+                    : x_bytes * (quant ? 1.0 + (fp4 ? 0.5 : 1.0) / xs : 2.0) + weight_bytes * (spec.has_bias ? 2 : 1) +
                           double(rows) * 4 * ((training ? 1 : 0) + (has_mean ? 1 : 0) + (per_row ? 1 : 0)) +
                           (per_block ? double(rows) * blocks_per_row : 0.0) +
                           (bitmask ? mask_bytes : 0));
@@ -235,8 +241,9 @@ int main(int argc, char** argv) {
           dbeta(backward && spec.has_bias ? groups * n * ws : 0),
           workspace(backward ? kernel.workspace_bytes(rows, rpb) : 0),
           residual_in(residual && !backward ? x_bytes * sets : 0), h_out(residual && !backward ? x_bytes * sets : 0),
-          dh_out(residual && backward ? x_bytes * sets : 0), quant_scale(per_tensor ? 4 : 0), amax(per_tensor ? 4 : 0),
-          row_scales(per_row ? rows * 4 * sets : 0), block_scales(per_block ? rows * blocks_per_row * sets : 0);
+          dh_out(residual && backward ? x_bytes * sets : 0), quant_scale(reads_scale ? 4 : 0), amax(per_tensor ? 4 : 0),
+          row_scales(per_row ? rows * 4 * sets : 0), block_scales(per_block ? rows * blocks_per_row * sets : 0),
+          y_in(from_y ? x_bytes * sets : 0);
       const unsigned s0 = seed + 17 * static_cast<unsigned>(si);
       util.run(x.get(), spec.x_dtype, (long long)(rows * n * sets), s0, 2.0f, 0.5f);
       util.run(gamma.get(), spec.w_dtype, groups * n, s0 + 1, 0.5f, 1.0f);
@@ -248,6 +255,8 @@ int main(int argc, char** argv) {
       if (per_tensor) {
         util.run(quant_scale.get(), nj::DType::kF32, 1, s0 + 6, 0.0f, 1.0f);  // scale 1
         NORMJIT_CU(cuMemsetD8(amax.ptr, 0, 4));
+      } else if (reads_scale) {
+        util.run(quant_scale.get(), nj::DType::kF32, 1, s0 + 6, 0.0f, nvfp4_s_enc);
       }
       auto forward_args = [&](int set) {
         nj::LaunchArgs a;
@@ -278,6 +287,7 @@ int main(int argc, char** argv) {
             a.row_scales = reinterpret_cast<float*>(row_scales.get()) + size_t(set) * rows;
           } else {
             a.block_scales = reinterpret_cast<uint8_t*>(block_scales.get()) + size_t(set) * rows * blocks_per_row;
+            if (reads_scale) a.quant_scale = static_cast<const float*>(quant_scale.get());  // nvfp4's S_enc
           }
         }
         return a;
@@ -285,7 +295,12 @@ int main(int argc, char** argv) {
       auto backward_args = [&](int set) {
         nj::LaunchArgs a = forward_args(set);
         a.y = nullptr;
-        a.beta = spec.has_bias && spec.epilogue == nj::Epilogue::kGelu ? beta.get() : nullptr;
+        a.beta = spec.has_bias && (spec.epilogue == nj::Epilogue::kGelu || from_y) ? beta.get() : nullptr;
+        if (from_y) {
+          a.x = nullptr;
+          a.mean = nullptr;
+          a.y = static_cast<char*>(y_in.get()) + size_t(set) * x_bytes;
+        }
         a.dy = static_cast<char*>(dy.get()) + size_t(set) * x_bytes;
         a.dx = static_cast<char*>(y.get()) + size_t(set) * x_bytes;  // dx reuses y's buffers
         a.dgamma = dgamma.get();
@@ -301,6 +316,7 @@ int main(int argc, char** argv) {
       };
       if (backward) {
         for (int set = 0; set < sets; ++set) forward.launch(forward_args(set));
+        if (from_y) NORMJIT_CU(cuMemcpyDtoDAsync(y_in.ptr, y.ptr, y.bytes, nullptr));
         NORMJIT_CU(cuMemsetD8(y.ptr, 0xff, y.bytes));
       }
       std::unique_ptr<Stream> stream;
@@ -371,9 +387,18 @@ int main(int argc, char** argv) {
             NORMJIT_CU(cuMemcpyDtoH(hdy.data(), dy.ptr + x_off, hdy.size()));
             nj::Spec one = spec;
             one.norm = nj::base_norm(spec.norm);  // one row, its batch's weights
-            want = nj::reference::backward(one, hdy.data(), hx.data(), hg.data(), spec.has_bias ? hb.data() : nullptr,
-                                           &stat_mean, &stat_rstd, hmask.data(), 1, n)
-                       .dx;
+            if (from_y) {  // against the same math from the y it read (backward_from_y)
+              std::vector<char> hy(n * xs);
+              NORMJIT_CU(cuMemcpyDtoH(hy.data(), y_in.ptr + x_off, hy.size()));
+              want = nj::reference::backward_from_y(one, hdy.data(), hy.data(), hg.data(),
+                                                    spec.has_bias ? hb.data() : nullptr, &stat_rstd, 1, n)
+                         .dx;
+            } else {
+              want = nj::reference::backward(one, hdy.data(), hx.data(), hg.data(),
+                                             spec.has_bias ? hb.data() : nullptr, &stat_mean, &stat_rstd,
+                                             hmask.data(), 1, n)
+                         .dx;
+            }
             if (residual) {
               NORMJIT_CU(cuMemcpyDtoH(hres.data(), dh_out.ptr + x_off, hres.size()));
               for (int64_t i = 0; i < n; ++i) want[i] += nj::reference::load(hres.data(), spec.x_dtype, i);
@@ -394,10 +419,17 @@ int main(int argc, char** argv) {
             }
             continue;
           }
-          // Quantized: the codes (row r of set's buffer, one byte each) decoded and unscaled, within
-          // half a step of the format (plus the fp32 y's own error) of the fp64 y.
+          // Quantized: the codes (row r of set's buffer, one byte each; e2m1: half a byte, low
+          // nibble first) decoded and unscaled, within half a step of the format (plus the fp32
+          // y's own error) of the fp64 y.
           std::vector<uint8_t> codes(n);
-          NORMJIT_CU(cuMemcpyDtoH(codes.data(), y.ptr + size_t(set) * x_bytes + size_t(r) * n, n));
+          if (fp4) {
+            std::vector<uint8_t> packed(n / 2);
+            NORMJIT_CU(cuMemcpyDtoH(packed.data(), y.ptr + size_t(set) * x_bytes + size_t(r) * (n / 2), n / 2));
+            for (int64_t i = 0; i < n; ++i) codes[i] = (packed[i / 2] >> (i % 2 ? 4 : 0)) & 0xF;
+          } else {
+            NORMJIT_CU(cuMemcpyDtoH(codes.data(), y.ptr + size_t(set) * x_bytes + size_t(r) * n, n));
+          }
           float dequant = 1.f;  // per tensor: the filled quant_scale is 1
           if (per_row) NORMJIT_CU(cuMemcpyDtoH(&dequant, row_scales.ptr + (size_t(set) * rows + r) * 4, 4));
           std::vector<uint8_t> scale_codes(per_block ? blocks_per_row : 0);
@@ -405,15 +437,21 @@ int main(int argc, char** argv) {
             NORMJIT_CU(cuMemcpyDtoH(scale_codes.data(), block_scales.ptr + (size_t(set) * rows + r) * blocks_per_row,
                                     scale_codes.size()));
           const bool int8 = spec.epilogue == nj::Epilogue::kInt8Row;
-          const auto format = int8 ? nj::reference::MiniFloat::kE4M3  // unused for int8
-                                   : nj::reference::fp8_element(spec.epilogue);
+          const auto format = int8  ? nj::reference::MiniFloat::kE4M3  // unused for int8
+                              : fp4 ? nj::reference::MiniFloat::kE2M1
+                                    : nj::reference::fp8_element(spec.epilogue);
           const bool e5m2 = format == nj::reference::MiniFloat::kE5M2;
-          const double half_step_rel = int8 ? 0.0 : e5m2 ? 0.125 : 0.0625;
+          const double half_step_rel = int8 ? 0.0 : fp4 ? 0.25 : e5m2 ? 0.125 : 0.0625;
+          const int block = nj::scale_block_size(spec.epilogue);
           const nj::reference::Tolerance f32_tol = nj::reference::tolerance(nj::DType::kF32);
           for (int64_t i = 0; i < n; ++i) {
-            if (per_block) dequant = static_cast<float>(nj::reference::decode_e8m0(scale_codes[i / nj::kMxBlock]));
+            if (per_block)
+              dequant = spec.epilogue == nj::Epilogue::kNvfp4
+                            ? static_cast<float>(nj::reference::decode(nj::reference::MiniFloat::kE4M3,
+                                                                       scale_codes[i / block]) / nvfp4_s_enc)
+                            : static_cast<float>(nj::reference::decode_e8m0(scale_codes[i / block]));
             const double half_step_abs =
-                (int8 ? 0.5 : e5m2 ? std::ldexp(1.0, -17) : std::ldexp(1.0, -10)) * dequant;
+                (int8 ? 0.5 : fp4 ? 0.25 : e5m2 ? std::ldexp(1.0, -17) : std::ldexp(1.0, -10)) * dequant;
             const double code_value = int8 ? static_cast<double>(static_cast<int8_t>(codes[i]))
                                            : nj::reference::decode(format, codes[i]);
             const double got = code_value * dequant;

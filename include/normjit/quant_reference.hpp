@@ -38,17 +38,34 @@ uint8_t mx_scale_code(double amax, MiniFloat element);
 // one E8M0 scale X; each element is encode_satfinite(v / X). A row of n values gives
 // ceil(n / 32) scales (a short last block uses the values it has).
 struct BlockQuantized {
-  std::vector<uint8_t> codes;   // [rows, n] (e2m1: one code per byte, low 4 bits)
+  std::vector<uint8_t> codes;   // [rows, n] (e2m1: one code per byte, low 4 bits; pack_e2m1 packs them)
   std::vector<uint8_t> scales;  // [rows, blocks] block scale codes (E8M0 for MX, e4m3 for NVFP4)
   double tensor_scale = 1.0;    // NVFP4 only: the per-tensor fp32 decode multiplier
 };
 BlockQuantized quantize_mx(const std::vector<double>& values, int64_t rows, int64_t n, MiniFloat element);
+// e2m1 codes (one a byte) packed two a byte as y_quant holds them: element 2k in the low nibble,
+// 2k + 1 in the high one (OCP; torch.float4_e2m1fn_x2). An odd count leaves the last high nibble 0.
+std::vector<uint8_t> pack_e2m1(const std::vector<uint8_t>& codes);
 
 // NVFP4: blocks of 16 values, e2m1 elements, an e4m3 scale per block and one fp32 scale per
-// tensor. tensor_scale = amax(tensor) / (448 * 6); block scale code = e4m3(amax(block) / 6 /
-// tensor_scale); element = e2m1(v / (decode(block scale) * tensor_scale)). A value decodes as
-// decode(element) * decode(block scale) * tensor_scale.
+// tensor, in the two-level form TransformerEngine and FlashInfer quantize with: given the
+// tensor's encode scale S_enc (fp32; 448 * 6 / amax(tensor)), block scale code s =
+// encode_satfinite(e4m3, amax(block) / 6 * S_enc), element = e2m1(v * S_enc / decode(s)) (code 0
+// where decode(s) is 0 or NaN). A value decodes as decode(element) * decode(s) / S_enc;
+// tensor_scale returns 1 / S_enc, the decode multiplier.
+BlockQuantized quantize_nvfp4(const std::vector<double>& values, int64_t rows, int64_t n, double encode_scale);
+// The same with S_enc from the values: fp32(448 * 6 / amax(values)), 1 where amax is 0 (as
+// TransformerEngine's compute_global_encode_scaling_factor_FP4).
 BlockQuantized quantize_nvfp4(const std::vector<double>& values, int64_t rows, int64_t n);
+// S_enc of a tensor whose largest magnitude is amax (NaN ignored by the caller): fp32(448 * 6 /
+// amax), clamped to the largest float, 1 where amax is 0.
+float nvfp4_encode_scale(double amax);
+
+// Block scales laid out for the GEMMs (cuBLASLt's 1D block scaling layout): the row-major
+// [rows, cols] scales padded with zeros to [roundup(rows, 128), roundup(cols, 4)] and stored as
+// 128 x 4 tiles of 512 bytes, tiles row-major, scale (r, c) of a tile at (r % 32) * 16 + (r / 32)
+// * 4 + c. Written from the tile shape, apart from templates/normjit/block_scale_layout.h.
+std::vector<uint8_t> swizzle_block_scales(const std::vector<uint8_t>& scales, int64_t rows, int64_t cols);
 
 // Per-tensor FP8 with a given scale (TransformerEngine's delayed scaling): codes =
 // encode_satfinite(v * scale); amax = max |v| of the unscaled values (NaN ignored).

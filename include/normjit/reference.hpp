@@ -41,6 +41,11 @@ BackwardRef backward(const Spec& spec, const void* dy, const void* x, const void
                      const float* mean, const float* rstd, const uint8_t* mask, int64_t rows, int64_t row_stride,
                      int64_t rows_per_batch = 0);
 
+// The memory_efficient backward's math: x̂ = (y - beta) / gamma' from the forward's stored y
+// (epilogue none), then the same gradients. Against backward() it shows only what y's rounding costs.
+BackwardRef backward_from_y(const Spec& spec, const void* dy, const void* y, const void* gamma, const void* beta,
+                            const float* rstd, int64_t rows, int64_t row_stride, int64_t rows_per_batch = 0);
+
 double gelu(double u);
 double gelu_grad(double u);
 

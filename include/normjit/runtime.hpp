@@ -18,6 +18,16 @@ namespace normjit {
 
 struct NormParams;  // templates/normjit/params.h
 
+// The layout of a block-scaled epilogue's scales: the [rows, cols] scale matrix (cols =
+// ceil(n / block), block 32 or NVFP4's 16) row-major, or swizzled as cuBLASLt and CUTLASS read
+// block scales (their "1D block scaling factors layout"): padded to [roundup(rows, 128),
+// roundup(cols, 4)], in tiles of 128 rows x 4 columns stored as 512 contiguous bytes, tiles in
+// row-major order, scale (r, c) of a tile at byte (r % 32) * 16 + (r / 32) * 4 + c
+// (templates/normjit/block_scale_layout.h). The kernels write only real scales: a caller of the
+// swizzled layout zero-fills the padding (or leaves it to a GEMM that ignores it).
+enum class BlockScaleLayout { kRowMajor = 0, kSwizzled = 1 };
+const char* to_string(BlockScaleLayout v);
+
 // Raw device pointers and sizes for one launch. Row-major; x, y, dy and dx share row_stride.
 // Pointers a spec does not use must stay null (a non-null one is reported as a mismatch).
 struct LaunchArgs {
@@ -25,10 +35,10 @@ struct LaunchArgs {
   const void* x = nullptr;      // [rows, row_stride] x dtype, first n columns used
   const void* gamma = nullptr;  // [n] weight dtype; AdaLayerNorm: [rows / rows_per_batch, n]
   const void* beta = nullptr;   // like gamma. Forward: iff has_bias. Backward: iff has_bias and the
-                                // epilogue recomputes its input (gelu)
+                                // epilogue recomputes its input (gelu) or the spec is memory_efficient
   float* mean = nullptr;        // [rows] f32. LayerNorm/AdaLN: forward training writes, backward reads
   float* rstd = nullptr;        // [rows] f32. Forward training writes, backward reads
-  // Forward output.
+  // Forward output; the input of a memory_efficient backward (in place of x; no mean either).
   void* y = nullptr;  // [rows, row_stride] x dtype
   // Backward.
   const void* dy = nullptr;      // [rows, row_stride] x dtype
@@ -55,9 +65,16 @@ struct LaunchArgs {
   float* row_scales = nullptr;
   // mxfp8_e4m3 / mxfp8_e5m2 forward: y_quant gets the codes of y / X, block_scales ([rows,
   // ceil(n / 32)] bytes, row-major) the E8M0 code of each 32-value block's X.
+  // mxfp4: the same with e2m1 codes, two a byte (first element in the low nibble): row r's n / 2
+  // bytes at y_quant + r * row_stride / 2 (n and row_stride even). nvfp4: e2m1 codes likewise,
+  // an e4m3 scale per 16 values in block_scales ([rows, ceil(n / 16)]), and quant_scale the
+  // fp32 tensor scale S_enc (448 * 6 / amax(tensor)).
   uint8_t* block_scales = nullptr;
   float clip_lower = 0.f;
   float clip_upper = INFINITY;
+  // Block-scaled epilogues (mxfp8_*, mxfp4, nvfp4): where block_scales' entries go (see
+  // BlockScaleLayout); block_scale_bytes() gives the buffer's size. Others keep the default.
+  BlockScaleLayout block_scale_layout = BlockScaleLayout::kRowMajor;
   int64_t rows = 0;
   int64_t row_stride = 0;      // elements between rows; >= n
   int64_t rows_per_batch = 0;  // AdaLayerNorm: S of x [B, S, n] (rows = B * S); otherwise 0
@@ -220,7 +237,18 @@ int max_vec_for(const Spec& spec, const LaunchArgs& args);
 
 // Bytes per row of the relu_bitmask mask: ceil(n / 8).
 inline int64_t mask_row_bytes(int64_t n) { return (n + 7) / 8; }
-// Bytes (E8M0 scales) per row of the mxfp8_* block scales: ceil(n / 32).
-inline int64_t block_scale_row_bytes(int64_t n) { return (n + kMxBlock - 1) / kMxBlock; }
+// Bytes (scale codes) per row of a block-scaled epilogue's row-major scales: ceil(n / 32), NVFP4
+// ceil(n / 16); 0 for the other epilogues.
+inline int64_t block_scale_row_bytes(int64_t n, Epilogue e) {
+  const int block = scale_block_size(e);
+  return block > 0 ? (n + block - 1) / block : 0;
+}
+// Bytes the block_scales buffer of a launch of `rows` rows needs: rows * block_scale_row_bytes
+// row-major; swizzled, the padded [roundup(rows, 128), roundup(cols, 4)] matrix.
+inline int64_t block_scale_bytes(int64_t rows, int64_t n, Epilogue e, BlockScaleLayout layout) {
+  const int64_t cols = block_scale_row_bytes(n, e);
+  if (layout == BlockScaleLayout::kRowMajor) return rows * cols;
+  return (rows + 127) / 128 * 128 * ((cols + 3) / 4 * 4);
+}
 
 }  // namespace normjit

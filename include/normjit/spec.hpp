@@ -31,12 +31,24 @@ enum class DType { kF32, kF16, kBF16 };
 //   fp8_e4m3_row, fp8_e5m2_row, int8_row: dynamic per-row scaling (vLLM's per-token): each row's
 //                 scale = amax(row) / qmax (448, 57344, 127; 1 for a row of zeros) goes to
 //                 row_scales, the codes of y / scale to y_quant (int8: round half to even, clamped
-//                 to [-128, 127]). Forward only; the row must sit in one CTA (no cluster).
+//                 to [-128, 127]). Forward only; a clustered row reduces its amax over the cluster.
 //   mxfp8_e4m3, mxfp8_e5m2: OCP MXFP8: every 32 consecutive values of a row share an E8M0 scale
 //                 X = 2^(floor(log2(amax of the block)) - emax of the element format), written to
-//                 block_scales ([rows, ceil(n / 32)] bytes, row-major); the codes of y / X go to
+//                 block_scales ([rows, ceil(n / 32)] bytes, row-major, or swizzled: below); the codes of y / X go to
 //                 y_quant. Forward only; a row group's lanes must cover whole blocks
 //                 (threads_per_row * vec a multiple of 32; n / cluster too).
+//   mxfp4:        OCP MXFP4: as mxfp8 with e2m1 elements (emax 2, max 6): X = 2^(floor(log2 amax) - 2)
+//                 per 32 values, codes e2m1(y / X). Two codes a byte, the first element in the low
+//                 nibble (OCP, torch.float4_e2m1fn_x2): y_quant holds n / 2 bytes a row, and its
+//                 rows lie row_stride / 2 bytes apart (x's row stride in elements, halved: the
+//                 codes keep x's layout at half a byte an element). n and row_stride even.
+//   nvfp4:        NVIDIA NVFP4: 16 values per e4m3 block scale s = e4m3(amax(block) / 6 *
+//                 S_enc), codes e2m1(y * S_enc / s) (0 where s is 0), packed as mxfp4's; S_enc
+//                 is the caller's fp32 tensor scale at quant_scale (448 * 6 / amax(tensor), as
+//                 TransformerEngine and FlashInfer take it); y ~ code * s / S_enc.
+//   Block scales are row-major [rows, ceil(n / block)] or, by LaunchArgs::block_scale_layout,
+//   the 128x4-tiled layout the GEMM libraries read (runtime.hpp).
+// New values go at the end: the numbers are part of the kernel cache key.
 enum class Epilogue {
   kNone,
   kReluBitmask,
@@ -47,7 +59,9 @@ enum class Epilogue {
   kFp8E5M2Row,
   kInt8Row,
   kMxfp8E4M3,
-  kMxfp8E5M2
+  kMxfp8E5M2,
+  kMxfp4,
+  kNvfp4
 };
 
 // Per-tensor FP8 with a given scale (quant_scale, optional amax).
@@ -56,9 +70,20 @@ inline bool scales_per_tensor(Epilogue e) { return e == Epilogue::kFp8E4M3 || e 
 inline bool scales_per_row(Epilogue e) {
   return e == Epilogue::kFp8E4M3Row || e == Epilogue::kFp8E5M2Row || e == Epilogue::kInt8Row;
 }
-// Block scales (block_scales), 32 values a block.
-inline bool scales_per_block(Epilogue e) { return e == Epilogue::kMxfp8E4M3 || e == Epilogue::kMxfp8E5M2; }
+// Block scales (block_scales): MX, 32 values a block; NVFP4, 16.
+inline bool scales_per_block(Epilogue e) {
+  return e == Epilogue::kMxfp8E4M3 || e == Epilogue::kMxfp8E5M2 || e == Epilogue::kMxfp4 || e == Epilogue::kNvfp4;
+}
 constexpr int kMxBlock = 32;
+constexpr int kNvfp4Block = 16;
+// Values per block scale of a block-scaled epilogue; 0 for the others.
+inline int scale_block_size(Epilogue e) {
+  return e == Epilogue::kNvfp4 ? kNvfp4Block : scales_per_block(e) ? kMxBlock : 0;
+}
+// e2m1 codes, two a byte (mxfp4, nvfp4).
+inline bool packs_fp4(Epilogue e) { return e == Epilogue::kMxfp4 || e == Epilogue::kNvfp4; }
+// Reads the caller's fp32 scale at quant_scale: per-tensor FP8, and NVFP4's tensor scale S_enc.
+inline bool reads_quant_scale(Epilogue e) { return scales_per_tensor(e) || e == Epilogue::kNvfp4; }
 // True for the epilogues that quantize y into y_quant.
 inline bool quantizes(Epilogue e) { return scales_per_tensor(e) || scales_per_row(e) || scales_per_block(e); }
 // Forward: where a CTA keeps its row between the statistics and output passes: registers (reg),
@@ -98,7 +123,7 @@ struct BlockConfig {
 };
 
 // Names one kernel. Canonical string (print/parse round-trip):
-//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.zero_centered][.residual][.<epilogue>][.cfg_t<T>_r<R>_v<V>[_c<C>]_<reg|gmem|smem|pipe[3|4]|tma[3|4]>]
+//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.zero_centered][.residual][.memory_efficient][.<epilogue>][.cfg_t<T>_r<R>_v<V>[_c<C>]_<reg|gmem|smem|pipe[3|4]|tma[3|4]>]
 // (_c<C> only for clusters of C > 1 CTAs per row; pipe3 / pipe4: a pipelined row of 3 / 4 buffers;
 // tma: a pipelined row filled by bulk copies)
 // e.g. "layernorm.fwd_train.bf16.w_f32.n4096.bias" or "rmsnorm.fwd_infer.f16.w_f16.n7.cfg_t1_r256_v1_reg".
@@ -116,6 +141,12 @@ struct Spec {
   // Forward rows of a pipelined block config (pipe, tma) are not supported: resolve() picks the
   // non-pipelined shared-memory row instead.
   bool residual = false;
+  // Memory-saving backward (Apex's memory_efficient): the backward reads the forward's output y
+  // instead of x and recovers x̂ = (y - beta) / gamma' (gamma' = gamma, or 1 + gamma zero-centred),
+  // so training keeps y and rstd, not x and mean. Backward only, epilogue none (a clamp or gelu
+  // cannot be inverted). Exact where y is; x̂'s error grows as |beta / gamma'|, and a column with
+  // gamma' = 0 cannot be recovered (docs/fusions.md): the caller keeps gamma' away from zero.
+  bool memory_efficient = false;
   Epilogue epilogue = Epilogue::kNone;
   std::optional<BlockConfig> block;  // filled by the heuristic when absent
 
@@ -136,7 +167,8 @@ const char* to_string(Epilogue v);
 const char* to_string(RowCache v);
 int dtype_size(DType d);
 // Backward shared-memory rows whose threads hold more values than registers fit two fp32 sums
-// for (16 per thread above 768 threads, 24 at most 768; 8 fewer with a residual) keep the dbeta sums
+// for (16 per thread above 768 threads, 24 at most 768; 8 fewer with a residual, 8 fewer
+// memory_efficient) keep the dbeta sums
 // in shared memory too;
 // the dgamma sums stay in registers.
 bool dbeta_sums_in_shared(const Spec& s, const BlockConfig& b);

@@ -4,6 +4,8 @@ import math
 from . import _normjit
 
 _ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2}
+# LaunchArgs::block_scale_layout by name (normjit::BlockScaleLayout).
+BLOCK_SCALE_LAYOUTS = {"row_major": 0, "swizzled": 1}
 
 
 def _array_info(obj, name):
@@ -76,7 +78,8 @@ def _stream_handle(stream, x):
 def launch(runtime, spec, *, x=None, gamma=None, beta=None, mean=None, rstd=None, y=None, dy=None, dx=None,
            dgamma=None, dbeta=None, workspace=None, workspace_bytes=None, mask=None, clip_lower=0.0,
            clip_upper=math.inf, rows=None, row_stride=None, rows_per_batch=None, eps=1e-5, stream=None,
-           residual=None, h=None, dh_out=None, y_quant=None, quant_scale=None, amax=None, row_scales=None, block_scales=None):
+           residual=None, h=None, dh_out=None, y_quant=None, quant_scale=None, amax=None, row_scales=None, block_scales=None,
+           block_scale_layout="row_major"):
     """Launches the kernel of ``spec`` (a Spec or spec string) on ``runtime``'s GPU.
 
     Arrays: torch tensors, ``__cuda_array_interface__`` or DLPack arrays, int pointers, or None
@@ -85,8 +88,12 @@ def launch(runtime, spec, *, x=None, gamma=None, beta=None, mean=None, rstd=None
     rows_per_batch (AdaLayerNorm) defaults to S of x [B, S, n]. A backward without ``workspace``
     gets one from torch when x is a torch tensor. stream: an int handle, an object with
     ``__cuda_stream__`` or ``cuda_stream``, or None for torch's current stream (torch tensors)
-    or the legacy default stream. Returns the Kernel it launched.
+    or the legacy default stream. block_scale_layout: "row_major" or "swizzled" (the GEMMs' 128x4
+    tiles; block-scaled specs only). Returns the Kernel it launched.
     """
+    if block_scale_layout not in BLOCK_SCALE_LAYOUTS:
+        raise _normjit.InvalidArgumentError(
+            f"block_scale_layout={block_scale_layout!r} is not one of {', '.join(map(repr, BLOCK_SCALE_LAYOUTS))}")
     if not isinstance(spec, _normjit.Spec):
         spec = _normjit.Spec(spec)
     anchor = x if x is not None else dy
@@ -129,5 +136,6 @@ def launch(runtime, spec, *, x=None, gamma=None, beta=None, mean=None, rstd=None
     kernel.launch(ptr["x"], ptr["gamma"], ptr["beta"], ptr["mean"], ptr["rstd"], ptr["y"], ptr["dy"], ptr["dx"],
                   ptr["dgamma"], ptr["dbeta"], ws_ptr, workspace_bytes, ptr["mask"], clip_lower, clip_upper, rows,
                   row_stride, rows_per_batch, eps, _stream_handle(stream, anchor), ptr["residual"], ptr["h"],
-                  ptr["dh_out"], ptr["y_quant"], ptr["quant_scale"], ptr["amax"], ptr["row_scales"], ptr["block_scales"])
+                  ptr["dh_out"], ptr["y_quant"], ptr["quant_scale"], ptr["amax"], ptr["row_scales"], ptr["block_scales"],
+                  BLOCK_SCALE_LAYOUTS[block_scale_layout])
     return kernel

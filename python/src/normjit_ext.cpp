@@ -64,7 +64,8 @@ size_t spec_hash(const Spec& s) {
   size_t h = 0;
   auto mix = [&h](int64_t v) { h = (h ^ static_cast<size_t>(v)) * 0x100000001b3ull; };
   for (int64_t v : {int64_t(s.norm), int64_t(s.phase), int64_t(s.x_dtype), int64_t(s.w_dtype), s.n,
-                    int64_t(s.has_bias), int64_t(s.epilogue), int64_t(s.zero_centered), int64_t(s.residual)})
+                    int64_t(s.has_bias), int64_t(s.epilogue), int64_t(s.zero_centered), int64_t(s.residual),
+                    int64_t(s.memory_efficient)})
     mix(v);
   if (const auto& b = s.block)
     for (int v : {b->threads_per_row, b->rows_per_cta, b->vec, int(b->cache), b->cluster, b->stages, int(b->bulk_copy)})
@@ -268,6 +269,7 @@ NB_MODULE(_normjit, m) {
       .def_prop_ro("has_bias", [](const Spec& s) { return s.has_bias; })
       .def_prop_ro("zero_centered", [](const Spec& s) { return s.zero_centered; })
       .def_prop_ro("residual", [](const Spec& s) { return s.residual; })
+      .def_prop_ro("memory_efficient", [](const Spec& s) { return s.memory_efficient; })
       .def_prop_ro("block", [](const Spec& s) -> std::optional<std::string> {
         if (!s.block) return std::nullopt;
         return block_string(s);
@@ -289,8 +291,9 @@ NB_MODULE(_normjit, m) {
               size_t workspace_bytes, uintptr_t mask, float clip_lower, float clip_upper, int64_t rows,
               int64_t row_stride, int64_t rows_per_batch, float eps, uintptr_t stream, uintptr_t residual,
               uintptr_t h, uintptr_t dh_out, uintptr_t y_quant, uintptr_t quant_scale, uintptr_t amax,
-              uintptr_t row_scales, uintptr_t block_scales) {
+              uintptr_t row_scales, uintptr_t block_scales, int block_scale_layout) {
              normjit::LaunchArgs a = pointer_args(x, gamma, beta, y, dy, dx, dgamma, dbeta, mask);
+             a.block_scale_layout = static_cast<normjit::BlockScaleLayout>(block_scale_layout);
              a.residual = reinterpret_cast<const void*>(residual);
              a.h = reinterpret_cast<void*>(h);
              a.dh_out = reinterpret_cast<const void*>(dh_out);
@@ -314,13 +317,14 @@ NB_MODULE(_normjit, m) {
            "x"_a, "gamma"_a, "beta"_a, "mean"_a, "rstd"_a, "y"_a, "dy"_a, "dx"_a, "dgamma"_a, "dbeta"_a,
            "workspace"_a, "workspace_bytes"_a, "mask"_a, "clip_lower"_a, "clip_upper"_a, "rows"_a, "row_stride"_a,
            "rows_per_batch"_a, "eps"_a, "stream"_a, "residual"_a = 0, "h"_a = 0, "dh_out"_a = 0, "y_quant"_a = 0,
-           "quant_scale"_a = 0, "amax"_a = 0, "row_scales"_a = 0, "block_scales"_a = 0,
+           "quant_scale"_a = 0, "amax"_a = 0, "row_scales"_a = 0, "block_scales"_a = 0, "block_scale_layout"_a = 0,
            nb::call_guard<nb::gil_scoped_release>(),
            "Launches on `stream` (0: the legacy default stream). Arguments: x, gamma, beta, mean, rstd, y, dy, dx, "
            "dgamma, dbeta, workspace, workspace_bytes, mask, clip_lower, clip_upper, rows, row_stride, "
            "rows_per_batch, eps, stream, then residual, h, dh_out (residual specs) and y_quant, quant_scale, amax "
-           "(fp8_e4m3 / fp8_e5m2 specs) or y_quant, row_scales (*_row specs) or y_quant, block_scales (mxfp8_* specs); pointers as ints, 0 where "
-           "unused.");
+           "(fp8_e4m3 / fp8_e5m2 specs) or y_quant, row_scales (*_row specs) or y_quant, block_scales (mxfp8_*, "
+           "mxfp4 specs; nvfp4: with quant_scale, its S_enc), then block_scale_layout (0 row-major, 1 the GEMMs' "
+           "swizzled 128x4 tiles); pointers as ints, 0 where unused.");
 
   nb::class_<normjit::Runtime>(m, "Runtime", "normjit on one GPU: its kernels, loaded once, and the disk cache.")
       .def("__init__",

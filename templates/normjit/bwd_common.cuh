@@ -40,8 +40,24 @@ __device__ __forceinline__ void pack_xhat_grad(const Pack<XT, kVec>& x, const Pa
   float xf[kVec];
   unpack(x, xf);
   unpack(dy, d);
+  if constexpr (Cfg::kXhatFromY) {
+    // memory_efficient: x holds the forward's y = x̂ * gamma' (+ beta); undo the affine map, beta
+    // in 16-byte parts (a whole f32 pack beside gamma's spilled wide CTAs).
+    float gf[kVec];
+    unpack_scale<Cfg>(g, gf);
+    constexpr int kPart = 16 / static_cast<int>(sizeof(WT)) < kVec ? 16 / static_cast<int>(sizeof(WT)) : kVec;
 #pragma unroll
-  for (int j = 0; j < kVec; ++j) xhat[j] = (xf[j] - mean) * rstd;
+    for (int k = 0; k < kVec; k += kPart) {
+      float bf[kPart];
+      if constexpr (Cfg::kHasBias) unpack(load_pack<WT, kPart>(beta + col + k), bf);
+#pragma unroll
+      for (int j = 0; j < kPart; ++j)
+        xhat[k + j] = __fdividef(Cfg::kHasBias ? xf[k + j] - bf[j] : xf[k + j], gf[k + j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) xhat[j] = (xf[j] - mean) * rstd;
+  }
   float pre[kVec];
   if constexpr (Cfg::Epilogue::kNeedsPreActivation) {
     Pack<WT, kVec> b;
@@ -70,6 +86,10 @@ struct BwdWalk {
   long long row_blocks;       // row blocks per group
 };
 
+// The backward reads each row's mean: LayerNorm math, unless x̂ comes from y (memory_efficient).
+template <class Cfg>
+inline constexpr bool kBwdReadsMean = Cfg::kNorm == NormKind::kLayerNorm && !Cfg::kXhatFromY;
+
 // mean and rstd of this thread's row (row_in_cta) of row block `block` of `group`; left as they
 // are past the last row.
 template <class Cfg>
@@ -77,7 +97,7 @@ __device__ __forceinline__ void bwd_load_row_stats(const NormParams& p, long lon
                                                    long long block, float& mean, float& rstd) {
   const long long local = block * Cfg::kRowsPerCta + row_in_cta;
   if (local < p.rows_per_group) {
-    if constexpr (Cfg::kNorm == NormKind::kLayerNorm) mean = p.mean[group * p.rows_per_group + local];
+    if constexpr (kBwdReadsMean<Cfg>) mean = p.mean[group * p.rows_per_group + local];
     rstd = p.rstd[group * p.rows_per_group + local];
   }
 }

@@ -78,7 +78,7 @@ struct BwdPipelinedRows {
       bwd_load_row_stats<Cfg>(p, w.group, w.row_in_cta, block, mean, rstd);
       if (const long long next = (block + w.slots) * Cfg::kRowsPerCta + w.row_in_cta;
           w.lane == 0 && next < p.rows_per_group) {
-        if constexpr (Cfg::kNorm == NormKind::kLayerNorm) prefetch_l2(p.mean + w.group * p.rows_per_group + next);
+        if constexpr (kBwdReadsMean<Cfg>) prefetch_l2(p.mean + w.group * p.rows_per_group + next);
         prefetch_l2(p.rstd + w.group * p.rows_per_group + next);
       }
     }

@@ -26,7 +26,7 @@ __device__ __forceinline__ void norm_bwd_rowsums(const NormParams& p) {
   const WT* beta = Cfg::kHasBias && p.beta ? static_cast<const WT*>(p.beta) + weight_offset : nullptr;
   const XT* x = static_cast<const XT*>(p.x) + row * p.row_stride;
   const XT* dy = static_cast<const XT*>(p.dy) + row * p.row_stride;
-  const float mean = kLayerNorm ? p.mean[row] : 0.f;
+  const float mean = kBwdReadsMean<Cfg> ? p.mean[row] : 0.f;
   const float rstd = p.rstd[row];
   // 3-4 packs per chunk spilled at 1024 threads (64 registers): f32 rows, and bf16 rows with a bias
   // (N = 18432, 28672). Two packs of x and dy per thread still keep 1024 x 64 bytes in flight.
@@ -98,7 +98,7 @@ __device__ __forceinline__ void norm_bwd_tiles(const NormParams& p) {
     const long long offset = row * p.row_stride + col;
     const Pack<XT, kVec> x = load_pack<XT, kVec>(static_cast<const XT*>(p.x) + offset);
     const Pack<XT, kVec> dy = load_pack<XT, kVec>(static_cast<const XT*>(p.dy) + offset);
-    const float mean = kLayerNorm ? p.mean[row] : 0.f;
+    const float mean = kBwdReadsMean<Cfg> ? p.mean[row] : 0.f;
     const float rstd = p.rstd[row];
     const float2 c = sums[row];
     const float c1 = kLayerNorm ? c.x * S::kInvN : 0.f;

@@ -15,9 +15,11 @@ constexpr bool kBwdFoldedDx = sizeof(typename Cfg::XT) == 2;
 
 // One element of dx from its gd (gamma * d) and x; slope and intercept: the folded form's
 // row constants, -rstd^2 * c2 and -rstd * c1 - slope * mean.
+// memory_efficient rows pass x̂ as x: the exact form without the mean.
 template <class Cfg>
 __device__ __forceinline__ float dx_element(float gd, float x, float mean, float rstd, float c1, float c2, float slope,
                                             float intercept) {
+  if constexpr (Cfg::kXhatFromY) return rstd * (gd - c1 - x * c2);
   return kBwdFoldedDx<Cfg> ? fmaf(rstd, gd, fmaf(slope, x, intercept)) : rstd * (gd - c1 - (x - mean) * rstd * c2);
 }
 

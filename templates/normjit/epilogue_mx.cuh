@@ -2,7 +2,8 @@
 // scale X = 2^(floor(log2(amax)) - emax), emax 8 (e4m3) or 15 (e5m2), the exponent clamped to
 // [-127, 127] (amax 0: X = 2^-127; NaN values are left out of the amax and stay NaN codes, as
 // normjit::reference::quantize_mx defines it). X's E8M0 code (exponent + 127) goes to
-// p.block_scales[row * p.block_scale_stride + col / 32], the element codes of y / X (round to
+// p.block_scales at scale (row, col / 32) in p.block_scale_layout (block_scale_layout.h: row-major
+// [rows, block_scale_stride] or the GEMMs' 128x4 tiles), the element codes of y / X (round to
 // nearest even, saturating; NaN kept) to p.y_quant. y in YT is stored too only where p.y is set.
 // A block is 32 / kVec lanes' packs of one pass (the spec's threads_per_row * vec is a multiple
 // of 32): their amax is reduced by shuffles. Forward only; sm_89+.
@@ -35,7 +36,7 @@ struct EpilogueMx {
     const int clamped = exponent < -127 ? -127 : exponent > 127 ? 127 : exponent;
     const unsigned char scale_code = static_cast<unsigned char>(clamped + 127);
     const float inv = ldexpf(1.f, -clamped);  // 1 / X, exact: a power of two
-    if (col % 32 == 0) p.block_scales[row * p.block_scale_stride + col / 32] = scale_code;
+    if (col % 32 == 0) store_block_scale(p, row, col / 32, scale_code);
     unsigned char q[kVec];
     to_fp8<kE5M2, kVec>(v, inv, q);
     store_codes<kVec>(p.y_quant + row * p.row_stride + col, q);

@@ -3,7 +3,8 @@
 // of y / scale go to p.y_quant (round to nearest even; FP8 saturates to the largest finite value
 // and keeps NaN, int8 clamps to [-128, 127] and gives 0 for NaN). qmax: 448 (e4m3), 57344 (e5m2),
 // 127 (int8). y in x's dtype is stored too only where p.y is set. Forward only; the row's amax
-// comes from the kernel's measuring pass (kRowScaled), so the row must sit in one CTA.
+// comes from the kernel's measuring pass (kRowScaled), reduced over the row's CTAs where a cluster
+// shares it (cluster_max).
 #pragma once
 #include "normjit/quant_common.cuh"
 

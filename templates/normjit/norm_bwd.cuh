@@ -130,7 +130,7 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
     // After a fill that goes through registers, in this predicated form: ahead of it, ptxas split
     // the fill's loads into more rounds.
     if constexpr (!Source::kStatsFirst) {
-      mean = kLayerNorm && active ? p.mean[row] : 0.f;
+      mean = kBwdReadsMean<Cfg> && active ? p.mean[row] : 0.f;
       rstd = active ? p.rstd[row] : 0.f;
     }
 
@@ -188,7 +188,8 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
         Pack<XT, kVec> xv, dyv;
         held(i, xv, dyv);
         float gdv[kVec];
-        if constexpr (!Source::kInRegisters) {
+        float xhat_from_y[kVec];  // memory_efficient: x̂ in place of x below
+        if constexpr (!Source::kInRegisters || Cfg::kXhatFromY) {
           const int col = pack * kVec;
           const Pack<WT, kVec> g = gamma_pack<kHoldGamma>(held_gamma, gamma, i, col);
           float xhat[kVec], d[kVec];
@@ -196,14 +197,22 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
           float gf[kVec];
           unpack_scale<Cfg>(g, gf);
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) gdv[j] = d[j] * gf[j];
+          for (int j = 0; j < kVec; ++j) {
+            gdv[j] = d[j] * gf[j];
+            if constexpr (Cfg::kXhatFromY) xhat_from_y[j] = xhat[j];
+          }
         } else {
 #pragma unroll
           for (int j = 0; j < kVec; ++j) gdv[j] = gd[i][j];
         }
         Pack<XT, kVec> o;
         float xf[kVec];
-        unpack(xv, xf);
+        if constexpr (Cfg::kXhatFromY) {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) xf[j] = xhat_from_y[j];
+        } else {
+          unpack(xv, xf);
+        }
         if constexpr (Cfg::Prologue::kAddsToDx) {
           float dxf[kVec];
 #pragma unroll

@@ -135,8 +135,8 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
   // Register rows of a row-scaled epilogue keep y between its two passes (normalized once).
   float held_y[kRowScaled && Cfg::kCache == RowCache::kRegisters ? S::kIters : 1][kVec];
   if constexpr (kRowScaled) {
-    static_assert(S::kCluster == 1, "a row-scaled epilogue needs the whole row in one CTA");
     __shared__ float max_scratch[kScratch];
+    __shared__ float amax_slot;  // clustered rows: this CTA's part of the row's amax
     float amax;
     if constexpr (Cfg::kCache == RowCache::kRegisters)
       amax = write_packs<Cfg, S::kIters, XT, WT, kVec, 0, kPassMeasure>(
@@ -146,6 +146,13 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
       amax = row_source_amax<Cfg, XT, WT>(p, Cfg::kCache == RowCache::kShared ? shared_row : Cfg::Prologue::reread(p, x),
                                           lane, row, active, gamma, beta, center, shift, rstd);
     row_amax = row_max<S::kThreads>(amax, max_scratch);
+    if constexpr (S::kCluster > 1) {
+      // The statistics' arrive (above) is completed first: a thread's cluster barriers alternate
+      // arrive, wait. Then the row's amax over the cluster, and the arrive the exit's wait ends.
+      cluster_wait();
+      row_amax = cluster_max<S::kCluster>(row_amax, &amax_slot);
+      cluster_arrive();
+    }
   }
   using Epilogue = typename Cfg::Epilogue;
   typename EpilogueState<Epilogue>::type state{};
@@ -153,6 +160,7 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
     write_packs<Cfg, S::kIters, XT, WT, kVec, 0, kPassWriteHeld>(p, cache, 0, lane, row, active, y, gamma, beta,
                                                                  center, shift, rstd, segment_col, kNoHeldWeights,
                                                                  row_amax, &state, held_y);
+    if constexpr (S::kCluster > 1) cluster_wait();
   } else if constexpr (Cfg::kCache == RowCache::kRegisters) {
     write_packs<Cfg, S::kIters, XT, WT>(p, cache, 0, lane, row, active, y, gamma, beta, center, shift, rstd,
                                         segment_col, kNoHeldWeights, row_amax, &state);
@@ -284,12 +292,13 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
     }
     float row_amax = 0.f;
     if constexpr (RowScaled<typename Cfg::Epilogue>::value) {
-      static_assert(S::kCluster == 1, "a row-scaled epilogue needs the whole row in one CTA");
       // Its own scratch: the statistics' reduction may still be reading theirs.
       __shared__ float max_scratch[kScratch];
+      __shared__ float amax_slots[2];  // clustered rows: alternate per row, as cluster_slots
       row_amax = row_max<S::kThreads>(
           row_source_amax<Cfg, XT, WT, kHeld>(p, row_x, lane, row, true, gamma, beta, center, shift, rstd, &held),
           max_scratch);
+      row_amax = cluster_max<S::kCluster>(row_amax, &amax_slots[parity]);
     }
     write_row<Cfg, XT, WT, kHeld>(p, row_x, lane, row, true, y, gamma, beta, center, shift, rstd, segment_col, &held,
                                   row_amax, &state);

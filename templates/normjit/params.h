@@ -40,6 +40,11 @@ struct NormParams {
   // Block-scaled epilogues (mxfp8_*), last for the same reason.
   unsigned char* block_scales;   // forward: [rows, block_scale_stride] E8M0 codes, one per 32 values
   long long block_scale_stride;  // ceil(N / 32)
+  // Block scales' layout (block_scale_layout.h: 0 row-major, 1 swizzled 128x4), last for the same
+  // reason. mxfp4 / nvfp4 take block_scales too (NVFP4: e4m3 codes, one per 16 values;
+  // block_scale_stride ceil(N / 16)) and write y_quant at half a byte an element: row r's codes
+  // at y_quant + r * row_stride / 2.
+  int block_scale_layout;
 };
 
 }  // namespace normjit

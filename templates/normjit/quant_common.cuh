@@ -1,6 +1,8 @@
 // Conversions and stores shared by the quantizing epilogues.
 #pragma once
+#include "normjit/block_scale_layout.h"
 #include "normjit/common.cuh"
+#include "normjit/e2m1.h"
 
 namespace normjit {
 
@@ -56,6 +58,26 @@ __device__ __forceinline__ void to_fp8(const float (&v)[kVec], float scale, unsi
       q[j + 1] = static_cast<unsigned char>(d >> 8);
     }
   }
+}
+
+// The value of a non-negative e4m3 (E4M3FN) code; code 0x7F is NaN. Exact: 3 mantissa bits.
+__device__ __forceinline__ float e4m3_value(unsigned code) {
+  const unsigned e = code >> 3, m = code & 7u;
+  if (code == 0x7Fu) return __uint_as_float(0x7fc00000u);
+  return e == 0 ? static_cast<float>(m) * 0.001953125f  // subnormal: m * 2^-9
+                : __uint_as_float(((e + 120u) << 23) | (m << 20));
+}
+
+// kVec floats (kVec even) to kVec / 2 bytes of e2m1 codes, each scaled by `scale` first.
+template <int kVec>
+__device__ __forceinline__ void to_e2m1(const float (&v)[kVec], float scale, unsigned char (&q)[kVec / 2]) {
+#pragma unroll
+  for (int j = 0; j < kVec; j += 2) q[j / 2] = e2m1x2(v[j] * scale, v[j + 1] * scale);
+}
+
+// A block scale code at (row, block) of the scale matrix, in the launch's layout.
+__device__ __forceinline__ void store_block_scale(const NormParams& p, long long row, int block, unsigned char code) {
+  p.block_scales[block_scale_offset(row, block, p.block_scale_stride, p.block_scale_layout)] = code;
 }
 
 // Round half to even, clamped to [-128, 127]; NaN gives 0 (cvt.rni's rule).

@@ -47,4 +47,28 @@ __device__ __forceinline__ float2 cluster_sum(float2 v, float2* slot) {
   }
 }
 
+// The largest of a per-CTA value over the cluster, as cluster_sum (the same slot rules; max
+// does not depend on the order).
+template <int kCluster>
+__device__ __forceinline__ float cluster_max(float v, float* slot) {
+  if constexpr (kCluster == 1) {
+    return v;
+  } else {
+    if (threadIdx.x == 0) {
+      *slot = v;
+      asm volatile("fence.acq_rel.cluster;" ::: "memory");
+    }
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    cluster_wait();
+    float total = 0.f;
+#pragma unroll
+    for (int r = 0; r < kCluster; ++r) {
+      float part;
+      asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(part) : "r"(cluster_address(slot, r)) : "memory");
+      total = fmaxf(total, part);
+    }
+    return total;
+  }
+}
+
 }  // namespace normjit

@@ -27,7 +27,9 @@ TEST_CASE("generated source matches the golden files") {
       "rmsnorm.fwd_infer.bf16.w_bf16.n4096.fp8_e4m3",
       "rmsnorm.fwd_infer.bf16.w_bf16.n4096.int8_row",
       "rmsnorm.fwd_infer.bf16.w_bf16.n4096.mxfp8_e4m3",
+      "rmsnorm.fwd_infer.bf16.w_bf16.n4096.nvfp4",
       "rmsnorm.fwd_train.bf16.w_bf16.n4096.zero_centered.residual",
+      "layernorm.bwd.bf16.w_f32.n4096.bias.memory_efficient",
       "layernorm.bwd.bf16.w_f32.n4096.bias.residual",
   };
   const bool update = std::getenv("NORMJIT_UPDATE_GOLDEN") != nullptr;

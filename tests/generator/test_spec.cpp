@@ -78,11 +78,11 @@ TEST_CASE("canonical form is stable and human readable") {
   CHECK(quantizes(Epilogue::kInt8Row));
   CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.f16.n64.int8_row"), doctest::Contains("epilogue int8_row has no backward"),
                        Error);
-  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.fwd_infer.bf16.n65536.fp8_e4m3_row.cfg_t1024_r1_v8_c2_reg"),
-                       doctest::Contains("cluster=2 cannot split a row whose scale needs its whole amax"), Error);
-  // The heuristic never picks a cluster for them, even where it would for the plain spec.
-  CHECK(resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n262144"), 8, 90, 16).block->cluster > 1);
-  CHECK(resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n262144.int8_row"), 8, 90, 16).block->cluster == 1);
+  // Clustered rows reduce the row's amax over the cluster: pinned and picked like the plain spec.
+  CHECK(Spec::parse("rmsnorm.fwd_infer.bf16.n65536.fp8_e4m3_row.cfg_t1024_r1_v8_c2_reg").block->cluster == 2);
+  CHECK(resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n262144.int8_row"), 8, 90, 16).block ==
+        resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n262144"), 8, 90, 16).block);
+  CHECK(resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n262144.int8_row"), 8, 90, 16).block->cluster > 1);
   // MXFP8: a 32-value block in one pass of a row's lanes, and whole blocks per cluster CTA.
   CHECK(Spec::parse("rmsnorm.fwd_infer.bf16.n4096.mxfp8_e4m3").epilogue == Epilogue::kMxfp8E4M3);
   CHECK(scales_per_block(Spec::parse("layernorm.fwd_train.f32.n64.bias.mxfp8_e5m2").epilogue));
@@ -98,6 +98,52 @@ TEST_CASE("canonical form is stable and human readable") {
       const Spec r = resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n" + std::to_string(n) + ".mxfp8_e4m3"), vec);
       CHECK(r.block->threads_per_row * r.block->vec % 32 == 0);
     }
+  // MXFP4 / NVFP4: e2m1 codes two a byte (even n), blocks of 32 / 16 values in one pass of the lanes.
+  for (const char* text : {"rmsnorm.fwd_infer.bf16.w_bf16.n4096.mxfp4", "layernorm.fwd_train.f32.w_f32.n64.bias.nvfp4",
+                           "rmsnorm.fwd_infer.f16.w_f32.n7168.zero_centered.residual.nvfp4.cfg_t448_r1_v2_reg"}) {
+    CAPTURE(text);
+    CHECK(Spec::parse(text).str() == text);
+  }
+  CHECK(Spec::parse("rmsnorm.fwd_infer.bf16.n4096.mxfp4").epilogue == Epilogue::kMxfp4);
+  CHECK(Spec::parse("rmsnorm.fwd_infer.bf16.n4096.nvfp4").epilogue == Epilogue::kNvfp4);
+  CHECK(scales_per_block(Epilogue::kMxfp4));
+  CHECK(scales_per_block(Epilogue::kNvfp4));
+  CHECK(quantizes(Epilogue::kNvfp4));
+  CHECK(packs_fp4(Epilogue::kMxfp4));
+  CHECK(!packs_fp4(Epilogue::kMxfp8E4M3));
+  CHECK(reads_quant_scale(Epilogue::kNvfp4));
+  CHECK(!reads_quant_scale(Epilogue::kMxfp4));
+  CHECK(scale_block_size(Epilogue::kMxfp4) == 32);
+  CHECK(scale_block_size(Epilogue::kNvfp4) == 16);
+  CHECK(scale_block_size(Epilogue::kMxfp8E5M2) == 32);
+  CHECK(scale_block_size(Epilogue::kFp8E4M3) == 0);
+  // Appended: the older epilogues keep their numbers (the kernel cache key packs them).
+  CHECK(static_cast<int>(Epilogue::kMxfp8E5M2) == 9);
+  CHECK(static_cast<int>(Epilogue::kMxfp4) == 10);
+  CHECK(static_cast<int>(Epilogue::kNvfp4) == 11);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.fwd_infer.bf16.n4095.mxfp4"),
+                       doctest::Contains("n=4095 must be even for mxfp4: two e2m1 codes share a byte"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.fwd_infer.bf16.n7.nvfp4"), doctest::Contains("n=7 must be even for nvfp4"),
+                       Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.n64.nvfp4"), doctest::Contains("epilogue nvfp4 has no backward"),
+                       Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.fwd_infer.bf16.n64.nvfp4.cfg_t1_r256_v8_reg"),
+                       doctest::Contains("threads_per_row=1 x vec=8 must be a multiple of 16 for nvfp4"), Error);
+  CHECK_NOTHROW(Spec::parse("rmsnorm.fwd_infer.bf16.n64.nvfp4.cfg_t2_r128_v8_reg"));  // 16 values: two lanes
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.fwd_infer.bf16.n64.mxfp4.cfg_t2_r128_v8_reg"),
+                       doctest::Contains("threads_per_row=2 x vec=8 must be a multiple of 32 for mxfp4"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.fwd_infer.bf16.n65568.nvfp4.cfg_t1024_r1_v2_c4_reg"),
+                       doctest::Contains("whole 16-value scale blocks"), Error);
+  CHECK_NOTHROW(Spec::parse("rmsnorm.fwd_infer.bf16.n65600.nvfp4.cfg_t1024_r1_v2_c4_reg"));
+  for (const char* ep : {"mxfp4", "nvfp4"})
+    for (int64_t n : {2, 8, 34, 100, 4096, 262144})
+      for (int vec : {1, 2, 8}) {
+        CAPTURE(ep);
+        CAPTURE(n);
+        CAPTURE(vec);
+        const Spec r = resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n" + std::to_string(n) + "." + ep), vec);
+        CHECK(r.block->threads_per_row * r.block->vec % scale_block_size(r.epilogue) == 0);
+      }
   // The fusions: flags after bias, in a fixed order, before the epilogue.
   const Spec f = Spec::parse("rmsnorm.bwd.bf16.w_f32.n7168.bias.zero_centered.residual.relu_bitmask");
   CHECK(f.has_bias);
@@ -108,6 +154,19 @@ TEST_CASE("canonical form is stable and human readable") {
   CHECK(f != Spec::parse("rmsnorm.bwd.bf16.w_f32.n7168.bias.residual.relu_bitmask"));
   CHECK(f != Spec::parse("rmsnorm.bwd.bf16.w_f32.n7168.bias.zero_centered.relu_bitmask"));
   CHECK(Spec::parse("layernorm.fwd_infer.f16.n64.residual").str() == "layernorm.fwd_infer.f16.w_f16.n64.residual");
+  // The memory-saving backward: after residual, before the block config.
+  const Spec m = Spec::parse("adalayernorm.bwd.bf16.w_f32.n4096.bias.zero_centered.residual.memory_efficient");
+  CHECK(m.memory_efficient);
+  CHECK(m.residual);
+  CHECK(m.str() == "adalayernorm.bwd.bf16.w_f32.n4096.bias.zero_centered.residual.memory_efficient");
+  CHECK(m != Spec::parse("adalayernorm.bwd.bf16.w_f32.n4096.bias.zero_centered.residual"));
+  const Spec pinned = Spec::parse("rmsnorm.bwd.bf16.w_f32.n4096.memory_efficient.cfg_t256_r1_v8_tma3");
+  CHECK(pinned.memory_efficient);
+  CHECK(Spec::parse(pinned.str()) == pinned);
+  // It takes the plain backward's block config.
+  Spec plain = m;
+  plain.memory_efficient = false;
+  CHECK(resolve(m).block == resolve(plain).block);
 }
 
 TEST_CASE("residual forward rows are never pipelined: resolve() holds the row in shared memory instead") {
@@ -166,6 +225,11 @@ TEST_CASE("bad spec strings are rejected with a message naming the problem") {
       {"layernorm.fwd_train.bf16.w_bf16.n64.residual.bias", "unknown token 'bias'"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.residual.zero_centered", "in this order: bias, zero_centered, residual"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.relu_bitmask.residual", "trailing token 'residual'"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.memory_efficient", "memory_efficient applies to the backward"},
+      {"rmsnorm.fwd_infer.bf16.w_bf16.n64.memory_efficient", "phase fwd_infer has none"},
+      {"layernorm.bwd.bf16.w_bf16.n64.bias.memory_efficient.relu_bitmask", "epilogue relu_bitmask does not leave invertible"},
+      {"rmsnorm.bwd.bf16.w_bf16.n64.memory_efficient.gelu", "epilogue gelu does not leave invertible"},
+      {"rmsnorm.bwd.bf16.w_bf16.n64.memory_efficient.residual", "in this order: bias, zero_centered, residual, memory_efficient"},
       {"rmsnorm.fwd_train.bf16.w_bf16.n65536.residual.cfg_t256_r1_v8_c4_tma", "residual forward rows cannot be pipelined (tma)"},
       {"rmsnorm.fwd_infer.bf16.w_bf16.n16384.residual.cfg_t512_r1_v8_pipe", "residual forward rows cannot be pipelined (pipe)"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t32_r4_v8", "row cache"},

@@ -22,6 +22,7 @@ struct Cfg {
   static constexpr bool kBulkCopy = true;  // pipelined rows filled by cp.async.bulk
   static constexpr normjit::RowCache kCache = normjit::RowCache::kSharedPipelined;
   static constexpr bool kDbetaShared = false;
+  static constexpr bool kXhatFromY = false;  // memory_efficient: x is the forward's y
 };
 }  // namespace
 

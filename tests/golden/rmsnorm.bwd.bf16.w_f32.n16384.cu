@@ -22,6 +22,7 @@ struct Cfg {
   static constexpr bool kBulkCopy = false;  // pipelined rows filled by cp.async.bulk
   static constexpr normjit::RowCache kCache = normjit::RowCache::kShared;
   static constexpr bool kDbetaShared = false;
+  static constexpr bool kXhatFromY = false;  // memory_efficient: x is the forward's y
 };
 }  // namespace
 

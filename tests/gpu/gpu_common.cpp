@@ -1,4 +1,5 @@
 #include "normjit/quant_reference.hpp"
+#include "templates/normjit/block_scale_layout.h"
 #include "tests/gpu/gpu_common.hpp"
 
 namespace gpu_test {
@@ -8,6 +9,7 @@ namespace {
 Spec forward_of(const Spec& s) {
   Spec f = s;
   f.phase = Phase::kForwardTraining;
+  f.memory_efficient = false;
   f.block.reset();
   return f;
 }
@@ -54,6 +56,9 @@ ForwardRun run_forward(const Case& c) {
   ForwardRun run;
   run.x = random_tensor(s.x_dtype, sh.elems, c.center, 1.0);
   run.gamma = random_tensor(s.w_dtype, sh.groups * sh.n, 1.0, 0.5);
+  for (int64_t i = 0; c.min_abs_scale > 0 && i < sh.groups * sh.n; ++i)
+    if (std::abs(reference::load(run.gamma.data(), s.w_dtype, i) + (s.zero_centered ? 1 : 0)) < c.min_abs_scale)
+      reference::store(run.gamma.data(), s.w_dtype, i, s.zero_centered ? 0.f : 1.f);
   run.beta = random_tensor(s.w_dtype, sh.groups * sh.n, 0.0, 0.5);
   DeviceMem x(run.x.size()), y(run.x.size()), g(run.gamma.size()), b(run.beta.size()), mean(4 * (c.rows + 1)),
       rstd(4 * (c.rows + 1)), mask(sh.mask_bytes);
@@ -73,16 +78,26 @@ ForwardRun run_forward(const Case& c) {
   mask.poison();
   // fp8_e4m3 / fp8_e5m2: a scale that saturates the largest few values, and an amax starting at 0.
   // *_row: each row's scale comes back in row_scales (one poisoned slot past the end).
+  // Block scales: in c.scale_layout, with a row (row-major) or a tile (swizzled) past the end;
+  // every byte that is not a real scale keeps its poison. mxfp4 / nvfp4: two codes a byte (n,
+  // row stride and x_offset even), nvfp4's S_enc 448 * 6 / 8 (a block over 8 clamps its scale).
   const bool quant = quantizes(s.epilogue);
   const bool per_row = scales_per_row(s.epilogue), int8 = s.epilogue == Epilogue::kInt8Row;
   const bool per_block = scales_per_block(s.epilogue), per_tensor = scales_per_tensor(s.epilogue);
-  const int64_t blocks = block_scale_row_bytes(sh.n);
-  const reference::MiniFloat format =
-      quant && !int8 ? reference::fp8_element(s.epilogue) : reference::MiniFloat::kE4M3;  // unused without FP8 codes
-  run.quant_scale = per_tensor ? static_cast<float>(reference::max_finite(format) / 6.0) : 0.f;
+  const bool fp4 = packs_fp4(s.epilogue), nvfp4 = s.epilogue == Epilogue::kNvfp4;
+  const int64_t blocks = block_scale_row_bytes(sh.n, s.epilogue), block = scale_block_size(s.epilogue);
+  const int layout = static_cast<int>(c.scale_layout);
+  const int64_t scale_bytes =
+      per_block ? block_scale_bytes(c.rows, sh.n, s.epilogue, c.scale_layout) +
+                      (c.scale_layout == BlockScaleLayout::kSwizzled ? 512 : blocks)
+                : 0;
+  const reference::MiniFloat format = fp4             ? reference::MiniFloat::kE2M1
+                                      : quant && !int8 ? reference::fp8_element(s.epilogue)
+                                                       : reference::MiniFloat::kE4M3;  // unused without FP codes
+  run.quant_scale = per_tensor ? static_cast<float>(reference::max_finite(format) / 6.0) : nvfp4 ? 336.f : 0.f;
   const float zero = 0.f;
-  DeviceMem y_quant(quant ? sh.elems : 0), quant_scale(4), amax(4), row_scales(per_row ? 4 * (c.rows + 1) : 0),
-      block_scales(per_block ? blocks * (c.rows + 1) : 0);
+  DeviceMem y_quant(quant ? (fp4 ? (sh.elems + 1) / 2 : sh.elems) : 0), quant_scale(4), amax(4),
+      row_scales(per_row ? 4 * (c.rows + 1) : 0), block_scales(scale_bytes);
   if (quant) {
     y_quant.poison();
     quant_scale.upload(&run.quant_scale, 4);
@@ -109,13 +124,14 @@ ForwardRun run_forward(const Case& c) {
     a.residual = residual.get() + c.x_offset * sh.xs;
     a.h = h.get() + c.x_offset * sh.xs;
   }
-  if (quant) a.y_quant = y_quant.get() + c.x_offset;
-  if (per_tensor) {
-    a.quant_scale = reinterpret_cast<const float*>(quant_scale.get());
-    a.amax = reinterpret_cast<float*>(amax.get());
-  }
+  if (quant) a.y_quant = y_quant.get() + (fp4 ? c.x_offset / 2 : c.x_offset);
+  if (reads_quant_scale(s.epilogue)) a.quant_scale = reinterpret_cast<const float*>(quant_scale.get());
+  if (per_tensor) a.amax = reinterpret_cast<float*>(amax.get());
   if (per_row) a.row_scales = reinterpret_cast<float*>(row_scales.get());
-  if (per_block) a.block_scales = reinterpret_cast<uint8_t*>(block_scales.get());
+  if (per_block) {
+    a.block_scales = reinterpret_cast<uint8_t*>(block_scales.get());
+    a.block_scale_layout = c.scale_layout;
+  }
   launch(s, a);
   run.y.resize(run.x.size());
   y.download(run.y.data(), run.y.size());
@@ -167,17 +183,25 @@ ForwardRun run_forward(const Case& c) {
     if (has_mean) worst.add(run.mean[r], ref.mean[r], 1e-5, 1e-4);
   }
   if (quant) {
-    std::vector<uint8_t> codes(sh.elems);
+    std::vector<uint8_t> codes(y_quant.bytes);
     y_quant.download(codes.data(), codes.size());
+    // The code of element e (x's element index): a byte, or a nibble (the first element low).
+    const uint8_t poison_code = fp4 ? 0xF : 0xff;
+    auto code_at = [&](int64_t e) -> uint8_t {
+      return fp4 ? static_cast<uint8_t>((codes[e / 2] >> (e % 2 ? 4 : 0)) & 0xF) : codes[e];
+    };
     float amax_got = 0;
     amax.download(&amax_got, 4);
     std::vector<float> scales_got(per_row ? c.rows + 1 : 0);
     if (per_row) row_scales.download(scales_got.data(), 4 * scales_got.size());
-    std::vector<uint8_t> block_codes(per_block ? blocks * (c.rows + 1) : 0);
+    std::vector<uint8_t> block_codes(scale_bytes);
     if (per_block) {
       block_scales.download(block_codes.data(), block_codes.size());
-      for (int64_t b = 0; b < blocks; ++b)  // the row past the end keeps its poison
-        if (block_codes[c.rows * blocks + b] != 0xff) ++run.quant_mismatches;
+      std::vector<bool> real(block_codes.size(), false);
+      for (int64_t r = 0; r < c.rows; ++r)
+        for (int64_t b = 0; b < blocks; ++b) real[block_scale_offset(r, b, blocks, layout)] = true;
+      for (size_t k = 0; k < real.size(); ++k)  // padding and the row or tile past the end keep their poison
+        if (!real[k] && block_codes[k] != 0xff) ++run.quant_mismatches;
     }
     // The row's past-the-end slot keeps its poison.
     const std::vector<char> poison(4, static_cast<char>(0xff));
@@ -204,24 +228,36 @@ ForwardRun run_forward(const Case& c) {
         multiplier = static_cast<double>(1.0f / scales_got[r]);  // the kernel's fp32 reciprocal
       }
       for (int64_t i = 0; i < sh.stride; ++i) {
-        const uint8_t code = codes[c.x_offset + r * sh.stride + i];
+        const uint8_t code = code_at(c.x_offset + r * sh.stride + i);
         if (r == c.rows || i >= sh.n) {  // padding and the row past the end keep their poison
-          if (code != 0xff) ++run.quant_mismatches;
+          if (code != poison_code) ++run.quant_mismatches;
           continue;
         }
-        if (per_block && i % kMxBlock == 0) {
-          // The block's scale against the reference's E8M0 code; where the fp64 block amax sits
-          // within the fp32 y's tolerance of a power of two, either neighbouring code.
+        if (per_block && i % block == 0) {
+          // The block's scale against the reference's code (MX: E8M0 of the fp64 block amax;
+          // NVFP4: e4m3 of amax / 6 * S_enc); where that amax sits within the fp32 y's tolerance
+          // of a rounding boundary (and two fp32 roundings for NVFP4), either neighbouring code.
           double block_amax = 0;
-          for (int64_t k = i; k < std::min<int64_t>(i + kMxBlock, sh.n); ++k)
+          for (int64_t k = i; k < std::min<int64_t>(i + block, sh.n); ++k)
             block_amax = std::max(block_amax, std::abs(ref.y[r * sh.n + k]));
           const double slack = f32_tol.atol + f32_tol.rtol * block_amax;
-          const uint8_t got = block_codes[r * blocks + i / kMxBlock];
-          const uint8_t lo = reference::mx_scale_code(std::max(block_amax - slack, 0.0), format);
-          const uint8_t hi = reference::mx_scale_code(block_amax + slack, format);
+          const uint8_t got = block_codes[block_scale_offset(r, i / block, blocks, layout)];
+          uint8_t lo, hi;
+          if (nvfp4) {
+            const double s_enc = run.quant_scale;
+            lo = reference::encode_satfinite(reference::MiniFloat::kE4M3,
+                                             std::max(block_amax - slack, 0.0) / 6 * s_enc * (1 - 2.5e-7));
+            hi = reference::encode_satfinite(reference::MiniFloat::kE4M3, (block_amax + slack) / 6 * s_enc * (1 + 2.5e-7));
+            // The kernel's own multiplier: S_enc / s rounded to fp32 (0 where s is 0).
+            const float scale = static_cast<float>(reference::decode(reference::MiniFloat::kE4M3, got));
+            multiplier = scale > 0.f ? static_cast<double>(run.quant_scale / scale) : 0.0;
+          } else {
+            lo = reference::mx_scale_code(std::max(block_amax - slack, 0.0), format);
+            hi = reference::mx_scale_code(block_amax + slack, format);
+            multiplier = 1.0 / reference::decode_e8m0(got);  // the kernel's own X: exact
+          }
           if (lo != hi) ++run.quant_ambiguous;
           if (got < lo || got > hi) ++run.quant_mismatches;
-          multiplier = 1.0 / reference::decode_e8m0(got);  // the kernel's own X: exact
         }
         const double want = ref.y[r * sh.n + i];
         amax_want = std::max(amax_want, std::abs(want));
@@ -278,10 +314,13 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
   const std::vector<char> dh_host = s.residual ? random_tensor(s.x_dtype, sh.elems, 0.0, 1.0) : std::vector<char>{};
   DeviceMem dh(dh_host.size());
   if (s.residual) dh.upload(dh_host.data(), dh_host.size());
+  // A memory_efficient backward reads the y the GPU forward stored, in x's place.
+  const bool from_y = s.memory_efficient;
   DeviceMem x(fwd.x.size()), dy(dy_host.size()), dx(fwd.x.size()), g(fwd.gamma.size()), b(fwd.beta.size()),
       mean(4 * (c.rows + 1)), rstd(4 * (c.rows + 1)), mask(sh.mask_bytes), dg(sh.groups * sh.n * sh.ws),
       db(sh.groups * sh.n * sh.ws);
-  x.upload(x_host.data(), x_host.size());
+  if (from_y) x.upload(fwd.y.data(), fwd.y.size());
+  else x.upload(x_host.data(), x_host.size());
   dy.upload(dy_host.data(), dy_host.size());
   g.upload(fwd.gamma.data(), fwd.gamma.size());
   b.upload(fwd.beta.data(), fwd.beta.size());
@@ -295,8 +334,12 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
   a.dy = dy.get() + c.x_offset * sh.xs;
   a.dx = dx.get() + c.x_offset * sh.xs;
   a.gamma = g.get();
-  a.beta = s.has_bias && s.epilogue == Epilogue::kGelu ? b.get() : nullptr;
-  a.mean = subtracts_mean(s.norm) ? reinterpret_cast<float*>(mean.get()) : nullptr;
+  a.beta = s.has_bias && (s.epilogue == Epilogue::kGelu || from_y) ? b.get() : nullptr;
+  a.mean = subtracts_mean(s.norm) && !from_y ? reinterpret_cast<float*>(mean.get()) : nullptr;
+  if (from_y) {
+    a.y = x.get() + c.x_offset * sh.xs;
+    a.x = nullptr;
+  }
   a.rstd = reinterpret_cast<float*>(rstd.get());
   a.mask = bitmask ? reinterpret_cast<uint8_t*>(mask.get()) : nullptr;
   a.dgamma = dg.get();
@@ -321,20 +364,47 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
     if (all_dx) all_dx->push_back(run.dx_bytes);
   }
 
-  auto ref = reference::backward(s, dy_host.data() + c.x_offset * sh.xs, x_host.data() + c.x_offset * sh.xs,
-                                       fwd.gamma.data(), s.has_bias ? fwd.beta.data() : nullptr, fwd.mean.data(),
-                                       fwd.rstd.data(), fwd.mask.data(), c.rows, sh.stride, c.rows_per_batch);
+  const auto ref_from_x =
+      reference::backward(s, dy_host.data() + c.x_offset * sh.xs, x_host.data() + c.x_offset * sh.xs,
+                          fwd.gamma.data(), s.has_bias ? fwd.beta.data() : nullptr, fwd.mean.data(), fwd.rstd.data(),
+                          fwd.mask.data(), c.rows, sh.stride, c.rows_per_batch);
+  // memory_efficient: held to the same tolerance against the same math from the y it read; its
+  // distance from the backward of x (what y's rounding costs) is reported beside.
+  auto ref = from_y ? reference::backward_from_y(s, dy_host.data() + c.x_offset * sh.xs,
+                                                 fwd.y.data() + c.x_offset * sh.xs, fwd.gamma.data(),
+                                                 s.has_bias ? fwd.beta.data() : nullptr, fwd.rstd.data(), c.rows,
+                                                 sh.stride, c.rows_per_batch)
+                    : ref_from_x;
   reference::Tolerance tx = reference::backward_tolerance(s.x_dtype), tw = reference::backward_tolerance(s.w_dtype);
   if (c.atol >= 0) tx = tw = {c.atol, c.rtol};
   if (s.residual)
     for (int64_t r = 0; r < c.rows; ++r)
       for (int64_t i = 0; i < sh.n; ++i)
         ref.dx[r * sh.n + i] += reference::load(dh_host.data(), s.x_dtype, c.x_offset + r * sh.stride + i);
-  Worst wdx, wdg, wdb;
-  for (int64_t r = 0; r < c.rows; ++r)
-    for (int64_t i = 0; i < sh.n; ++i)
-      wdx.add(reference::load(run.dx_bytes.data(), s.x_dtype, c.x_offset + r * sh.stride + i), ref.dx[r * sh.n + i],
-              tx.atol, tx.rtol);
+  Worst wdx, wdg, wdb, wdx_from_x;
+  for (int64_t r = 0; r < c.rows; ++r) {
+    // Against the backward of x, x̂'s error from y's rounding reaches dx times rstd * |gamma' dy|
+    // (dx cancels to near 0 where a row's x̂ is near +-1, e.g. N = 1): the row's atol scales so.
+    double atol_from_x = tx.atol;
+    if (from_y) {
+      const int64_t g_row = (is_adaptive(s.norm) ? r / c.rows_per_batch : 0) * sh.n;
+      double scale_dy = 0;
+      for (int64_t i = 0; i < sh.n; ++i)
+        scale_dy = std::max(scale_dy, std::abs((double(reference::load(fwd.gamma.data(), s.w_dtype, g_row + i)) +
+                                                 (s.zero_centered ? 1 : 0)) *
+                                                reference::load(dy_host.data(), s.x_dtype, c.x_offset + r * sh.stride + i)));
+      atol_from_x *= std::max(1.0, double(fwd.rstd[r]) * scale_dy);
+    }
+    for (int64_t i = 0; i < sh.n; ++i) {
+      const double got = reference::load(run.dx_bytes.data(), s.x_dtype, c.x_offset + r * sh.stride + i);
+      wdx.add(got, ref.dx[r * sh.n + i], tx.atol, tx.rtol);
+      if (from_y) {
+        const double dh = s.residual ? reference::load(dh_host.data(), s.x_dtype, c.x_offset + r * sh.stride + i) : 0;
+        wdx_from_x.add(got, ref_from_x.dx[r * sh.n + i] + dh, atol_from_x, tx.rtol);
+      }
+    }
+  }
+  run.dx_from_x = wdx_from_x.value;
   // dgamma/dbeta are sums over rows: atol relative to the largest magnitude in the tensor.
   double gmax = 1, bmax = 1;
   for (double v : ref.dgamma) gmax = std::max(gmax, std::abs(v));

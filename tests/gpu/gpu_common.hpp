@@ -101,7 +101,12 @@ struct Case {
   int64_t x_offset = 0;        // elements: shifts x/y/dy/dx off 16-byte alignment
   int64_t rows_per_batch = 0;  // AdaLayerNorm
   double center = 0.0;         // x = center + noise
+  // Weights whose scale (gamma, or 1 + gamma zero-centred) lies closer to 0 than this are set to a
+  // scale of 1: memory_efficient's precondition (gamma' away from 0).
+  double min_abs_scale = 0.0;
   float clip_lower = 0.f, clip_upper = 6.f;
+  // Block-scaled epilogues: where the scales go (the swizzled layout's padding keeps its poison).
+  BlockScaleLayout scale_layout = BlockScaleLayout::kRowMajor;
   // Optional tolerances overriding the per-dtype defaults (the seeds' own, for their cases).
   double atol = -1, rtol = -1;
 };
@@ -148,6 +153,7 @@ ForwardRun run_forward(const Case& c);
 struct BackwardRun {
   double forward = 0;                     // the forward that fed it (y, mean, rstd), worst err / tol
   double dx = 0, dgamma = 0, dbeta = 0;  // worst err / tol per output (residual: dx includes dh_out)
+  double dx_from_x = 0;  // memory_efficient: dx's worst err / tol against the backward of x (atol x rstd |gamma' dy|)
   std::vector<char> dx_bytes, dgamma_bytes, dbeta_bytes;
 };
 

@@ -172,6 +172,8 @@ TEST_CASE("quantized output: fp8 e4m3 / e5m2 codes and amax against the host ref
 // The per-row and block-scaled epilogues over every op x dtype x N x row layout (bf16_only: with
 // bf16 x only, its code path being another format's), plus pinned specs of other row caches. At
 // N >= 32 a case may have at most 1 / ambiguous_divisor of its codes (+ 5) on a rounding boundary.
+// Block-scaled formats run each case with both scale layouts (row-major, swizzled 128x4); e2m1
+// codes (two a byte) take even row strides and offsets.
 void check_quantized_grid(const char* what, std::initializer_list<Epilogue> formats, Epilogue bf16_only,
                           std::initializer_list<int64_t> ns, std::initializer_list<const char*> pinned,
                           int64_t ambiguous_divisor) {
@@ -179,8 +181,10 @@ void check_quantized_grid(const char* what, std::initializer_list<Epilogue> form
   int cases = 0;
   auto check = [&](Case& c, int layout) {
     const std::string name = c.spec.str();
+    const std::string scale_layout = to_string(c.scale_layout);
     CAPTURE(name);
     CAPTURE(layout);
+    CAPTURE(scale_layout);
     c.rows_per_batch = is_adaptive(c.spec.norm) ? c.rows : 0;
     const ForwardRun r = run_forward(c);
     CAPTURE(r.quant_first_mismatch);
@@ -192,6 +196,13 @@ void check_quantized_grid(const char* what, std::initializer_list<Epilogue> form
     checked += r.quant_checked;
     ambiguous += r.quant_ambiguous;
     ++cases;
+  };
+  auto check_layouts = [&](Case& c, int layout) {
+    for (BlockScaleLayout scales : {BlockScaleLayout::kRowMajor, BlockScaleLayout::kSwizzled}) {
+      if (scales != BlockScaleLayout::kRowMajor && !scales_per_block(c.spec.epilogue)) continue;
+      c.scale_layout = scales;
+      check(c, layout);
+    }
   };
   for (Epilogue ep : formats)
     for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
@@ -205,29 +216,35 @@ void check_quantized_grid(const char* what, std::initializer_list<Epilogue> form
             c.spec.epilogue = ep;
             c.spec.residual = layout == 1 && n % 7 == 0;
             c.rows = n >= 65536 ? 3 : 37;
-            c.row_stride = layout > 0 ? n + 9 : 0;
-            c.x_offset = layout == 2 ? 1 : 0;
-            check(c, layout);
+            const bool fp4 = packs_fp4(ep);
+            c.row_stride = layout > 0 ? n + (fp4 ? 10 : 9) : 0;
+            c.x_offset = layout == 2 ? (fp4 ? 2 : 1) : 0;
+            check_layouts(c, layout);
           }
       }
   for (const char* spec : pinned) {
     Case c;
     c.spec = Spec::parse(spec);
-    c.rows = 300;  // several rows per persistent CTA
-    check(c, 0);
+    c.rows = 300;  // several rows per persistent CTA; three 128-row bands of swizzled scales
+    check_layouts(c, 0);
   }
   MESSAGE(cases << " " << std::string(what) << " cases, " << checked << " codes checked against the host encoding, " << ambiguous
                 << " codes or scales on a rounding boundary (either neighbour accepted)");
 }
 
 TEST_CASE("quantized output: per-row fp8 / int8 scales and codes against the host references") {
-  // The pinned specs: pipelined rows (pipe, tma), which the heuristic picks at other shapes.
+  // The pinned specs: pipelined rows (pipe, tma), which the heuristic picks at other shapes, and
+  // clustered rows (registers, shared memory, bulk-copied), whose amax is reduced over the cluster.
   check_quantized_grid("per-row", {Epilogue::kFp8E4M3Row, Epilogue::kInt8Row, Epilogue::kFp8E5M2Row},
                        Epilogue::kFp8E5M2Row,
                        {1, 7, 127, 768, 4097, 20001, 65536, 262144},
                        {"rmsnorm.fwd_infer.bf16.w_bf16.n8192.int8_row.cfg_t512_r1_v8_tma3",
                         "layernorm.fwd_train.bf16.w_bf16.n12288.bias.fp8_e4m3_row.cfg_t512_r1_v8_pipe",
-                        "layernorm.fwd_infer.f16.w_f32.n6144.bias.fp8_e4m3_row.cfg_t256_r1_v8_pipe4"},
+                        "layernorm.fwd_infer.f16.w_f32.n6144.bias.fp8_e4m3_row.cfg_t256_r1_v8_pipe4",
+                        "rmsnorm.fwd_infer.bf16.w_bf16.n65536.fp8_e4m3_row.cfg_t1024_r1_v8_c2_reg",
+                        "layernorm.fwd_train.bf16.w_bf16.n98304.bias.int8_row.cfg_t384_r1_v8_c4_smem",
+                        "rmsnorm.fwd_infer.bf16.w_bf16.n65536.int8_row.cfg_t512_r1_v8_c4_tma",
+                        "layernorm.fwd_infer.bf16.w_f32.n32768.bias.fp8_e5m2_row.cfg_t512_r1_v8_c2_pipe"},
                        100);
 }
 
@@ -239,6 +256,20 @@ TEST_CASE("quantized output: MXFP8 block scales and codes against the host refer
                        {"rmsnorm.fwd_infer.bf16.w_bf16.n8192.mxfp8_e4m3.cfg_t512_r1_v8_tma3",
                         "layernorm.fwd_train.bf16.w_bf16.n12288.bias.mxfp8_e4m3.cfg_t512_r1_v8_pipe",
                         "rmsnorm.fwd_infer.bf16.w_bf16.n65536.mxfp8_e4m3.cfg_t512_r1_v8_c4_smem"},
+                       50);
+}
+
+TEST_CASE("quantized output: MXFP4 and NVFP4 block scales and e2m1 codes against the host references") {
+  // Every dtype for both (Epilogue::kNone: no format is bf16 only). Pinned: pipelined and
+  // clustered rows, and one-element packs (vec 1), whose lanes pair up to fill a byte, across
+  // sub-warp rows too (16 lanes a row, two rows a warp).
+  check_quantized_grid("MXFP4 / NVFP4", {Epilogue::kMxfp4, Epilogue::kNvfp4}, Epilogue::kNone,
+                       {2, 8, 32, 126, 768, 4098, 20002, 65536, 262144},
+                       {"rmsnorm.fwd_infer.bf16.w_bf16.n8192.nvfp4.cfg_t512_r1_v8_tma3",
+                        "layernorm.fwd_train.bf16.w_bf16.n12288.bias.mxfp4.cfg_t512_r1_v8_pipe",
+                        "rmsnorm.fwd_infer.bf16.w_bf16.n65536.nvfp4.cfg_t512_r1_v8_c4_smem",
+                        "rmsnorm.fwd_infer.f32.w_f32.n2048.mxfp4.cfg_t128_r1_v1_reg",
+                        "rmsnorm.fwd_infer.f32.w_f32.n256.nvfp4.cfg_t16_r16_v1_reg"},
                        50);
 }
 

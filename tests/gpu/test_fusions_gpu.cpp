@@ -66,6 +66,7 @@ void warm_cases(const std::vector<Case>& cases) {
     specs.push_back(c.spec);
     Spec f = c.spec;
     f.phase = Phase::kForwardTraining;
+    f.memory_efficient = false;
     f.block.reset();  // the forward run_backward runs first: its own pick (a pinned backward config may not suit it)
     specs.push_back(f);
   }
@@ -131,4 +132,49 @@ TEST_CASE("fusions backward: dx + dh_out and zero-centred weights match the refe
     CHECK(r.dbeta <= 1.0);
   }
   MESSAGE(cases.size() << " fused backward cases checked on " << runtime().device().name);
+}
+
+TEST_CASE("memory_efficient backward: x̂ recovered from y matches the reference over every route") {
+  // The fusion grid (every norm, x dtype, odd and large N, plain and with each fusion), strided and
+  // unaligned rows, and every backward route pinned.
+  std::vector<Case> cases;
+  for (Case c : fusion_cases(Phase::kBackward)) {
+    if (c.spec.epilogue != Epilogue::kNone) continue;  // a clamp or gelu cannot be inverted
+    c.spec.memory_efficient = true;
+    c.min_abs_scale = 0.25;  // its precondition: gamma' away from 0 (docs/fusions.md)
+    cases.push_back(c);
+    if (c.spec.residual && !c.spec.zero_centered && c.row_stride == 0) {  // and without either fusion
+      c.spec.residual = false;
+      cases.push_back(c);
+    }
+  }
+  for (const char* text : {"layernorm.bwd.bf16.w_f32.n16384.bias.memory_efficient.cfg_t512_r1_v8_smem",
+                           "rmsnorm.bwd.bf16.w_f32.n4096.zero_centered.memory_efficient.cfg_t256_r1_v8_tma3",
+                           "layernorm.bwd.f32.w_f32.n4096.bias.memory_efficient.cfg_t256_r1_v4_pipe",
+                           "layernorm.bwd.bf16.w_f32.n65536.bias.memory_efficient.cfg_t1024_r1_v8_c4_tma",
+                           "rmsnorm.bwd.f16.w_f16.n8192.bias.memory_efficient.cfg_t64_r1_v8_c16_smem",
+                           "layernorm.bwd.bf16.w_bf16.n1024.bias.memory_efficient.cfg_t128_r1_v8_reg",
+                           "rmsnorm.bwd.bf16.w_bf16.n256.bias.memory_efficient.cfg_t32_r4_v8_reg",
+                           "layernorm.bwd.f32.w_f32.n20001.bias.zero_centered.memory_efficient.cfg_t1024_r1_v1_gmem"})
+    cases.push_back(pinned_case(text, 3.0));
+  for (Case& c : cases) c.min_abs_scale = 0.25;
+  warm_cases(cases);
+  double worst_from_x = 0;
+  for (const Case& c : cases) {
+    const std::string name = c.spec.str();
+    CAPTURE(name);
+    CAPTURE(c.rows);
+    CAPTURE(c.row_stride);
+    CAPTURE(c.x_offset);
+    const BackwardRun r = run_backward(c);
+    CHECK(r.forward <= 1.0);
+    CHECK(r.dx <= 1.0);
+    CHECK(r.dgamma <= 1.0);
+    CHECK(r.dbeta <= 1.0);
+    // Against the backward of x itself: only y's rounding apart.
+    CHECK(r.dx_from_x <= 8.0);
+    worst_from_x = std::max(worst_from_x, r.dx_from_x);
+  }
+  MESSAGE(cases.size() << " memory_efficient backward cases checked on " << runtime().device().name
+                       << "; dx against the backward of x: worst " << worst_from_x << " x its tolerance");
 }

@@ -333,8 +333,8 @@ class StubKernel:
 
     def launch(self, *args):
         # 20 positional arguments, then residual, h, dh_out for residual specs, then y_quant,
-        # quant_scale, amax, row_scales, block_scales for the quantizing ones.
-        assert len(args) in (20, 23, 28) and all(isinstance(a, (int, float)) for a in args)
+        # quant_scale, amax, row_scales, block_scales, block_scale_layout for the quantizing ones.
+        assert len(args) in (20, 23, 29) and all(isinstance(a, (int, float)) for a in args)
         self.launches.append(args)
 
 
@@ -767,7 +767,7 @@ def test_quantized_reference_matches_float64(quant, norm):
         rel = 2.0 ** -4 if "e4m3" in quant else 2.0 ** -3
         assert ((got - want).abs() <= rel * want.abs() + 2.0 ** -10).all()
     if quant.startswith("mx"):
-        assert scales.shape == (6, 5, 3) and scales.dtype == _launch.E8M0
+        assert scales.shape == (6, 5, 3) and scales.dtype == torch.uint8  # the op's E8M0 codes
         x_scale = torch.exp2(scales.view(torch.uint8).double() - 127)
         torch.testing.assert_close(x_scale, want_scale, rtol=0, atol=0)
         assert scales.view(torch.uint8)[0, 0, 0] == 0 and (y_q[0, 0].double() == 0).all()  # zero row: X = 2^-127
@@ -824,6 +824,115 @@ def test_quantized_functions_on_cpu_and_their_return_shapes():
         assert s.shape == (2, 3, 2)
 
 
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+
+
+def _e2m1_values(y_q):
+    """float64 values of packed e2m1 codes [..., n / 2] -> [..., n] (the first element low)."""
+    b = y_q.view(torch.uint8).long()
+    codes = torch.stack([b & 0xF, b >> 4], -1).reshape(b.shape[:-1] + (-1,))
+    v = _E2M1[codes & 7]
+    return torch.where(codes >= 8, -v, v)
+
+
+def test_e2m1_reference_encoder_matches_the_cpp_reference():
+    # Every midpoint and its neighbours, both signs, zeros, saturation, NaN: the same codes as the
+    # C++ host reference (normjit::reference::encode_satfinite) gives.
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 7.0, 1e30], dtype=F32)
+    v = torch.cat([mids, torch.nextafter(mids, torch.zeros_like(mids)), torch.nextafter(mids, torch.full_like(mids, inf)),
+                   _E2M1.float(), torch.randn(5000) * 3])
+    v = torch.cat([v, -v, torch.tensor([float("nan"), -float("nan"), -0.0, inf, -inf])])
+    got = _reference.e2m1_codes(v)
+    want = torch.frombuffer(bytearray(normjit._normjit._reference_encode("e2m1", v.double().tolist())), dtype=torch.uint8)
+    assert torch.equal(got, want)
+    assert _reference.pack_e2m1(torch.tensor([[1, 2, 15, 8]], dtype=torch.uint8)).view(torch.uint8).tolist() == \
+        [[0x21, 0x8F]]
+
+
+def test_swizzled_scales_are_the_gemms_128x4_tiles():
+    rows, cols = 200, 6
+    scales = (torch.arange(rows * cols) % 250 + 1).to(torch.uint8).reshape(rows, cols)
+    out = _reference.swizzle_block_scales(scales)
+    assert out.shape == (256, 8)
+    flat = out.reshape(-1)
+    for r, c in [(0, 0), (0, 3), (1, 0), (32, 0), (127, 3), (0, 4), (5, 5), (128, 0), (199, 5)]:
+        tile = (r // 128) * 2 + c // 4
+        at = tile * 512 + (r % 32) * 16 + (r % 128) // 32 * 4 + c % 4
+        assert flat[at] == scales[r, c], (r, c)
+    assert int((flat != 0).sum()) == rows * cols  # the padding is zero
+
+
+@pytest.mark.parametrize("quant", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+def test_fp4_reference_matches_float64(quant, norm):
+    torch.manual_seed(0)
+    x = torch.randn(6, 5, 96) * 3
+    x[0, 0] = 0  # a zero row: scale code 0, codes 0
+    w = torch.randn(96)
+    y64 = ref64(x.double(), w.double(), None, norm, 1e-5)
+    s_enc = torch.tensor([448.0 * 6 / float(y64.abs().max())], dtype=F32)
+    y_q, scales, y, _ = torch.ops.normjit.quant_norm_fwd(x, None, w, None, norm, 1e-5, False, quant,
+                                                         s_enc if quant == "nvfp4" else None, None, True)
+    block = 16 if quant == "nvfp4" else 32
+    assert y_q.dtype == _launch.FP4 and y_q.shape == (6, 5, 48)
+    assert scales.shape == (6, 5, 96 // block)
+    blocks = y64.reshape(6, 5, -1, block)
+    amax = blocks.abs().amax(-1)
+    if quant == "mxfp4":
+        assert scales.dtype == torch.uint8  # the op's E8M0 codes
+        e = torch.where(amax > 0, torch.floor(torch.log2(amax)) - 2, torch.full_like(amax, -127))
+        torch.testing.assert_close(scales.view(torch.uint8).double(), e + 127, rtol=0, atol=0)
+        dequant = torch.exp2(e)
+    else:
+        assert scales.dtype == torch.float8_e4m3fn
+        want = (amax / 6 * float(s_enc)).clamp(max=448.0)
+        s = scales.double()
+        assert ((s - want).abs() <= want * 2.0 ** -4 + 2.0 ** -10).all()  # e4m3: within half a step
+        dequant = s / float(s_enc)
+    got = _e2m1_values(y_q).reshape(6, 5, -1, block) * dequant.unsqueeze(-1)
+    lim = 6 * dequant.unsqueeze(-1)
+    want = torch.maximum(torch.minimum(blocks, lim), -lim)
+    # e2m1: within half a step (relative 2^-2, or 0.25 of the scale near zero).
+    assert ((got - want).abs() <= 0.25 * want.abs() + 0.25 * dequant.unsqueeze(-1) + 1e-6).all()
+    assert (_e2m1_values(y_q[0, 0]) == 0).all()  # ±0: the sign of y = 0 · w is kept
+    assert y.shape == x.shape and y.dtype == x.dtype
+
+
+def test_fp4_functions_on_cpu_shapes_layouts_and_dequantization():
+    torch.manual_seed(2)
+    x, r, w = torch.randn(2, 3, 64), torch.randn(2, 3, 64), torch.randn(64)
+    with torch.no_grad():
+        y = nt.rms_norm(x, (64,), w)
+        q, s = nt.rms_norm_mxfp4(x, (64,), w)
+        assert q.dtype == _launch.FP4 and q.shape == (2, 3, 32) and s.shape == (2, 3, 2) and s.dtype == _launch.E8M0
+        deq = _e2m1_values(q).reshape(2, 3, 2, 32) * torch.exp2(s.view(torch.uint8).double() - 127).unsqueeze(-1)
+        lim = 6 * torch.exp2(s.view(torch.uint8).double() - 127).unsqueeze(-1)
+        want = y.double().reshape(2, 3, 2, 32)
+        want = torch.maximum(torch.minimum(want, lim), -lim)
+        assert ((deq - want).abs() <= 0.25 * want.abs() + lim / 24 + 1e-6).all()
+        y2, _ = nt.add_rms_norm(x, r, w)
+        g = torch.tensor([448.0 * 6 / float(y2.abs().max())])
+        q, s, y2, h = nt.add_rms_norm_nvfp4(x, r, w, global_scale=g, return_y=True)
+        assert q.shape == (2, 3, 32) and s.dtype == torch.float8_e4m3fn and s.shape == (2, 3, 4)
+        torch.testing.assert_close(h, x + r)
+        dequant = (s.double() / float(g)).unsqueeze(-1)  # y ~ code * s / S_enc
+        deq = _e2m1_values(q).reshape(2, 3, 4, 16) * dequant
+        want = y2.double().reshape(2, 3, 4, 16)
+        want = torch.maximum(torch.minimum(want, 6 * dequant), -6 * dequant)  # e4m3's rounded s may sit low
+        assert ((deq - want).abs() <= 0.25 * want.abs() + 0.25 * dequant + 1e-6).all()
+        q, s = nt.layer_norm_nvfp4(x.reshape(2, 3, 8, 8), (8, 8), global_scale=g)
+        assert q.shape == (2, 3, 32) and s.shape == (2, 3, 4)
+        # Swizzled: the padded [roundup(rows, 128), roundup(cols, 4)] matrix, the row-major scales
+        # at their tile positions, zero elsewhere.
+        q_sw, s_sw = nt.layer_norm_mxfp4(x, 64, scale_layout="swizzled")
+        q_rm, s_rm = nt.layer_norm_mxfp4(x, 64)
+        assert torch.equal(q_sw.view(torch.uint8), q_rm.view(torch.uint8))
+        assert s_sw.shape == (128, 4) and s_sw.dtype == _launch.E8M0
+        assert torch.equal(s_sw.view(torch.uint8), _reference.swizzle_block_scales(s_rm.reshape(6, 2)).view(torch.uint8))
+        q8, s8 = nt.rms_norm_mxfp8(x, 64, w, scale_layout="swizzled")
+        assert q8.shape == x.shape and s8.shape == (128, 4)
+
+
 QUANT_ERRORS = [
     (lambda: nt.rms_norm_fp8(torch.randn(2, 8, requires_grad=True), 8), RuntimeError, "inference only"),
     (lambda: nt.rms_norm_fp8(torch.randn(2, 8), 8, fp8_dtype=torch.float16), ValueError, "fp8_dtype=torch.float16"),
@@ -836,6 +945,14 @@ QUANT_ERRORS = [
     (lambda: nt.rms_norm_mxfp8(torch.randn(2, 8), 8, fp8_dtype=torch.int8), ValueError, "fp8_dtype=torch.int8"),
     (lambda: torch.ops.normjit.quant_norm_fwd(torch.randn(2, 8), None, None, None, "rmsnorm", 1e-5, False, "fp4",
                                               None, None, False), ValueError, "quant='fp4'"),
+    (lambda: nt.rms_norm_mxfp4(torch.randn(2, 7), 7), ValueError, "normalized size 7 must be even"),
+    (lambda: nt.rms_norm_nvfp4(torch.randn(2, 8), 8, global_scale=None), ValueError,
+     "global_scale must be a float32 tensor of one element"),
+    (lambda: nt.rms_norm_nvfp4(torch.randn(2, 8), 8), TypeError, "global_scale"),
+    (lambda: nt.rms_norm_mxfp4(torch.randn(2, 8), 8, scale_layout="tiled"), ValueError, "scale_layout='tiled'"),
+    (lambda: torch.ops.normjit.quant_norm_fwd(torch.randn(2, 8), None, None, None, "rmsnorm", 1e-5, False, "int8_row",
+                                              None, None, False, "swizzled"), ValueError,
+     "quant='int8_row' has no block scales"),
 ]
 
 
@@ -857,6 +974,25 @@ def test_quantized_fake_shapes_and_opcheck():
                            torch.tensor([4.0]), torch.zeros(1), True))
     torch.library.opcheck(torch.ops.normjit.quant_norm_fwd.default,
                           (x, None, None, torch.randn(40), "layernorm", 1e-5, True, "int8_row", None, None, False))
+    # e2m1 codes [..., n / 2] at half x's row stride; block scales row-major or swizzled.
+    x = torch.empty(4, 6, 100, dtype=BF16, device="meta")[..., :96]
+    y_q, s, y, h = torch.ops.normjit.quant_norm_fwd(x, None, None, None, "rmsnorm", 1e-5, False, "nvfp4",
+                                                     torch.empty(1, device="meta"), None, True)
+    assert y_q.dtype == _launch.FP4 and y_q.shape == (4, 6, 48) and y_q.stride() == (300, 50, 1)
+    assert s.shape == (4, 6, 6) and s.dtype == torch.float8_e4m3fn and y.stride() == (600, 100, 1)
+    y_q, s, _, _ = torch.ops.normjit.quant_norm_fwd(x, None, None, None, "rmsnorm", 1e-5, False, "mxfp4", None, None,
+                                                     False, "swizzled")
+    assert s.shape == (128, 4) and s.dtype == torch.uint8
+    odd = torch.empty(3, 101, dtype=BF16, device="meta")[:, :64]  # an odd row stride: made contiguous
+    y_q, _, _, _ = torch.ops.normjit.quant_norm_fwd(odd, None, None, None, "rmsnorm", 1e-5, False, "mxfp4", None,
+                                                     None, False)
+    assert y_q.shape == (3, 32) and y_q.stride() == (32, 1)
+    x = torch.randn(3, 64)
+    torch.library.opcheck(torch.ops.normjit.quant_norm_fwd.default,
+                          (x, torch.randn(3, 64), torch.randn(64), None, "rmsnorm", 1e-5, False, "nvfp4",
+                           torch.tensor([100.0]), None, True, "swizzled"))
+    torch.library.opcheck(torch.ops.normjit.quant_norm_fwd.default,
+                          (x, None, None, torch.randn(64), "layernorm", 1e-5, False, "mxfp4", None, None, False))
 
 
 def test_launch_quantized_arguments(stub_gpu):
@@ -869,8 +1005,8 @@ def test_launch_quantized_arguments(stub_gpu):
     a = k.launches[-1]
     assert a[FIELDS.index("x")] == x.data_ptr() and a[FIELDS.index("y")] == 0
     assert a[FIELDS.index("row_stride")] == 1000 and a[FIELDS.index("rows")] == 4
-    # residual, h, dh_out, y_quant, quant_scale, amax, row_scales
-    assert a[20:] == (0, 0, 0, y_q.data_ptr(), 0, 0, scales.data_ptr(), 0)
+    # residual, h, dh_out, y_quant, quant_scale, amax, row_scales, block_scales, block_scale_layout
+    assert a[20:] == (0, 0, 0, y_q.data_ptr(), 0, 0, scales.data_ptr(), 0, 0)
     assert y_q.dtype == torch.float8_e4m3fn and y_q.stride() == (1000, 1) and scales.shape == (4, 1)
     assert y is None and h is None
 
@@ -882,6 +1018,160 @@ def test_launch_mxfp8_arguments(stub_gpu):
     (k,) = stub_gpu.kernels
     assert k.name.startswith("rmsnorm.fwd_infer.bf16.w_bf16.n100.mxfp8_e4m3.cfg_")
     a = k.launches[-1]
-    # residual, h, dh_out, y_quant, quant_scale, amax, row_scales, block_scales
-    assert a[20:] == (0, 0, 0, y_q.data_ptr(), 0, 0, 0, scales.data_ptr())
+    # residual, h, dh_out, y_quant, quant_scale, amax, row_scales, block_scales, block_scale_layout
+    assert a[20:] == (0, 0, 0, y_q.data_ptr(), 0, 0, 0, scales.data_ptr(), 0)
     assert a[FIELDS.index("y")] == y.data_ptr() and scales.shape == (4, 4) and scales.dtype == _launch.E8M0
+    # The GEMMs' layout: one 128x4 tile of zeros where no scale goes.
+    y_q, scales, y, h = _launch.forward_quant(x, None, None, None, "rmsnorm", 1e-6, False, "mxfp8_e4m3", None, None,
+                                              False, "swizzled")
+    assert k.launches[-1][28] == 1 and scales.shape == (128, 4) and (scales.view(torch.uint8)[4:] == 0).all()
+
+
+def test_launch_fp4_arguments(stub_gpu):
+    # Rows 1000 elements apart: the codes' rows 500 bytes apart, two a byte.
+    x = torch.randn(4, 3, 1000, dtype=BF16)[..., :96]
+    r = torch.randn(4, 3, 1000, dtype=BF16)[..., :96]
+    s_enc = torch.tensor([336.0])
+    y_q, scales, y, h = _launch.forward_quant(x, r, None, None, "rmsnorm", 1e-6, False, "nvfp4", s_enc, None, False,
+                                              "swizzled")
+    (k,) = stub_gpu.kernels
+    assert k.name.startswith("rmsnorm.fwd_infer.bf16.w_bf16.n96.residual.nvfp4.cfg_")
+    a = k.launches[-1]
+    assert a[FIELDS.index("row_stride")] == 1000 and a[FIELDS.index("rows")] == 12
+    assert a[20:] == (r.data_ptr(), h.data_ptr(), 0, y_q.data_ptr(), s_enc.data_ptr(), 0, 0, scales.data_ptr(), 1)
+    assert y_q.dtype == _launch.FP4 and y_q.shape == (4, 3, 48) and y_q.stride() == (1500, 500, 1)
+    assert scales.dtype == torch.float8_e4m3fn and scales.shape == (128, 8)  # 12 rows, 6 scales: padded
+    y_q, scales, y, h = _launch.forward_quant(x, None, None, None, "layernorm", 1e-5, False, "mxfp4", None, None,
+                                              True)
+    a = stub_gpu.kernels[-1].launches[-1]
+    assert a[20:] == (0, 0, 0, y_q.data_ptr(), 0, 0, 0, scales.data_ptr(), 0)
+    assert scales.shape == (4, 3, 3) and scales.dtype == _launch.E8M0 and y.stride() == (3000, 1000, 1)
+    # An odd row stride: x is made contiguous first (the codes' rows must lie whole bytes apart).
+    odd = torch.randn(5, 101, dtype=BF16)[:, :64]
+    y_q, scales, _, _ = _launch.forward_quant(odd, None, None, None, "rmsnorm", 1e-6, False, "mxfp4", None, None,
+                                              False)
+    a = stub_gpu.kernels[-1].launches[-1]
+    assert a[FIELDS.index("row_stride")] == 64 and a[FIELDS.index("x")] != odd.data_ptr()
+    assert y_q.shape == (5, 32) and y_q.stride() == (32, 1)
+
+
+# ---- memory_efficient: the backward from y ----------------------------------------------------
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm", "adalayernorm", "adarmsnorm"])
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_memory_efficient_reference_backward_matches_the_backward_of_x(norm, zero_centered):
+    # fp32 y keeps x̂ to ~1e-7: the backward from y must match the backward from x that closely.
+    torch.manual_seed(1)
+    ada = norm.startswith("ada")
+    x = torch.randn(2, 3, 24)
+    shape = (2, 24) if ada else (24,)
+    w, b = torch.rand(shape) + 0.5, torch.randn(shape) * 0.5
+    y, _, mean, rstd, _ = torch.ops.normjit.fused_norm_fwd(x, None, w, b, norm, 1e-5, True, zero_centered, "none",
+                                                           0.0, inf)
+    dy = torch.randn_like(x)
+    from_x = torch.ops.normjit.fused_norm_bwd(dy, None, x, w, mean, rstd, torch.empty(0), norm, zero_centered,
+                                              "none", True)
+    from_y = torch.ops.normjit.fused_norm_bwd(dy, None, y, w, torch.empty(0), rstd, torch.empty(0), norm,
+                                              zero_centered, "none", True, b, True)
+    for got, want in zip(from_y, from_x):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+def test_add_norm_memory_efficient_cpu_gradients(norm):
+    torch.manual_seed(2)
+    x, r = torch.randn(3, 5, 24), torch.randn(3, 5, 24)
+    w, b = torch.rand(24) + 0.5, torch.randn(24) * 0.5
+    grads = []
+    for memory_efficient in (False, True):
+        args = [t.clone().requires_grad_() for t in (x, r, w, b)]
+        if norm == "rmsnorm":
+            y, h = nt.add_rms_norm(args[0], args[1], args[2], 1e-6, args[3], memory_efficient=memory_efficient)
+        else:
+            y, h = nt.add_layer_norm(args[0], args[1], args[2], args[3], 1e-6, memory_efficient=memory_efficient)
+        (y * torch.cos(y) + h).sum().backward()
+        grads.append([a.grad for a in args])
+    for got, want in zip(*reversed(grads)):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_opcheck_memory_efficient_ops_cpu():
+    x, w, b = torch.randn(3, 16), torch.rand(16) + 0.5, torch.randn(16)
+    args = (*_grad(x.clone()), None, *_grad(w.clone(), b.clone()), "layernorm", 1e-5, True, False, "none", 0.0, inf,
+            True)
+    torch.library.opcheck(torch.ops.normjit.fused_norm_fwd.default, args)
+    # The backward op's inputs as the autograd formula passes them: no gradient flows through it.
+    y, _, mean, rstd, mask = torch.ops.normjit.fused_norm_fwd(x, None, w, b, "layernorm", 1e-5, True, False, "none",
+                                                              0.0, inf, True)
+    torch.library.opcheck(torch.ops.normjit.fused_norm_bwd.default,
+                          (torch.randn(3, 16), None, y, w, mean, rstd, mask, "layernorm", False, "none", True, b, True))
+
+
+def test_memory_efficient_saves_y_not_x():
+    # What autograd keeps: y (and the bias), never x.
+    x = torch.randn(4, 16, requires_grad=True)
+    w, b = (torch.rand(16) + 0.5).requires_grad_(), torch.randn(16).requires_grad_()
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        y, _ = nt.add_layer_norm(x, torch.randn(4, 16), w, b, memory_efficient=True)
+    assert any(t is y or (t.shape == y.shape and torch.equal(t, y)) for t in kept)
+    assert not any(t.shape == x.shape and torch.equal(t, x.detach()) for t in kept)
+
+
+@pytest.mark.parametrize("weight, bias, match", [
+    ([1.0, 0.0, 1.0], None, r"element 1 of the weights: weight=0, bias=0"),
+    ([1.0, 0.1, 1.0], [0.0, 0.9, 0.0], r"element 1 .*weight=0.1, bias=0.9 \(needs weight != 0 and \|bias\| <= 8"),
+    (None, [0.0, 9.0, 0.0], r"element 1 .*weight=1, bias=9"),
+])
+def test_memory_efficient_refuses_weights_that_lose_x(weight, bias, match):
+    x = torch.randn(2, 3, requires_grad=True)
+    w = torch.tensor(weight, requires_grad=True) if weight is not None else None
+    b = torch.tensor(bias, requires_grad=True) if bias is not None else None
+    with pytest.raises(ValueError, match="add_layer_norm: memory_efficient=True recovers x from y.*" + match):
+        nt.add_layer_norm(x, torch.randn(2, 3), w, b, memory_efficient=True)
+    # Without gradients nothing is kept, so nothing is refused; nor with memory_efficient off.
+    with torch.no_grad():
+        nt.add_layer_norm(x, torch.randn(2, 3), w, b, memory_efficient=True)
+    nt.add_layer_norm(x, torch.randn(2, 3), w, b)
+
+
+def test_memory_efficient_errors_and_modules():
+    with pytest.raises(ValueError, match="memory_efficient=True recovers x from y, which epilogue='relu_bitmask'"):
+        torch.ops.normjit.fused_norm_fwd(torch.randn(2, 8), None, None, None, "layernorm", 1e-5, True, False,
+                                         "relu_bitmask", 0.0, 1.0, True)
+    m = nt.LayerNorm(8, memory_efficient=True)
+    assert m.memory_efficient and set(m.state_dict()) == {"weight", "bias"}
+    model = torch.nn.Sequential(torch.nn.LayerNorm(8), torch.nn.RMSNorm(8))
+    assert nt.swap_norms(model, memory_efficient=True) == 2
+    assert all(mod.memory_efficient for mod in model)
+
+
+def test_launch_memory_efficient_arguments(stub_gpu):
+    x = torch.randn(4, 6, 768, dtype=BF16)
+    w, b = torch.rand(768) + 0.5, torch.randn(768)
+    y, _, mean, rstd, _ = _launch.forward_fused(x, None, w, b, "layernorm", 1e-5, True, False, "none", 0.0, inf)
+    dy = torch.randn_like(y)
+    # dbias not wanted: the spec still has the bias (x̂ needs it), dbeta goes to scratch.
+    dx, dw, db = _launch.backward_fused(dy, None, y, w, mean, rstd, None, "layernorm", False, "none", False, b, True)
+    k = stub_gpu.kernels[-1]
+    assert k.name.startswith("layernorm.bwd.bf16.w_f32.n768.bias.memory_efficient.cfg_")
+    a = _args(k)
+    assert (a["x"], a["y"], a["beta"], a["mean"]) == (0, y.data_ptr(), b.data_ptr(), 0)
+    assert a["dbeta"] != 0 and db is None and dw.shape == (768,)
+
+
+def test_compile_inductor_block_scaled_functions_cpu():
+    # MX scales leave the op as uint8 codes: inductor could not lower float8_e8m0fnu outputs.
+    x, w = torch.randn(4, 64, dtype=BF16), torch.randn(64, dtype=BF16)
+
+    def block(x, w):
+        q8, s8 = nt.rms_norm_mxfp8(x, 64, w)
+        q4, s4 = nt.rms_norm_mxfp4(x, 64, w, scale_layout="swizzled")
+        return q8.view(torch.uint8), s8, q4.view(torch.uint8), s4
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = block(x, w)
+        got = torch.compile(block, fullgraph=True)(x, w)
+    assert got[1].dtype == got[3].dtype == _launch.E8M0
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(got, want))

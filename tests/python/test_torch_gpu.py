@@ -659,3 +659,144 @@ def test_quantized_functions_compile_and_graph_replay(gpu):
         assert torch.equal(gq.view(torch.uint8), q.view(torch.uint8)) and torch.equal(gs, s) and torch.equal(gh, h)
         q8, s8 = nt.rms_norm_int8(x, 4096, w)
         assert torch.equal(g8, q8) and torch.equal(gs8, s8)
+
+
+@pytest.mark.parametrize("quant", ["mxfp4", "nvfp4", "mxfp8_e4m3"])
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("dt", [BF16, F16, F32], ids=["bf16", "f16", "f32"])
+@pytest.mark.parametrize("n,strided,residual", [(8, False, False), (4096, True, True), (5120, False, True),
+                                                (20002, True, False)])
+def test_block_scaled_fp4_against_float64_both_layouts(gpu, quant, norm, dt, n, strided, residual):
+    """e2m1 codes (two a byte, first element low) and their scales against float64 y with the
+    kernel's own scales; the swizzled layout holds the same scales at the 128x4 tiles' places
+    (padding zero) and leaves the codes unchanged."""
+    from normjit.torch import _launch, _reference
+    from test_torch_cpu import _e2m1_values
+    torch.manual_seed(n)
+    x = make_x((3, 5), n, dt, strided, "cuda")
+    r = make_x((3, 5), n, dt, strided, "cuda") if residual else None
+    w = torch.randn(n, device="cuda", dtype=dt)
+    b = torch.randn(n, device="cuda", dtype=dt) if norm == "layernorm" else None
+    src = (x.float() + r.float()).to(dt) if residual else x
+    y64 = ref64(src.double().cpu(), w.double().cpu(), None if b is None else b.double().cpu(), norm, 1e-5)
+    s_enc = torch.tensor([448.0 * 6 / y64.abs().max().item()], device="cuda") if quant == "nvfp4" else None
+    with torch.no_grad():
+        y_q, scales, y, h = torch.ops.normjit.quant_norm_fwd(x, r, w, b, norm, 1e-5, False, quant, s_enc, None, True)
+        y_sw, scales_sw, _, _ = torch.ops.normjit.quant_norm_fwd(x, r, w, b, norm, 1e-5, False, quant, s_enc, None,
+                                                                 False, "swizzled")
+    assert torch.equal(y_sw.view(torch.uint8), y_q.view(torch.uint8))
+    rows = 15
+    assert scales_sw.shape == (128, (scales.shape[-1] + 3) // 4 * 4)
+    assert torch.equal(scales_sw.view(torch.uint8).cpu(),
+                       _reference.swizzle_block_scales(scales.reshape(rows, -1).cpu()).view(torch.uint8))
+    if quant == "mxfp8_e4m3":
+        return  # its codes: test_quantized_against_float64
+    block = 16 if quant == "nvfp4" else 32
+    assert y_q.dtype == _launch.FP4 and y_q.shape == (3, 5, n // 2)
+    pad = (-n) % block
+    blocks = F.pad(y64, (0, pad)).reshape(3, 5, -1, block)
+    if quant == "nvfp4":
+        s = scales.double().cpu()
+        want_s = (blocks.abs().amax(-1) / 6 * s_enc.item()).clamp(max=448.0)
+        assert ((s - want_s).abs() <= want_s * 2.0 ** -4 * 1.001 + 2.0 ** -10).all()  # e4m3: half a step
+        dequant = s / s_enc.item()
+    else:
+        dequant = torch.exp2(scales.view(torch.uint8).double().cpu() - 127)
+        amax = blocks.abs().amax(-1)
+        ratio = dequant / torch.exp2(torch.floor(torch.log2(amax)) - 2)
+        assert ((ratio == 1) | (ratio == 2) | (ratio == 0.5)).all() and (ratio == 1).double().mean() >= 0.99
+    got = F.pad(_e2m1_values(y_q.cpu()), (0, pad)).reshape(3, 5, -1, block) * dequant.unsqueeze(-1)
+    lim = 6 * dequant.unsqueeze(-1)
+    want = torch.maximum(torch.minimum(blocks, lim), -lim)
+    # Half a step of e2m1 (relative 2^-2; 0.25 of the scale near zero), plus y's fp32 error.
+    bad = (got - want).abs() > 0.25 * want.abs() + 0.25 * dequant.unsqueeze(-1) + 1e-5 * (1 + want.abs())
+    assert not bad.any(), f"{int(bad.sum())} codes off by more than half a step"
+    close(y, y64.cuda(), TOL[dt], "y")
+
+
+def test_fp4_functions_compile_and_graph_replay(gpu):
+    x = torch.randn(64, 4096, device="cuda", dtype=BF16)
+    r = torch.randn_like(x)
+    w = torch.randn(4096, device="cuda", dtype=BF16)
+    g = torch.tensor([100.0], device="cuda")
+
+    def block(x, r, w):
+        q, s, h = nt.add_rms_norm_nvfp4(x, r, w, global_scale=g, scale_layout="swizzled")
+        q4, s4 = nt.rms_norm_mxfp4(h, 4096, w)
+        return q.view(torch.uint8), s.view(torch.uint8), q4.view(torch.uint8), s4.view(torch.uint8), h
+
+    with torch.no_grad():
+        want = block(x, r, w)
+        got = torch.compile(block, fullgraph=True)(x, r, w)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = block(x, r, w)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        assert all(torch.equal(a, b) for a, b in zip(captured, block(x, r, w)))
+
+
+# ---- memory_efficient: the backward from y ----------------------------------------------------
+
+MEMSAVE_CASES = [("layernorm", "bf16_wf32", 4096, False), ("rmsnorm", "bf16", 2880, True),
+                 ("layernorm", "f32", 4097, True), ("rmsnorm", "f16", 18432, False),
+                 ("layernorm", "bf16_wf32", 65536, False)]
+
+
+@pytest.mark.parametrize("norm,dt,n,residual", MEMSAVE_CASES)
+def test_memory_efficient_matches_the_backward_of_x(gpu, norm, dt, n, residual):
+    """memory_efficient=True against the same call keeping x: y equal bit for bit, gradients within
+    twice x's dtype's tolerance (x̂ from y carries y's rounding) times 1 + max |bias / weight|."""
+    torch.manual_seed(n)
+    x_dtype, w_dtype = DTYPES[dt]
+    x = make_x((3, 11), n, x_dtype, False, gpu)
+    r = make_x((3, 11), n, x_dtype, False, gpu) if residual else None
+    w = (0.5 + torch.rand(n, device=gpu)).to(w_dtype)
+    b = (0.5 * torch.randn(n, device=gpu)).to(w_dtype) if norm == "layernorm" else None
+    outs = []
+    for memory_efficient in (False, True):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (x, r, w, b) if t is not None]
+        it = iter(leaves)
+        xi, ri, wi, bi = (next(it) if t is not None else None for t in (x, r, w, b))
+        if residual:
+            call = nt.add_layer_norm if norm == "layernorm" else nt.add_rms_norm
+            args = (xi, ri, wi, bi, 1e-5) if norm == "layernorm" else (xi, ri, wi, 1e-5)
+            y, h = call(*args, memory_efficient=memory_efficient)
+            out = (y, h)
+        else:
+            y = (nt.layer_norm(xi, n, wi, bi, memory_efficient=memory_efficient) if norm == "layernorm"
+                 else nt.rms_norm(xi, n, wi, 1e-5, memory_efficient=memory_efficient))
+            out = (y,)
+        torch.manual_seed(1)
+        seeds = tuple(torch.randn_like(o) for o in out)
+        grads = torch.autograd.grad(out, leaves, seeds)
+        outs.append((out, grads))
+    (out_x, grads_x), (out_y, grads_y) = outs
+    for a, bb in zip(out_x, out_y):
+        assert torch.equal(a, bb)
+    ratio = (b.double().abs() / w.double().abs()).max().item() if b is not None else 0.0
+    tol = 2 * TOL[x_dtype] * (1 + ratio)
+    for name, gx, gy in zip(("dx", "dresidual" if residual else "dweight", "dweight", "dbias"), grads_x, grads_y):
+        close(gy, gx.double(), tol, name)
+
+
+def test_memory_efficient_compile_graph_and_refusal(gpu):
+    torch.manual_seed(0)
+    m = nt.LayerNorm(1024, memory_efficient=True).to(gpu)
+    with torch.no_grad():
+        m.weight.uniform_(0.5, 1.5)
+        m.bias.normal_(0, 0.5)
+    ref = nt.LayerNorm(1024).to(gpu)
+    ref.load_state_dict(m.state_dict())
+    x = torch.randn(64, 1024, device=gpu, requires_grad=True)
+    compiled = torch.compile(m, fullgraph=True)
+    for fn in (m, compiled):
+        (gx,) = torch.autograd.grad(fn(x).square().sum(), x)
+        (wx,) = torch.autograd.grad(ref(x).square().sum(), x)
+        close(gx, wx.double(), 1e-4, "dx")
+    # A zero in the weight: x̂ is lost there, and the eager call says so.
+    with torch.no_grad():
+        m.weight[5] = 0
+    with pytest.raises(ValueError, match=r"layer_norm: memory_efficient=True .* element 5 of the weights: weight=0"):
+        m(x)

@@ -72,6 +72,24 @@ TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
           specs.push_back(resolve(s, 1));
         }
   specs.push_back(Spec::parse("layernorm.fwd_train.bf16.w_bf16.n12288.bias.fp8_e4m3_row.cfg_t512_r1_v8_pipe"));
+  // MXFP4 / NVFP4 (even N): every row cache, clusters, one-element packs (lanes pair up a byte),
+  // and sub-warp rows.
+  for (Epilogue ep : {Epilogue::kMxfp4, Epilogue::kNvfp4})
+    for (Norm norm : norms)
+      for (DType x : {DType::kF32, DType::kBF16})
+        for (int64_t n : {2, 8, 768, 4098, 20002, 65536, 262144}) {
+          Spec s = Spec::make(norm, n % 4 ? Phase::kForwardTraining : Phase::kForwardInference, x, n, norm != Norm::kRMSNorm);
+          s.epilogue = ep;
+          s.residual = n % 4 == 2;
+          specs.push_back(resolve(s));
+          specs.push_back(resolve(s, 1));
+        }
+  for (const char* text : {"rmsnorm.fwd_infer.bf16.w_bf16.n8192.nvfp4.cfg_t512_r1_v8_tma3",
+                           "layernorm.fwd_train.bf16.w_bf16.n12288.bias.mxfp4.cfg_t512_r1_v8_pipe",
+                           "rmsnorm.fwd_infer.bf16.w_bf16.n65536.nvfp4.cfg_t512_r1_v8_c4_smem",
+                           "rmsnorm.fwd_infer.f32.w_f32.n256.nvfp4.cfg_t16_r16_v1_reg",
+                           "layernorm.fwd_train.f16.w_f32.n4096.bias.mxfp4.cfg_t256_r1_v2_gmem"})
+    specs.push_back(Spec::parse(text));
   // The fusions (residual add, zero-centred weights) with every op and phase.
   for (Norm norm : norms)
     for (Phase phase : phases)
@@ -84,6 +102,18 @@ TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
             s.residual = fusion & 2;
             specs.push_back(resolve(s));
           }
+  // The memory-saving backward (x̂ from y) over every row source: registers, smem, pipelined,
+  // clusters, the split route; every op, with and without bias and the fusions.
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
+    for (DType x : {DType::kF32, DType::kBF16})
+      for (int64_t n : {7, 768, 4096, 4097, 18432, 65536, 262144})
+        for (bool bias : {false, true}) {
+          Spec s = Spec::make(norm, Phase::kBackward, x, n, bias);
+          s.w_dtype = x == DType::kBF16 ? DType::kF32 : x;
+          s.memory_efficient = true;
+          s.zero_centered = s.residual = n % 2 == 1;
+          specs.push_back(resolve(s));
+        }
   // AdaRMSNorm (per-batch weights on RMSNorm math), plain and with both fusions, every phase.
   for (Phase phase : phases)
     for (DType x : {DType::kF32, DType::kBF16})
@@ -250,14 +280,18 @@ TEST_CASE("bulk-copied rows (tma) refuse to compile below sm_90 rather than run 
   }
 }
 
-TEST_CASE("FP8 epilogues refuse to compile below sm_89; int8_row compiles for sm_80") {
-  for (const char* text : {"rmsnorm.fwd_infer.bf16.w_bf16.n4096.fp8_e4m3", "rmsnorm.fwd_infer.bf16.w_bf16.n4096.fp8_e4m3_row"}) {
+TEST_CASE("FP8 epilogues refuse to compile below sm_89; int8_row and mxfp4 compile for sm_80") {
+  // nvfp4's block scales are e4m3 (cvt.rn.satfinite.e4m3x2); mxfp4's E8M0 and e2m1 codes are integer work.
+  for (const char* text : {"rmsnorm.fwd_infer.bf16.w_bf16.n4096.fp8_e4m3", "rmsnorm.fwd_infer.bf16.w_bf16.n4096.fp8_e4m3_row",
+                           "rmsnorm.fwd_infer.bf16.w_bf16.n4096.nvfp4"}) {
     CAPTURE(text);
     CHECK_THROWS_WITH_AS(compile(generate(resolve(Spec::parse(text), 16, 80)), Target{80}),
                          doctest::Contains("sm_89 or newer"), Error);
   }
-  CHECK(!compile(generate(resolve(Spec::parse("rmsnorm.fwd_infer.bf16.w_bf16.n4096.int8_row"), 16, 80)), Target{80})
-             .binary.image.empty());
+  for (const char* text : {"rmsnorm.fwd_infer.bf16.w_bf16.n4096.int8_row", "rmsnorm.fwd_infer.bf16.w_bf16.n4096.mxfp4"}) {
+    CAPTURE(text);
+    CHECK(!compile(generate(resolve(Spec::parse(text), 16, 80)), Target{80}).binary.image.empty());
+  }
 }
 
 TEST_CASE("the ptxas report parser reads registers, stack and spills per function") {

@@ -124,6 +124,36 @@ TEST_CASE("each bad argument is named with its value") {
   a = good_args(ln); a.mask = reinterpret_cast<uint8_t*>(0xc00000); expect_error(ln, a, "mask=0xc00000 is given");
 }
 
+TEST_CASE("memory_efficient backward: y in place of x, no mean, beta with a bias") {
+  const Spec s = resolve(Spec::parse("layernorm.bwd.bf16.w_f32.n4096.bias.memory_efficient"));
+  LaunchArgs a = good_args(s);
+  a.y = const_cast<void*>(a.x);
+  a.x = nullptr;
+  a.mean = nullptr;
+  a.beta = reinterpret_cast<const void*>(0x400000);
+  CHECK_NOTHROW(validate_launch(s, a));
+  LaunchArgs with_x = a;
+  with_x.x = reinterpret_cast<const void*>(0x100000);
+  expect_error(s, with_x, "x=0x100000 is given but bwd layernorm does not use it (a memory_efficient backward reads y instead)");
+  LaunchArgs no_y = a;
+  no_y.y = nullptr;
+  expect_error(s, no_y, "y is null; bwd needs it (the forward's output, from which a memory_efficient backward recovers");
+  LaunchArgs with_mean = a;
+  with_mean.mean = reinterpret_cast<float*>(0x500000);
+  expect_error(s, with_mean, "mean=0x500000 is given but bwd layernorm does not use it (a memory_efficient backward needs no mean)");
+  LaunchArgs no_beta = a;
+  no_beta.beta = nullptr;
+  expect_error(s, no_beta, "beta is null; bwd needs it");
+  // Without a bias there is no beta to undo.
+  const Spec rms = resolve(Spec::parse("rmsnorm.bwd.bf16.w_f32.n4096.memory_efficient"));
+  LaunchArgs r = good_args(rms);
+  r.y = const_cast<void*>(r.x);
+  r.x = nullptr;
+  CHECK_NOTHROW(validate_launch(rms, r));
+  r.beta = reinterpret_cast<const void*>(0x400000);
+  expect_error(rms, r, "beta=0x400000 is given");
+}
+
 TEST_CASE("max_vec_for narrows the vector to what pointers and stride allow") {
   const Spec s = Spec::parse("layernorm.fwd_train.bf16.n4096");
   LaunchArgs a = good_args(resolve(s));
@@ -183,6 +213,77 @@ TEST_CASE("MXFP8 epilogues: y_quant and block_scales required, no other scale") 
   b = a;
   b.amax = reinterpret_cast<float*>(0xf00000);
   expect_error(s, b, "amax=0xf00000 is given");
+}
+
+TEST_CASE("MXFP4 / NVFP4: packed codes at half x's row stride, NVFP4's tensor scale, the scale layout") {
+  const Spec mx = resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n4096.mxfp4"));
+  const Spec nv = resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n4096.nvfp4"));
+  REQUIRE(mx.block->vec == 8);
+  LaunchArgs a = good_args(mx);
+  a.y_quant = reinterpret_cast<void*>(0xd00004);  // 8 codes are 4 bytes: 4-byte aligned suffices
+  a.block_scales = reinterpret_cast<uint8_t*>(0xe00001);
+  CHECK_NOTHROW(validate_launch(mx, a));
+  CHECK(max_vec_for(mx, a) == 8);
+  LaunchArgs b = a;
+  b.y_quant = reinterpret_cast<void*>(0xd00002);
+  expect_error(mx, b, "y_quant=0xd00002 is not aligned to 4 bytes");
+  CHECK(max_vec_for(mx, b) == 4);
+  b = a;
+  b.quant_scale = reinterpret_cast<const float*>(0xe00010);
+  expect_error(mx, b, "quant_scale=0xe00010 is given");
+  b = a;
+  b.row_stride = 4098;  // even: rows 2049 bytes apart
+  CHECK(max_vec_for(mx, b) == 2);
+  const Spec narrow = resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n4096.mxfp4"), 2);
+  CHECK_NOTHROW(validate_launch(narrow, b));
+  const Spec vec1 = resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n4096.mxfp4"), 1);
+  b.row_stride = 4097;
+  expect_error(vec1, b, "row_stride=4097 must be even for mxfp4: y_quant's rows lie row_stride / 2 bytes apart");
+
+  LaunchArgs n = good_args(nv);
+  n.y_quant = reinterpret_cast<void*>(0xd00000);
+  n.block_scales = reinterpret_cast<uint8_t*>(0xe00000);
+  expect_error(nv, n, "quant_scale is null");
+  n.quant_scale = reinterpret_cast<const float*>(0xe00100);
+  CHECK_NOTHROW(validate_launch(nv, n));
+  n.amax = reinterpret_cast<float*>(0xf00000);
+  expect_error(nv, n, "amax=0xf00000 is given but only the per-tensor FP8 epilogues");
+  n.amax = nullptr;
+  n.block_scales = nullptr;
+  expect_error(nv, n, "block_scales is null");
+
+  // The layout: any block-scaled epilogue, MXFP8 included; never another.
+  a.block_scale_layout = BlockScaleLayout::kSwizzled;
+  CHECK_NOTHROW(validate_launch(mx, a));
+  const Spec mx8 = resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n4096.mxfp8_e4m3"));
+  b = good_args(mx8);
+  b.y_quant = reinterpret_cast<void*>(0xd00000);
+  b.block_scales = reinterpret_cast<uint8_t*>(0xe00000);
+  b.block_scale_layout = BlockScaleLayout::kSwizzled;
+  CHECK_NOTHROW(validate_launch(mx8, b));
+  b.block_scale_layout = static_cast<BlockScaleLayout>(7);
+  expect_error(mx8, b, "block_scale_layout=7 is not row_major (0) or swizzled (1)");
+  const Spec row = resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n4096.int8_row"));
+  b = good_args(row);
+  b.y_quant = reinterpret_cast<void*>(0xd00000);
+  b.row_scales = reinterpret_cast<float*>(0xe00000);
+  b.block_scale_layout = BlockScaleLayout::kSwizzled;
+  expect_error(row, b, "block_scale_layout=swizzled is given but only the block-scaled epilogues");
+}
+
+TEST_CASE("block_scale_bytes: row-major rows x ceil(n / block), swizzled padded to 128 x 4 tiles") {
+  CHECK(block_scale_row_bytes(4096, Epilogue::kMxfp8E4M3) == 128);
+  CHECK(block_scale_row_bytes(4096, Epilogue::kMxfp4) == 128);
+  CHECK(block_scale_row_bytes(4096, Epilogue::kNvfp4) == 256);
+  CHECK(block_scale_row_bytes(100, Epilogue::kNvfp4) == 7);
+  CHECK(block_scale_row_bytes(100, Epilogue::kMxfp8E5M2) == 4);
+  CHECK(block_scale_row_bytes(100, Epilogue::kFp8E4M3) == 0);
+  CHECK(block_scale_bytes(37, 100, Epilogue::kNvfp4, BlockScaleLayout::kRowMajor) == 37 * 7);
+  CHECK(block_scale_bytes(37, 100, Epilogue::kNvfp4, BlockScaleLayout::kSwizzled) == 128 * 8);
+  CHECK(block_scale_bytes(256, 4096, Epilogue::kMxfp4, BlockScaleLayout::kSwizzled) == 256 * 128);
+  CHECK(block_scale_bytes(257, 4096, Epilogue::kMxfp4, BlockScaleLayout::kSwizzled) == 384 * 128);
+  CHECK(block_scale_bytes(0, 4096, Epilogue::kMxfp4, BlockScaleLayout::kSwizzled) == 0);
+  CHECK(std::string(to_string(BlockScaleLayout::kSwizzled)) == "swizzled");
 }
 
 TEST_CASE("per-row quantizing epilogues: y_quant and row_scales required, no quant_scale or amax") {

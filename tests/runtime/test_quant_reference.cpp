@@ -7,9 +7,13 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "normjit/error.hpp"
 #include "normjit/quant_reference.hpp"
+#include "normjit/runtime.hpp"
+#include "templates/normjit/block_scale_layout.h"
+#include "templates/normjit/e2m1.h"
 
 using namespace normjit;
 using namespace normjit::reference;
@@ -160,15 +164,125 @@ TEST_CASE("NVFP4: e2m1 elements, an e4m3 scale per 16 values, one fp32 scale per
   for (double& x : v) x = normal(rng);
   v[17] = -9.5;  // the tensor's amax
   const BlockQuantized q = quantize_nvfp4(v, rows, n);
-  CHECK(q.tensor_scale == static_cast<float>(9.5 / (448.0 * 6.0)));
+  // S_enc = fp32(448 * 6 / amax) (TransformerEngine's and FlashInfer's encode scale); the decode
+  // multiplier is its reciprocal.
+  const float s_enc = static_cast<float>(448.0 * 6.0 / 9.5);
+  CHECK(nvfp4_encode_scale(9.5) == s_enc);
+  CHECK(nvfp4_encode_scale(0.0) == 1.0f);
+  CHECK(q.tensor_scale == 1.0 / s_enc);
   REQUIRE(q.scales.size() == static_cast<size_t>(rows * 3));
   CHECK(q.scales[1] == 0x7E);               // the amax block's scale: 448
   CHECK(q.codes[17] == 0xF);                // -6 in e2m1
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < n; ++i) {
-      const double x = decode(MiniFloat::kE4M3, q.scales[r * 3 + i / 16]) * q.tensor_scale;
-      CHECK(q.codes[r * n + i] == brute_force(MiniFloat::kE2M1, v[r * n + i] / x));
+      const int64_t b = r * 3 + i / 16;
+      double block_amax = 0;
+      for (int64_t k = (i / 16) * 16; k < std::min<int64_t>(n, (i / 16 + 1) * 16); ++k)
+        block_amax = std::max(block_amax, std::fabs(v[r * n + k]));
+      CHECK(q.scales[b] == brute_force(MiniFloat::kE4M3, block_amax / 6 * s_enc));
+      const double x = decode(MiniFloat::kE4M3, q.scales[b]);
+      CHECK(q.codes[r * n + i] == brute_force(MiniFloat::kE2M1, v[r * n + i] * s_enc / x));
     }
+  // A given S_enc: the kernels take it from the caller. A zero block scale gives zero codes.
+  std::vector<double> small = {1e-6, -2e-6, 0.5, 3.0};
+  const BlockQuantized g = quantize_nvfp4(small, 2, 2, 100.0);
+  CHECK(g.tensor_scale == 1.0 / 100.0);
+  CHECK(g.scales[0] == 0);  // 2e-6 / 6 * 100 is below e4m3's smallest subnormal half
+  CHECK(g.codes[0] == 0);
+  CHECK(g.codes[1] == 0);
+  CHECK(g.scales[1] == encode_satfinite(MiniFloat::kE4M3, 3.0 / 6 * 100));
+  CHECK(g.codes[3] == brute_force(MiniFloat::kE2M1, 3.0 * 100 / decode(MiniFloat::kE4M3, g.scales[1])));
+}
+
+TEST_CASE("pack_e2m1: element 2k in the low nibble, 2k + 1 in the high one") {
+  CHECK(pack_e2m1({0x1, 0x2, 0xF, 0x8}) == std::vector<uint8_t>{0x21, 0x8F});
+  CHECK(pack_e2m1({0x7, 0x3, 0x5}) == std::vector<uint8_t>{0x37, 0x05});
+  CHECK(pack_e2m1({}).empty());
+}
+
+TEST_CASE("the kernels' software e2m1 encoder (e2m1.h, compiled for the host) agrees with the reference") {
+  // Every code's value, every midpoint and its float neighbours, both signs.
+  for (unsigned c = 0; c < 16; ++c) {
+    const float x = static_cast<float>(decode(MiniFloat::kE2M1, static_cast<uint8_t>(c)));
+    CHECK(e2m1_code(x) == c);
+  }
+  const float points[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f, 6.f, 7.f, 1e30f};
+  for (float m : points)
+    for (float p : {std::nextafter(m, 0.f), m, std::nextafter(m, INFINITY)})
+      for (float x : {p, -p}) {
+        CAPTURE(x);
+        CHECK(e2m1_code(x) == encode_satfinite(MiniFloat::kE2M1, x));
+        CHECK(e2m1_code(x) == brute_force(MiniFloat::kE2M1, x));
+      }
+  // Zeros, infinities, NaN (+0: e2m1 has none), subnormal floats.
+  CHECK(e2m1_code(0.f) == 0x0);
+  CHECK(e2m1_code(-0.f) == 0x8);
+  CHECK(e2m1_code(-0.1f) == 0x8);
+  CHECK(e2m1_code(INFINITY) == 0x7);
+  CHECK(e2m1_code(-INFINITY) == 0xF);
+  CHECK(e2m1_code(std::numeric_limits<float>::quiet_NaN()) == 0x0);
+  CHECK(e2m1_code(-std::numeric_limits<float>::quiet_NaN()) == 0x0);
+  CHECK(e2m1_code(std::numeric_limits<float>::denorm_min()) == 0x0);
+  CHECK(e2m1_code(-std::numeric_limits<float>::denorm_min()) == 0x8);
+  // Random values over the format's range and past it.
+  std::mt19937_64 rng(23);
+  std::uniform_real_distribution<float> uniform(-8.f, 8.f);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  int64_t mismatches = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const float x = i % 2 ? uniform(rng) : normal(rng);
+    if (e2m1_code(x) != encode_satfinite(MiniFloat::kE2M1, x)) ++mismatches;
+  }
+  CHECK(mismatches == 0);
+  // Packed two a byte, the first in the low nibble.
+  CHECK(e2m1x2(0.5f, -6.f) == 0xF1);
+  CHECK(e2m1x2(-1.f, 3.f) == 0x5A);
+}
+
+TEST_CASE("swizzled block scales: cuBLASLt's 128x4 tiles, at known positions and against the reference") {
+  // Inside the first tile: row r, column c at (r % 32) * 16 + (r / 32) * 4 + c.
+  CHECK(block_scale_offset(0, 0, 4, kBlockScaleSwizzled) == 0);
+  CHECK(block_scale_offset(0, 3, 4, kBlockScaleSwizzled) == 3);
+  CHECK(block_scale_offset(1, 0, 4, kBlockScaleSwizzled) == 16);
+  CHECK(block_scale_offset(31, 2, 4, kBlockScaleSwizzled) == 31 * 16 + 2);
+  CHECK(block_scale_offset(32, 0, 4, kBlockScaleSwizzled) == 4);
+  CHECK(block_scale_offset(127, 3, 4, kBlockScaleSwizzled) == 511);
+  // Tiles row-major: the next 4 columns are the next tile; the next 128 rows follow all of a
+  // band's tiles (cols 10: three tiles a band, the last padded).
+  CHECK(block_scale_offset(0, 4, 10, kBlockScaleSwizzled) == 512);
+  CHECK(block_scale_offset(5, 9, 10, kBlockScaleSwizzled) == 2 * 512 + 5 * 16 + 1);
+  CHECK(block_scale_offset(128, 0, 10, kBlockScaleSwizzled) == 3 * 512);
+  CHECK(block_scale_offset(200, 6, 10, kBlockScaleSwizzled) == (3 + 1) * 512 + (72 % 32) * 16 + 2 * 4 + 2);
+  // Row-major.
+  CHECK(block_scale_offset(3, 5, 10, kBlockScaleRowMajor) == 35);
+  // Against the host reference's tile-by-tile layout, over shapes with and without padding; every
+  // offset lies in block_scale_bytes and no two scales share one.
+  for (auto [rows, n, ep] : {std::tuple<int64_t, int64_t, Epilogue>{1, 32, Epilogue::kMxfp8E4M3},
+                             {37, 100, Epilogue::kNvfp4},
+                             {128, 512, Epilogue::kMxfp4},
+                             {300, 4096, Epilogue::kNvfp4},
+                             {257, 7168, Epilogue::kMxfp8E5M2}}) {
+    CAPTURE(rows);
+    CAPTURE(n);
+    const int64_t cols = block_scale_row_bytes(n, ep);
+    std::vector<uint8_t> scales(rows * cols);
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = static_cast<uint8_t>(1 + i % 251);  // never 0
+    const std::vector<uint8_t> want = swizzle_block_scales(scales, rows, cols);
+    REQUIRE(static_cast<int64_t>(want.size()) == block_scale_bytes(rows, n, ep, BlockScaleLayout::kSwizzled));
+    std::vector<uint8_t> got(want.size(), 0);
+    int64_t collisions = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const long long at = block_scale_offset(r, c, cols, kBlockScaleSwizzled);
+        REQUIRE(at < static_cast<long long>(got.size()));
+        if (got[at] != 0) ++collisions;
+        got[at] = scales[r * cols + c];
+      }
+    CHECK(collisions == 0);
+    CHECK(got == want);  // the padding stays 0 in both
+  }
+  CHECK_THROWS_WITH_AS(swizzle_block_scales({1, 2, 3}, 2, 2), doctest::Contains("scales.size()=3 is not rows=2 x cols=2"),
+                       Error);
 }
 
 TEST_CASE("per-tensor FP8 with a scale, and dynamic per-row FP8 and int8") {

@@ -14,9 +14,10 @@ capture no kernel is compiled: run each call once before capturing.
 """
 from ._launch import loaded_kernels, runtime
 from .functional import (ada_layer_norm, ada_rms_norm, add_ada_layer_norm, add_ada_rms_norm, add_layer_norm,
-                         add_rms_norm, add_rms_norm_fp8, add_rms_norm_int8, add_rms_norm_mxfp8, layer_norm,
-                         layer_norm_fp8, layer_norm_mxfp8, layer_norm_relu, rms_norm, rms_norm_fp8, rms_norm_int8,
-                         rms_norm_mxfp8, rms_norm_relu)
+                         add_rms_norm, add_rms_norm_fp8, add_rms_norm_int8, add_rms_norm_mxfp4, add_rms_norm_mxfp8,
+                         add_rms_norm_nvfp4, layer_norm, layer_norm_fp8, layer_norm_mxfp4, layer_norm_mxfp8,
+                         layer_norm_nvfp4, layer_norm_relu, rms_norm, rms_norm_fp8, rms_norm_int8, rms_norm_mxfp4,
+                         rms_norm_mxfp8, rms_norm_nvfp4, rms_norm_relu)
 from .modules import LayerNorm, RMSNorm, swap_norms
 
 __all__ = [
@@ -30,16 +31,22 @@ __all__ = [
     "add_rms_norm",
     "add_rms_norm_fp8",
     "add_rms_norm_int8",
+    "add_rms_norm_mxfp4",
     "add_rms_norm_mxfp8",
+    "add_rms_norm_nvfp4",
     "layer_norm",
     "layer_norm_fp8",
+    "layer_norm_mxfp4",
     "layer_norm_mxfp8",
+    "layer_norm_nvfp4",
     "layer_norm_relu",
     "loaded_kernels",
     "rms_norm",
     "rms_norm_fp8",
     "rms_norm_int8",
+    "rms_norm_mxfp4",
     "rms_norm_mxfp8",
+    "rms_norm_nvfp4",
     "rms_norm_relu",
     "runtime",
     "swap_norms",

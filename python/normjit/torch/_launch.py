@@ -61,7 +61,8 @@ def loaded_kernels():
 
 
 def _spec_of(key):
-    device, norm, phase, x_dtype, w_dtype, n, has_bias, epilogue, zero_centered, residual = key
+    # An 11th field, where present, is memory_efficient (backward keys only).
+    device, norm, phase, x_dtype, w_dtype, n, has_bias, epilogue, zero_centered, residual = key[:10]
     text = f"{norm}.{phase}.{DTYPE_NAMES[x_dtype]}.w_{DTYPE_NAMES[w_dtype]}.n{n}"
     if has_bias:
         text += ".bias"
@@ -69,6 +70,8 @@ def _spec_of(key):
         text += ".zero_centered"
     if residual:
         text += ".residual"
+    if len(key) > 10 and key[10]:
+        text += ".memory_efficient"
     if epilogue != "none":
         text += "." + epilogue
     return _normjit.Spec(text)
@@ -272,10 +275,12 @@ def backward(dy, x, weight, mean, rstd, mask, norm, epilogue, bias_grad):
     return backward_fused(dy, None, x, weight, mean, rstd, mask, norm, False, epilogue, bias_grad)
 
 
-def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered, epilogue, bias_grad):
+def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered, epilogue, bias_grad, bias=None,
+                   memory_efficient=False):
     """backward with the fusions: x is the forward's h when it had a residual, and dh_out (the
     gradient arriving on h, or None) is added to dx, which is then the gradient of both x and the
-    residual; zero_centered as the forward."""
+    residual; zero_centered as the forward. memory_efficient: x is the forward's output y instead
+    (x̂ = (y - bias) / weight'), mean is not read, and bias (the forward's, or None) is."""
     x, dy, rs = backward_layout(x, dy)
     if dy.dtype != x.dtype:
         dy = dy.to(x.dtype)
@@ -298,24 +303,36 @@ def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered,
     else:
         rpb = rows // gamma.shape[0] if norm in ADAPTIVE_NORMS else 0
         device = dev.index
-        key = (device, norm, "bwd", x.dtype, gamma.dtype, n, bias_grad, epilogue, zero_centered, dh_out is not None)
+        # memory_efficient: the spec has the bias whenever the forward had one (x̂ needs it), and
+        # computes dbias even where only the caller does not want it.
+        has_bias = bias_grad or (memory_efficient and bias is not None)
+        scratch_dbeta = dbeta if dbeta is not None or not has_bias else torch.empty_like(gamma)
+        key = (device, norm, "bwd", x.dtype, gamma.dtype, n, has_bias, epilogue, zero_centered, dh_out is not None,
+               memory_efficient)
         xp = x.data_ptr()
         gp = gamma.data_ptr()
+        read_bias = bias.contiguous() if memory_efficient and bias is not None else None  # alive until the launch
+        bp = 0 if read_bias is None else read_bias.data_ptr()
         dyp = dy.data_ptr()
         dxp = dx.data_ptr()
         dgp = dgamma.data_ptr()
-        dbp = 0 if dbeta is None else dbeta.data_ptr()
+        dbp = 0 if scratch_dbeta is None else scratch_dbeta.data_ptr()
         mp = 0 if mask is None else mask.data_ptr()
         fused = () if dh_out is None else (0, 0, dh_out.data_ptr())
-        kernel = _kernel(key, xp, gp, 0, 0, dyp, dxp, dgp, dbp, mp, rs, *fused)
+        # The kernel's input x is y for memory_efficient: it goes in y's place.
+        x_arg, y_arg = (0, xp) if memory_efficient else (xp, 0)
+        kernel = _kernel(key, x_arg, gp, bp, y_arg, dyp, dxp, dgp, dbp, mp, rs, *fused)
         ws_bytes = kernel.workspace_bytes(rows, rpb)
         workspace = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device=dev)
         _launch(device, kernel, (
-            xp, gp, 0, 0 if mean is None else mean.data_ptr(), rstd.data_ptr(), 0, dyp, dxp, dgp, dbp,
-            workspace.data_ptr(), ws_bytes, mp, 0.0, math.inf, rows, rs, rpb, 0.0, _raw_stream(device)), fused)
+            x_arg, gp, bp, 0 if mean is None or memory_efficient else mean.data_ptr(), rstd.data_ptr(), y_arg, dyp,
+            dxp, dgp, dbp, workspace.data_ptr(), ws_bytes, mp, 0.0, math.inf, rows, rs, rpb, 0.0,
+            _raw_stream(device)), fused)
     return dx, (dgamma if weight is not None else None), dbeta
 
 
+# e2m1 codes two a byte (the first element in the low nibble), as torch's own dtype where it has one.
+FP4 = getattr(torch, "float4_e2m1fn_x2", torch.uint8)
 # Quantized outputs: the code dtype of each quantizing epilogue.
 QUANT_DTYPES = {
     "fp8_e4m3": torch.float8_e4m3fn,
@@ -325,45 +342,118 @@ QUANT_DTYPES = {
     "int8_row": torch.int8,
     "mxfp8_e4m3": torch.float8_e4m3fn,
     "mxfp8_e5m2": torch.float8_e5m2,
+    "mxfp4": FP4,
+    "nvfp4": FP4,
 }
-MX_BLOCK = 32
-# E8M0 block scales as torch's own dtype where it has one.
+# Values per block scale of the block-scaled formats.
+BLOCK_SIZES = {"mxfp8_e4m3": 32, "mxfp8_e5m2": 32, "mxfp4": 32, "nvfp4": 16}
+FP4_QUANTS = ("mxfp4", "nvfp4")
+# E8M0 block scales as torch's own dtype where it has one; NVFP4's are e4m3.
 E8M0 = getattr(torch, "float8_e8m0fnu", torch.uint8)
+# LaunchArgs::block_scale_layout by name: row-major [..., ceil(n / block)], or the 128x4 tiles of
+# the GEMM libraries (cuBLASLt, CUTLASS) as a [roundup(rows, 128), roundup(cols, 4)] matrix.
+SCALE_LAYOUTS = {"row_major": 0, "swizzled": 1}
 
 
-def block_scales_shape(x):
-    """The shape of x's MXFP8 block scales: one per 32 values of a row."""
-    return x.shape[:-1] + ((x.shape[-1] + MX_BLOCK - 1) // MX_BLOCK,)
+def block_scales_dtype(quant):
+    return torch.float8_e4m3fn if quant == "nvfp4" else E8M0
 
 
-def forward_quant(x, residual, weight, bias, norm, eps, zero_centered, quant, quant_scale, amax, want_y):
-    """The inference forward with a quantized output: (y_quant, row scales, y, h). y_quant has x's
-    shape and row stride in the format's dtype; per-tensor formats (fp8_e4m3 / fp8_e5m2) quantize
-    y * quant_scale (fp32, one element) and fold max |y| into amax (fp32, one element) where given;
-    per-row formats (*_row) return fp32 scales [..., 1], y ~ y_quant * scale; MXFP8 (mxfp8_*)
-    returns E8M0 block scales [..., ceil(n / 32)] (torch.float8_e8m0fnu), y ~ y_quant * 2^(code - 127)
-    blockwise. y (x's dtype) only when want_y; h (x + residual) only with a residual."""
-    n = x.shape[-1]
+def block_scales_shape(x, quant="mxfp8_e4m3", scale_layout="row_major"):
+    """The shape of x's block scales: one per 32 values of a row (NVFP4: 16), [..., cols]
+    row-major; swizzled, the padded [roundup(rows, 128), roundup(cols, 4)] matrix of the 128x4
+    tiles (rows: x's leading dimensions flattened)."""
+    block = BLOCK_SIZES[quant]
+    cols = (x.shape[-1] + block - 1) // block
+    if scale_layout == "row_major":
+        return x.shape[:-1] + (cols,)
+    rows = math.prod(x.shape[:-1])
+    return ((rows + 127) // 128 * 128, (cols + 3) // 4 * 4)
+
+
+def new_block_scales(x, quant, scale_layout):
+    """x's block scales, uninitialized; swizzled with padding, zero-filled: the kernels write only
+    the real scales, and a GEMM reads the padding too."""
+    shape = block_scales_shape(x, quant, scale_layout)
+    dtype = block_scales_dtype(quant)
+    cols = (x.shape[-1] + BLOCK_SIZES[quant] - 1) // BLOCK_SIZES[quant]
+    if scale_layout == "row_major" or (math.prod(x.shape[:-1]) % 128 == 0 and cols % 4 == 0):
+        return x.new_empty(shape, dtype=dtype)
+    return x.new_zeros(shape, dtype=torch.uint8).view(dtype)
+
+
+def packed_rows(x, rs, dtype):
+    """e2m1 codes of x [..., n] (n even), two a byte: [..., n / 2], rows rs / 2 bytes apart."""
+    shape = x.shape[:-1] + (x.shape[-1] // 2,)
+    if rs == x.shape[-1]:
+        return torch.empty(shape, dtype=dtype, device=x.device)
+    return torch.empty_strided(shape, row_strides(shape, rs // 2), dtype=dtype, device=x.device)
+
+
+def quant_layout(x, residual, quant):
+    """(x, residual, row stride, h) as forward_quant lays them out: e2m1 codes take an even row
+    stride (their rows lie rs / 2 bytes apart), else x (and residual) are made contiguous."""
     h = None
     if residual is not None:
         x, residual, rs = _shared_layout(x, residual)
-        h = like_rows(x, rs)
     else:
         x, rs = layout(x)
-    y_quant = like_rows(x, rs, QUANT_DTYPES[quant])
+    if quant in FP4_QUANTS and rs % 2:
+        x, rs = x.contiguous(), x.shape[-1]
+        residual = residual.contiguous() if residual is not None else None
+    if residual is not None:
+        h = like_rows(x, rs)
+    return x, residual, rs, h
+
+
+def forward_quant(x, residual, weight, bias, norm, eps, zero_centered, quant, quant_scale, amax, want_y,
+                  scale_layout="row_major"):
+    """The inference forward with a quantized output: (y_quant, scales, y, h). y_quant has x's
+    shape and row stride in the format's dtype (e2m1: [..., n / 2], two codes a byte, rows
+    rs / 2 bytes apart); per-tensor formats (fp8_e4m3 / fp8_e5m2) quantize y * quant_scale (fp32,
+    one element) and fold max |y| into amax (fp32, one element) where given; per-row formats
+    (*_row) return fp32 scales [..., 1], y ~ y_quant * scale; MX (mxfp8_*, mxfp4) return E8M0 block
+    scales (torch.float8_e8m0fnu), y ~ y_quant * 2^(code - 127) per 32 values; nvfp4 e4m3 scales s
+    per 16 values, quant_scale its fp32 S_enc, y ~ y_quant * s / S_enc. Block scales are
+    [..., ceil(n / block)] (scale_layout "row_major") or the GEMMs' swizzled 128x4 tiles
+    ("swizzled": [roundup(rows, 128), roundup(cols, 4)], padding zero). y (x's dtype) only when
+    want_y; h (x + residual) only with a residual."""
+    n = x.shape[-1]
+    x, residual, rs, h = quant_layout(x, residual, quant)
+    fp4 = quant in FP4_QUANTS
+    y_quant = packed_rows(x, rs, QUANT_DTYPES[quant]) if fp4 else like_rows(x, rs, QUANT_DTYPES[quant])
     y = like_rows(x, rs) if want_y else None
     dev = x.device
     rows = x.numel() // n
     per_row = quant.endswith("_row")
-    per_block = quant.startswith("mx")
+    per_block = quant in BLOCK_SIZES
     scales = None
     if per_row:
         scales = torch.empty(x.shape[:-1] + (1,), dtype=torch.float32, device=dev)
     elif per_block:
-        scales = torch.empty(block_scales_shape(x), dtype=E8M0, device=dev)
+        scales = new_block_scales(x, quant, scale_layout)
     weight, bias = _kernel_params(weight, bias, dev, x.dtype, n)
     if rows == 0:
         return y_quant, scales, y, h
+    rpb = rows // weight.shape[0] if norm in ADAPTIVE_NORMS else 0
+    device = dev.index
+    key = (device, norm, "fwd_infer", x.dtype, weight.dtype, n, bias is not None, quant, zero_centered,
+           residual is not None)
+    xp = x.data_ptr()
+    yp = 0 if y is None else y.data_ptr()
+    qp = y_quant.data_ptr()
+    gp = weight.data_ptr()
+    bp = 0 if bias is None else bias.data_ptr()
+    rp = 0 if residual is None else residual.data_ptr()
+    hp = 0 if h is None else h.data_ptr()
+    kernel = _kernel(key, xp, gp, bp, yp, 0, 0, 0, 0, 0, rs, rp, hp, 0, qp)
+    reads_scale = not per_row and (not per_block or quant == "nvfp4")
+    extra = (rp, hp, 0, qp, quant_scale.data_ptr() if reads_scale else 0, 0 if amax is None else amax.data_ptr(),
+             scales.data_ptr() if per_row else 0, scales.data_ptr() if per_block else 0,
+             SCALE_LAYOUTS[scale_layout] if per_block else 0)
+    _launch(device, kernel, (xp, gp, bp, 0, 0, yp, 0, 0, 0, 0, 0, 0, 0, 0.0, math.inf, rows, rs, rpb, eps,
+                             _raw_stream(device)), extra)
+    return y_quant, scales, y, h
     rpb = rows // weight.shape[0] if norm in ADAPTIVE_NORMS else 0
     device = dev.index
     key = (device, norm, "fwd_infer", x.dtype, weight.dtype, n, bias is not None, quant, zero_centered,

@@ -107,35 +107,91 @@ def _zero_centered_weight(weight, zero_centered):
     return weight + 1 if zero_centered else weight
 
 
-def _norm_call(x, weight, bias, norm, eps, zero_centered):
-    """The plain op, or the fused one for zero-centred weights; arguments already checked."""
+# memory_efficient=True: the backward recovers x̂ = (y - bias) / scale from the output y (scale =
+# weight, or 1 + weight zero-centred) instead of keeping x. y's rounding (u: half an ulp of its dtype,
+# relative) then puts an error of u * (|x̂| + |bias / scale|) on x̂: refused where a column has
+# scale = 0 or |bias| > MEMORY_EFFICIENT_MAX_BIAS_RATIO * |scale| (docs/fusions.md).
+MEMORY_EFFICIENT_MAX_BIAS_RATIO = 8.0
+_checked_weights = {}
+
+
+def _needs_grad(*tensors):
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _check_memory_efficient_weights(name, weight, bias, zero_centered):
+    """Raises ValueError naming the first column where x̂ cannot be recovered from y. One device
+    reduction and host sync per new weight version (an optimizer step makes a new one); skipped
+    while torch.compile traces or a CUDA graph captures, where the caller vouches for the weights."""
+    if weight is None and bias is None:
+        return
+    if torch.compiler.is_compiling() or (weight is not None and weight.is_cuda and
+                                         torch.cuda.is_current_stream_capturing()):
+        return
+    key = tuple((t.data_ptr(), t._version) if t is not None else None for t in (weight, bias)) + (zero_centered,)
+    if key in _checked_weights:
+        return
+    with torch.no_grad():
+        scale = (weight.float() + 1 if zero_centered else weight.float()) if weight is not None else None
+        shift = bias.float().abs() if bias is not None else None
+        if scale is None:  # a ones scale: only the bias can exceed it
+            bad = shift > MEMORY_EFFICIENT_MAX_BIAS_RATIO
+        else:
+            bad = scale == 0
+            if shift is not None:
+                bad |= shift > MEMORY_EFFICIENT_MAX_BIAS_RATIO * scale.abs()
+        flat = bad.reshape(-1)
+        if bool(flat.any()):
+            j = int(flat.nonzero()[0])
+            s = float(scale.reshape(-1)[j]) if scale is not None else 1.0
+            b = float(bias.reshape(-1)[j]) if bias is not None else 0.0
+            where = "1 + weight" if zero_centered else "weight"
+            raise ValueError(f"{name}: memory_efficient=True recovers x from y as (y - bias) / ({where}), which loses "
+                             f"x at element {j} of the weights: {where}={s:g}, bias={b:g} (needs {where} != 0 and "
+                             f"|bias| <= {MEMORY_EFFICIENT_MAX_BIAS_RATIO:g} * |{where}|); use "
+                             "memory_efficient=False")
+    if len(_checked_weights) > 256:
+        _checked_weights.clear()
+    _checked_weights[key] = True
+
+
+def _norm_call(x, weight, bias, norm, eps, zero_centered, memory_efficient=False, name=None):
+    """The plain op, or the fused one for zero-centred weights or memory_efficient; arguments already
+    checked."""
+    if memory_efficient and _needs_grad(x, weight, bias):
+        _check_memory_efficient_weights(name or norm, weight, bias, zero_centered)
+        return ops.call_fused(x, None, weight, bias, norm, float(eps), zero_centered, memory_efficient=True)
     if zero_centered:
         return ops.call_fused(x, None, weight, bias, norm, float(eps), True)
     return ops.call(x, weight, bias, norm, float(eps), "none")
 
 
-def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, zero_centered=False):
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, zero_centered=False,
+               memory_efficient=False):
     """LayerNorm over the last dimensions: y = (x - mean) / sqrt(var + eps) * weight + bias, with var
     the biased variance; as ``torch.nn.functional.layer_norm``. zero_centered: the scale is
-    1 + weight (Gemma, TransformerEngine's zero_centered_gamma); weight's gradient keeps its meaning."""
+    1 + weight (Gemma, TransformerEngine's zero_centered_gamma); weight's gradient keeps its meaning.
+    memory_efficient: autograd keeps y instead of x, and the backward recovers x̂ from it (Apex's
+    memory_efficient; refused for weights where that loses x̂, see MEMORY_EFFICIENT_MAX_BIAS_RATIO;
+    CUDA only: CPU tensors keep torch's own backward)."""
     if isinstance(x, torch.Tensor) and x.is_cpu:
         return F.layer_norm(x, _shape_tuple(normalized_shape), _zero_centered_weight(weight, zero_centered), bias, eps)
     x2, w, b, restore = _prepare(x, normalized_shape, weight, bias, zero_centered)
     _check_eps(eps)
-    return _restore(_norm_call(x2, w, b, "layernorm", eps, zero_centered), restore)
+    return _restore(_norm_call(x2, w, b, "layernorm", eps, zero_centered, memory_efficient, "layer_norm"), restore)
 
 
-def rms_norm(x, normalized_shape, weight=None, eps=None, bias=None, *, zero_centered=False):
+def rms_norm(x, normalized_shape, weight=None, eps=None, bias=None, *, zero_centered=False, memory_efficient=False):
     """RMSNorm over the last dimensions: y = x / sqrt(mean(x^2) + eps) * weight (+ bias, normjit's
     addition); as ``torch.nn.functional.rms_norm``: eps=None means ``torch.finfo(x.dtype).eps``.
-    zero_centered: the scale is 1 + weight (Gemma)."""
+    zero_centered: the scale is 1 + weight (Gemma). memory_efficient: as layer_norm's."""
     if isinstance(x, torch.Tensor) and x.is_cpu:
         y = F.rms_norm(x, _shape_tuple(normalized_shape), _zero_centered_weight(weight, zero_centered), eps)
         return y if bias is None else y + bias
     x2, w, b, restore = _prepare(x, normalized_shape, weight, bias, zero_centered)
     eps = _rms_eps(x, eps)
     _check_eps(eps)
-    return _restore(_norm_call(x2, w, b, "rmsnorm", eps, zero_centered), restore)
+    return _restore(_norm_call(x2, w, b, "rmsnorm", eps, zero_centered, memory_efficient, "rms_norm"), restore)
 
 
 def _check_residual(x, residual):
@@ -146,30 +202,35 @@ def _check_residual(x, residual):
                          f"({list(x.shape)}, {x.dtype}, {x.device})")
 
 
-def _add_norm(x, residual, weight, bias, eps, zero_centered, norm):
+def _add_norm(x, residual, weight, bias, eps, zero_centered, norm, memory_efficient=False):
     _check_x(x)
     _check_residual(x, residual)
     x2, w, b, _ = _prepare(x, x.shape[-1:] if x.dim() else (), weight, bias, zero_centered)
     if norm == "rmsnorm":
         eps = _rms_eps(x, eps)
     _check_eps(eps)
+    memory_efficient = memory_efficient and _needs_grad(x, residual, weight, bias)
+    if memory_efficient:
+        _check_memory_efficient_weights("add_" + ("rms_norm" if norm == "rmsnorm" else "layer_norm"), w, b,
+                                        zero_centered)
     # Off the GPU, call_fused runs the op's plain-torch reference, with its autograd.
-    return ops.call_fused(x2, residual, w, b, norm, float(eps), zero_centered)
+    return ops.call_fused(x2, residual, w, b, norm, float(eps), zero_centered, memory_efficient=memory_efficient)
 
 
-def add_rms_norm(x, residual, weight=None, eps=None, bias=None, *, zero_centered=False):
+def add_rms_norm(x, residual, weight=None, eps=None, bias=None, *, zero_centered=False, memory_efficient=False):
     """The pre-norm block's residual add and RMSNorm in one kernel: h = x + residual (rounded to x's
     dtype), y = rms_norm(h, weight, eps) over the last dimension. Returns (y, h): h is the new
-    residual stream. Gradients: dx = dresidual = dnorm(dy) + dh, and the weight's (bias's)."""
-    return _add_norm(x, residual, weight, bias, eps, zero_centered, "rmsnorm")
+    residual stream. Gradients: dx = dresidual = dnorm(dy) + dh, and the weight's (bias's).
+    memory_efficient: autograd keeps y rather than h (as layer_norm's)."""
+    return _add_norm(x, residual, weight, bias, eps, zero_centered, "rmsnorm", memory_efficient)
 
 
-def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, zero_centered=False):
+def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, zero_centered=False, memory_efficient=False):
     """add_rms_norm's LayerNorm: h = x + residual, y = layer_norm(h, weight, bias, eps); returns (y, h)."""
-    return _add_norm(x, residual, weight, bias, eps, zero_centered, "layernorm")
+    return _add_norm(x, residual, weight, bias, eps, zero_centered, "layernorm", memory_efficient)
 
 
-def _ada(x, weight, bias, eps, norm, zero_centered, residual=None):
+def _ada(x, weight, bias, eps, norm, zero_centered, residual=None, memory_efficient=False):
     name = "ada_layer_norm" if norm == "adalayernorm" else "ada_rms_norm"
     if residual is not None:
         name = "add_" + name
@@ -193,34 +254,39 @@ def _ada(x, weight, bias, eps, norm, zero_centered, residual=None):
         eps = _rms_eps(x, eps)
     _check_eps(eps)
     if residual is not None:
-        return ops.call_fused(x, residual, weight, bias, norm, float(eps), zero_centered)
-    return _norm_call(x, weight, bias, norm, eps, zero_centered)
+        memory_efficient = memory_efficient and _needs_grad(x, residual, weight, bias)
+        if memory_efficient:
+            _check_memory_efficient_weights(name, weight, bias, zero_centered)
+        return ops.call_fused(x, residual, weight, bias, norm, float(eps), zero_centered,
+                              memory_efficient=memory_efficient)
+    return _norm_call(x, weight, bias, norm, eps, zero_centered, memory_efficient, name)
 
 
-def ada_layer_norm(x, weight, bias=None, eps=1e-5, *, zero_centered=False):
+def ada_layer_norm(x, weight, bias=None, eps=1e-5, *, zero_centered=False, memory_efficient=False):
     """Adaptive LayerNorm: x [B, S, N], weight and bias [B, N] (one scale and shift per batch item):
     y[b, s] = (x[b, s] - mean) / sqrt(var + eps) * weight[b] + bias[b]. zero_centered: DiT's
-    modulate form, y = x_hat * (1 + weight[b]) + bias[b] (weight the scale, bias the shift)."""
-    return _ada(x, weight, bias, eps, "adalayernorm", zero_centered)
+    modulate form, y = x_hat * (1 + weight[b]) + bias[b] (weight the scale, bias the shift).
+    memory_efficient: as layer_norm's."""
+    return _ada(x, weight, bias, eps, "adalayernorm", zero_centered, memory_efficient=memory_efficient)
 
 
-def ada_rms_norm(x, weight, bias=None, eps=None, *, zero_centered=False):
+def ada_rms_norm(x, weight, bias=None, eps=None, *, zero_centered=False, memory_efficient=False):
     """Adaptive RMSNorm: x [B, S, N], weight (and bias) [B, N]: y[b, s] = x[b, s] / sqrt(mean(x^2) +
     eps) * weight[b] (+ bias[b]); eps=None means torch.finfo(x.dtype).eps, as rms_norm.
     zero_centered: the scale is 1 + weight[b]."""
-    return _ada(x, weight, bias, eps, "adarmsnorm", zero_centered)
+    return _ada(x, weight, bias, eps, "adarmsnorm", zero_centered, memory_efficient=memory_efficient)
 
 
-def add_ada_layer_norm(x, residual, weight, bias=None, eps=1e-5, *, zero_centered=False):
+def add_ada_layer_norm(x, residual, weight, bias=None, eps=1e-5, *, zero_centered=False, memory_efficient=False):
     """The residual add and ada_layer_norm in one kernel: h = x + residual (x and residual [B, S, N],
     h rounded to x's dtype), y = ada_layer_norm(h, weight, bias, eps, zero_centered=...). Returns
     (y, h); gradients as add_layer_norm's (dx = dresidual = dnorm(dy) + dh)."""
-    return _ada(x, weight, bias, eps, "adalayernorm", zero_centered, residual)
+    return _ada(x, weight, bias, eps, "adalayernorm", zero_centered, residual, memory_efficient)
 
 
-def add_ada_rms_norm(x, residual, weight, bias=None, eps=None, *, zero_centered=False):
+def add_ada_rms_norm(x, residual, weight, bias=None, eps=None, *, zero_centered=False, memory_efficient=False):
     """add_ada_layer_norm's RMSNorm: h = x + residual, y = ada_rms_norm(h, ...); returns (y, h)."""
-    return _ada(x, weight, bias, eps, "adarmsnorm", zero_centered, residual)
+    return _ada(x, weight, bias, eps, "adarmsnorm", zero_centered, residual, memory_efficient)
 
 
 def _relu(x, normalized_shape, weight, bias, eps, clip_lower, clip_upper, norm):
@@ -251,9 +317,11 @@ def rms_norm_relu(x, normalized_shape, weight=None, eps=None, bias=None, clip_lo
 
 
 def _quant_norm(name, x, residual, normalized_shape, weight, bias, eps, zero_centered, quant, quant_scale, amax,
-                return_y, norm):
+                return_y, norm, scale_layout="row_major"):
     """The quantized-output functions below; returns (codes, scales[, y][, h])."""
     _check_x(x)
+    if scale_layout not in _launch.SCALE_LAYOUTS:
+        raise ValueError(f"{name}: scale_layout={scale_layout!r} is not 'row_major' or 'swizzled'")
     if residual is not None:
         _check_residual(x, residual)
     x2, w, b, restore = _prepare(x, normalized_shape, weight, bias, zero_centered)
@@ -264,10 +332,18 @@ def _quant_norm(name, x, residual, normalized_shape, weight, bias, eps, zero_cen
         raise RuntimeError(f"{name} is inference only (no autograd): run it under torch.no_grad() or "
                            "torch.inference_mode(), or use the unquantized norm where gradients are needed")
     per_row = quant.endswith("_row")
-    per_block = quant.startswith("mx")
-    if per_block or per_row:
+    per_block = quant in _launch.BLOCK_SIZES
+    if quant in _launch.FP4_QUANTS and x2.shape[-1] % 2:
+        raise ValueError(f"{name}: the normalized size {x2.shape[-1]} must be even (two e2m1 codes share a byte)")
+    if quant == "nvfp4":
+        t = quant_scale
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.numel() != 1 or t.device != x.device:
+            got = (f"{type(t).__name__}" if not isinstance(t, torch.Tensor)
+                   else f"{t.dtype} with {t.numel()} elements on {t.device}")
+            raise ValueError(f"{name}: global_scale must be a float32 tensor of one element on {x.device}; got {got}")
+    elif per_block or per_row:
         if quant_scale is not None or amax is not None:
-            own = "MXFP8 scales each block of 32 values itself" if per_block else \
+            own = "MX formats scale each block of 32 values themselves" if per_block else \
                 "with quant_scale=None each row gets its own scale"
             raise ValueError(f"{name}: quant_scale and amax are for per-tensor scaling; {own}")
     else:
@@ -286,19 +362,23 @@ def _quant_norm(name, x, residual, normalized_shape, weight, bias, eps, zero_cen
         # Eagerly the launch path directly: the custom op's dispatch would cost more host time
         # than a small kernel takes.
         y_quant, scales, y, h = _launch.forward_quant(x2, residual, w, b, norm, float(eps), zero_centered, quant,
-                                                      quant_scale, amax, return_y)
+                                                      quant_scale, amax, return_y, scale_layout)
     else:
         y_quant, scales, y, h = torch.ops.normjit.quant_norm_fwd(x2, residual, w, b, norm, float(eps), zero_centered,
-                                                                 quant, quant_scale, amax, return_y)
+                                                                 quant, quant_scale, amax, return_y, scale_layout)
+        if _launch.block_scales_dtype(quant) == _launch.E8M0 and quant in _launch.BLOCK_SIZES:
+            scales = scales.view(_launch.E8M0)  # the op's uint8 codes (ops._op_scales_dtype)
     if restore is not None:
-        y_quant = y_quant.reshape(restore)
-        if per_row or per_block:
-            scales = scales.reshape(restore[:x.dim() - len(_shape_tuple(normalized_shape))] + scales.shape[-1:])
+        # e2m1 codes: the normalized dimensions flattened to [..., N / 2] (two codes a byte).
+        lead = restore[:x.dim() - len(_shape_tuple(normalized_shape))]
+        y_quant = y_quant.reshape(lead + y_quant.shape[-1:] if quant in _launch.FP4_QUANTS else restore)
+        if per_row or (per_block and scale_layout == "row_major"):
+            scales = scales.reshape(lead + scales.shape[-1:])
         if return_y:
             y = y.reshape(restore)
         if residual is not None:
             h = h.reshape(restore)
-    out = (y_quant, scales if per_row or per_block else quant_scale)
+    out = (y_quant, scales if per_row or per_block else quant_scale)  # nvfp4: its block scales
     if return_y:
         out += (y,)
     if residual is not None:
@@ -371,25 +451,83 @@ def _mx_quant(name, fp8_dtype):
 
 
 def rms_norm_mxfp8(x, normalized_shape, weight=None, eps=None, bias=None, *, fp8_dtype=torch.float8_e4m3fn,
-                   zero_centered=False, return_y=False):
+                   zero_centered=False, return_y=False, scale_layout="row_major"):
     """rms_norm with an OCP MXFP8 output: every 32 consecutive values of a row share a power-of-two
     scale X = 2^(floor(log2 amax) - emax) (emax 8 for e4m3, 15 for e5m2). Returns (y_fp8, scales):
     scales [..., ceil(N / 32)] in torch.float8_e8m0fnu (E8M0 codes: X = 2^(code - 127)), row-major;
-    y ~ y_fp8.float() * X blockwise. Inference only; y in x's dtype too when return_y."""
+    with scale_layout="swizzled", the padded [roundup(rows, 128), roundup(ceil(N / 32), 4)] matrix
+    of 128x4 tiles cuBLASLt and CUTLASS read (padding zero). y ~ y_fp8.float() * X blockwise.
+    Inference only; y in x's dtype too when return_y."""
     return _quant_norm("rms_norm_mxfp8", x, None, normalized_shape, weight, bias, eps, zero_centered,
-                       _mx_quant("rms_norm_mxfp8", fp8_dtype), None, None, return_y, "rmsnorm")
+                       _mx_quant("rms_norm_mxfp8", fp8_dtype), None, None, return_y, "rmsnorm", scale_layout)
 
 
 def layer_norm_mxfp8(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, fp8_dtype=torch.float8_e4m3fn,
-                     zero_centered=False, return_y=False):
+                     zero_centered=False, return_y=False, scale_layout="row_major"):
     """layer_norm with an MXFP8 output; as rms_norm_mxfp8."""
     return _quant_norm("layer_norm_mxfp8", x, None, normalized_shape, weight, bias, eps, zero_centered,
-                       _mx_quant("layer_norm_mxfp8", fp8_dtype), None, None, return_y, "layernorm")
+                       _mx_quant("layer_norm_mxfp8", fp8_dtype), None, None, return_y, "layernorm", scale_layout)
 
 
 def add_rms_norm_mxfp8(x, residual, weight=None, eps=None, bias=None, *, fp8_dtype=torch.float8_e4m3fn,
-                       zero_centered=False, return_y=False):
+                       zero_centered=False, return_y=False, scale_layout="row_major"):
     """add_rms_norm with an MXFP8 output: returns (y_fp8, scales[, y], h); as rms_norm_mxfp8."""
     return _quant_norm("add_rms_norm_mxfp8", x, residual, x.shape[-1:] if isinstance(x, torch.Tensor) and x.dim()
                        else (), weight, bias, eps, zero_centered, _mx_quant("add_rms_norm_mxfp8", fp8_dtype), None,
-                       None, return_y, "rmsnorm")
+                       None, return_y, "rmsnorm", scale_layout)
+
+
+def rms_norm_mxfp4(x, normalized_shape, weight=None, eps=None, bias=None, *, zero_centered=False, return_y=False,
+                   scale_layout="row_major"):
+    """rms_norm with an OCP MXFP4 output: every 32 consecutive values of a row share X =
+    2^(floor(log2 amax) - 2) (e2m1's emax), the codes are e2m1(y / X) (round to nearest even,
+    saturating at 6). Returns (y_fp4, scales): y_fp4 [..., N / 2] in torch.float4_e2m1fn_x2
+    (torch.uint8 where torch lacks it), two codes a byte, the first element in the low nibble;
+    scales in torch.float8_e8m0fnu, [..., ceil(N / 32)] with scale_layout="row_major", or the
+    padded [roundup(rows, 128), roundup(ceil(N / 32), 4)] matrix of 128x4 tiles cuBLASLt and
+    CUTLASS read with scale_layout="swizzled" (padding zero). N even. Inference only; y in x's
+    dtype too when return_y."""
+    return _quant_norm("rms_norm_mxfp4", x, None, normalized_shape, weight, bias, eps, zero_centered, "mxfp4", None,
+                       None, return_y, "rmsnorm", scale_layout)
+
+
+def layer_norm_mxfp4(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, zero_centered=False, return_y=False,
+                     scale_layout="row_major"):
+    """layer_norm with an MXFP4 output; as rms_norm_mxfp4."""
+    return _quant_norm("layer_norm_mxfp4", x, None, normalized_shape, weight, bias, eps, zero_centered, "mxfp4", None,
+                       None, return_y, "layernorm", scale_layout)
+
+
+def add_rms_norm_mxfp4(x, residual, weight=None, eps=None, bias=None, *, zero_centered=False, return_y=False,
+                       scale_layout="row_major"):
+    """add_rms_norm with an MXFP4 output: returns (y_fp4, scales[, y], h); as rms_norm_mxfp4."""
+    return _quant_norm("add_rms_norm_mxfp4", x, residual, x.shape[-1:] if isinstance(x, torch.Tensor) and x.dim()
+                       else (), weight, bias, eps, zero_centered, "mxfp4", None, None, return_y, "rmsnorm",
+                       scale_layout)
+
+
+def rms_norm_nvfp4(x, normalized_shape, weight=None, eps=None, bias=None, *, global_scale, zero_centered=False,
+                   return_y=False, scale_layout="row_major"):
+    """rms_norm with an NVIDIA NVFP4 output, quantized as TransformerEngine and FlashInfer do:
+    global_scale (S_enc, a float32 tensor of one element on x's device) is 448 * 6 / amax of the
+    tensor; every 16 values of a row share s = e4m3(amax(block) / 6 * S_enc) (saturating), and the
+    codes are e2m1(y * S_enc / s) (0 where s is 0). Returns (y_fp4, scales): y_fp4 as
+    rms_norm_mxfp4's, scales in torch.float8_e4m3fn ([..., ceil(N / 16)], or swizzled as
+    rms_norm_mxfp4's); y ~ y_fp4 * s / S_enc. Inference only."""
+    return _quant_norm("rms_norm_nvfp4", x, None, normalized_shape, weight, bias, eps, zero_centered, "nvfp4",
+                       global_scale, None, return_y, "rmsnorm", scale_layout)
+
+
+def layer_norm_nvfp4(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, global_scale, zero_centered=False,
+                     return_y=False, scale_layout="row_major"):
+    """layer_norm with an NVFP4 output; as rms_norm_nvfp4."""
+    return _quant_norm("layer_norm_nvfp4", x, None, normalized_shape, weight, bias, eps, zero_centered, "nvfp4",
+                       global_scale, None, return_y, "layernorm", scale_layout)
+
+
+def add_rms_norm_nvfp4(x, residual, weight=None, eps=None, bias=None, *, global_scale, zero_centered=False,
+                       return_y=False, scale_layout="row_major"):
+    """add_rms_norm with an NVFP4 output: returns (y_fp4, scales[, y], h); as rms_norm_nvfp4."""
+    return _quant_norm("add_rms_norm_nvfp4", x, residual, x.shape[-1:] if isinstance(x, torch.Tensor) and x.dim()
+                       else (), weight, bias, eps, zero_centered, "nvfp4", global_scale, None, return_y, "rmsnorm",
+                       scale_layout)

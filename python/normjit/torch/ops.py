@@ -36,6 +36,12 @@ def _check_names(norm, epilogue):
         raise ValueError(f"epilogue={epilogue!r} is not one of {', '.join(_EPILOGUES)}")
 
 
+def _check_memory_efficient(memory_efficient, epilogue):
+    if memory_efficient and epilogue != "none":
+        raise ValueError(f"memory_efficient=True recovers x from y, which epilogue={epilogue!r} does not leave "
+                         "invertible")
+
+
 def _or_empty(t, like, dtype):
     return t if t is not None else like.new_empty((0,), dtype=dtype)
 
@@ -175,8 +181,9 @@ def call(x, weight, bias, norm, eps, epilogue, clip_lower=0.0, clip_upper=math.i
 @torch.library.custom_op("normjit::fused_norm_fwd", mutates_args=())
 def fused_norm_fwd(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], norm: str,
                    eps: float, training: bool, zero_centered: bool, epilogue: str, clip_lower: float,
-                   clip_upper: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   clip_upper: float, memory_efficient: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     _check_names(norm, epilogue)
+    _check_memory_efficient(memory_efficient, epilogue)
     impl = _launch.forward_fused if x.is_cuda else _reference.forward_fused
     y, h, mean, rstd, mask = impl(x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower,
                                   clip_upper)
@@ -190,7 +197,8 @@ def fused_norm_fwd(x: Tensor, residual: Optional[Tensor], weight: Optional[Tenso
 
 @fused_norm_fwd.register_fake
 def _fused_norm_fwd_fake(x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower,
-                         clip_upper):
+                         clip_upper, memory_efficient=False):
+    _check_memory_efficient(memory_efficient, epilogue)
     # With a residual, x and h take the layout x and residual share (contiguous where they differ).
     if residual is not None:
         x, residual, rs = _launch._shared_layout(x, residual)
@@ -202,18 +210,22 @@ def _fused_norm_fwd_fake(x, residual, weight, bias, norm, eps, training, zero_ce
 @torch.library.custom_op("normjit::fused_norm_bwd", mutates_args=())
 def fused_norm_bwd(dy: Tensor, dh_out: Optional[Tensor], x: Tensor, weight: Optional[Tensor], mean: Tensor,
                    rstd: Tensor, mask: Tensor, norm: str, zero_centered: bool, epilogue: str,
-                   bias_grad: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                   bias_grad: bool, bias: Optional[Tensor] = None,
+                   memory_efficient: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     _check_names(norm, epilogue)
+    _check_memory_efficient(memory_efficient, epilogue)
     if bias_grad and weight is None:
         raise ValueError("bias_grad=True needs the weight (pass ones for a norm without one)")
     impl = _launch.backward_fused if x.is_cuda else _reference.backward_fused
     dx, dweight, dbias = impl(dy, dh_out, x, weight, mean if _launch.subtracts_mean(norm) else None, rstd,
-                              mask if epilogue != "none" else None, norm, zero_centered, epilogue, bias_grad)
+                              mask if epilogue != "none" else None, norm, zero_centered, epilogue, bias_grad,
+                              bias, memory_efficient)
     return dx, _or_empty(dweight, x, x.dtype), _or_empty(dbias, x, x.dtype)
 
 
 @fused_norm_bwd.register_fake
-def _fused_norm_bwd_fake(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered, epilogue, bias_grad):
+def _fused_norm_bwd_fake(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered, epilogue, bias_grad, bias=None,
+                         memory_efficient=False):
     dx, dweight, dbias = _norm_bwd_fake(dy, x, weight, mean, rstd, mask, norm, epilogue, bias_grad)
     if dh_out is not None:
         x, dy, rs = _launch.backward_layout(x, dy)
@@ -223,14 +235,18 @@ def _fused_norm_bwd_fake(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_cen
 
 
 def _setup_fused_fwd(ctx, inputs, output):
-    x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower, clip_upper = inputs
+    x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower, clip_upper = inputs[:11]
+    memory_efficient = len(inputs) > 11 and inputs[11]
     y, h, mean, rstd, mask = output
     ctx.norm = norm
     ctx.epilogue = epilogue
     ctx.training = training
     ctx.zero_centered = zero_centered
     ctx.residual = residual is not None
-    ctx.save_for_backward(h if residual is not None else x, weight, mean, rstd, mask)
+    ctx.memory_efficient = memory_efficient
+    # memory_efficient keeps y (and the bias, to undo) instead of x / h.
+    kept = y if memory_efficient else h if residual is not None else x
+    ctx.save_for_backward(kept, weight, mean, rstd, mask, bias if memory_efficient else None)
     ctx.mark_non_differentiable(mean, rstd, mask)
 
 
@@ -238,13 +254,14 @@ def _backward_fused_fwd(ctx, dy, dh, dmean, drstd, dmask):
     if not ctx.training:
         raise RuntimeError("normjit::fused_norm_fwd ran with training=False, which keeps no statistics for a "
                            "backward; call it with training=True where gradients are needed")
-    x, weight, mean, rstd, mask = ctx.saved_tensors
+    x, weight, mean, rstd, mask, bias = ctx.saved_tensors
     want_dx, want_dres, want_dw, want_db = ctx.needs_input_grad[:4]
     dh_out = dh if ctx.residual else None
     dx, dw, db = torch.ops.normjit.fused_norm_bwd(dy, dh_out, x, weight, mean, rstd, mask, ctx.norm,
-                                                   ctx.zero_centered, ctx.epilogue, want_db)
+                                                   ctx.zero_centered, ctx.epilogue, want_db, bias,
+                                                   ctx.memory_efficient)
     return (dx if want_dx else None, dx if want_dres else None, dw if want_dw else None, db if want_db else None,
-            None, None, None, None, None, None, None)
+            None, None, None, None, None, None, None, None)
 
 
 fused_norm_fwd.register_autograd(_backward_fused_fwd, setup_context=_setup_fused_fwd)
@@ -255,15 +272,18 @@ class FusedNormFunction(torch.autograd.Function):
     the mask last for relu_bitmask."""
 
     @staticmethod
-    def forward(ctx, x, residual, weight, bias, norm, eps, zero_centered, epilogue, clip_lower, clip_upper):
+    def forward(ctx, x, residual, weight, bias, norm, eps, zero_centered, epilogue, clip_lower, clip_upper,
+                memory_efficient=False):
         y, h, mean, rstd, mask = _launch.forward_fused(x, residual, weight, bias, norm, eps, True, zero_centered,
                                                        epilogue, clip_lower, clip_upper)
         ctx.norm = norm
         ctx.epilogue = epilogue
         ctx.zero_centered = zero_centered
         ctx.residual = residual is not None
+        ctx.memory_efficient = memory_efficient
         ctx.stats = (mean, rstd)  # see NormFunction
-        ctx.save_for_backward(h if residual is not None else x, weight, mask)
+        kept = y if memory_efficient else h if residual is not None else x
+        ctx.save_for_backward(kept, weight, mask, bias if memory_efficient else None)
         out = (y,) if residual is None else (y, h)
         if mask is not None:
             ctx.mark_non_differentiable(mask)
@@ -272,21 +292,22 @@ class FusedNormFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, *rest):
-        x, weight, mask = ctx.saved_tensors
+        x, weight, mask, bias = ctx.saved_tensors
         mean, rstd = ctx.stats
         want_dx, want_dres, want_dw, want_db = ctx.needs_input_grad[:4]
         dh_out = rest[0] if ctx.residual else None
         dx, dw, db = _launch.backward_fused(dy, dh_out, x, weight, mean, rstd, mask, ctx.norm, ctx.zero_centered,
-                                            ctx.epilogue, want_db)
+                                            ctx.epilogue, want_db, bias, ctx.memory_efficient)
         return (dx if want_dx else None, dx if want_dres else None, dw if want_dw else None,
-                db if want_db else None, None, None, None, None, None, None)
+                db if want_db else None, None, None, None, None, None, None, None)
 
 
 def call_fused(x, residual, weight, bias, norm, eps, zero_centered, epilogue="none", clip_lower=0.0,
-               clip_upper=math.inf):
-    """call() with the fusions. Returns (y, h) with a residual, else y; the mask last for relu_bitmask."""
+               clip_upper=math.inf, memory_efficient=False):
+    """call() with the fusions. Returns (y, h) with a residual, else y; the mask last for relu_bitmask.
+    memory_efficient: the backward keeps y instead of x (check_memory_efficient_weights first)."""
     eager = not torch.compiler.is_compiling() and x.is_cuda and type(x) is Tensor
-    if eager and _native.eager_norm is not None:
+    if eager and _native.eager_norm is not None and not memory_efficient:
         out = _native.eager_norm(x, residual, weight, bias, _native.NORMS[norm], eps, zero_centered,
                                  _native.EPILOGUES[epilogue], clip_lower, clip_upper)
         return out[0] if len(out) == 1 else tuple(out)
@@ -295,12 +316,12 @@ def call_fused(x, residual, weight, bias, norm, eps, zero_centered, epilogue="no
     if eager:
         if grad:
             return FusedNormFunction.apply(x, residual, weight, bias, norm, eps, zero_centered, epilogue, clip_lower,
-                                           clip_upper)
+                                           clip_upper, memory_efficient)
         y, h, _, _, mask = _launch.forward_fused(x, residual, weight, bias, norm, eps, False, zero_centered, epilogue,
                                                  clip_lower, clip_upper)
     else:
         y, h, _, _, mask = torch.ops.normjit.fused_norm_fwd(x, residual, weight, bias, norm, eps, grad, zero_centered,
-                                                            epilogue, clip_lower, clip_upper)
+                                                            epilogue, clip_lower, clip_upper, memory_efficient)
         if residual is None:
             h = None
         if epilogue == "none":
@@ -313,46 +334,66 @@ def call_fused(x, residual, weight, bias, norm, eps, zero_centered, epilogue="no
 # norm's, which layer_norm / rms_norm give):
 #
 #     quant_norm_fwd(x, residual?, weight?, bias?, norm, eps, zero_centered, quant, quant_scale?,
-#                    amax?, want_y) -> (y_quant, scales, y, h)
+#                    amax?, want_y, scale_layout="row_major") -> (y_quant, scales, y, h)
 #
 # quant: "fp8_e4m3" / "fp8_e5m2" (per tensor: codes of y * quant_scale, max |y| folded into amax in
 # place where given), "fp8_e4m3_row" / "fp8_e5m2_row" / "int8_row" (per row: scales [..., 1] fp32,
-# y ~ codes * scale) or "mxfp8_e4m3" / "mxfp8_e5m2" (OCP MXFP8: E8M0 scales [..., ceil(n / 32)],
-# one per 32 values). y_quant has x's shape and row layout in float8_e4m3fn / float8_e5m2 / int8.
+# y ~ codes * scale), "mxfp8_e4m3" / "mxfp8_e5m2" / "mxfp4" (OCP MX: E8M0 scales, one per 32
+# values) or "nvfp4" (e4m3 scales, one per 16 values; quant_scale the fp32 tensor scale S_enc).
+# y_quant has x's shape and row layout in float8_e4m3fn / float8_e5m2 / int8; e2m1 codes (mxfp4,
+# nvfp4) [..., n / 2] in float4_e2m1fn_x2 (uint8 on a torch without it), two a byte, the first
+# element in the low nibble. Block scales are [..., ceil(n / block)] with scale_layout "row_major",
+# or the GEMMs' 128x4 tiles with "swizzled": [roundup(rows, 128), roundup(cols, 4)], padding zero.
 # Outputs not produced (scales per tensor, y without want_y, h without residual) are empty [0].
 _QUANTS = tuple(_launch.QUANT_DTYPES)
 
 
-def _check_quant(norm, quant):
+def _check_quant(norm, quant, scale_layout="row_major"):
     _check_names(norm, "none")
     if quant not in _QUANTS:
         raise ValueError(f"quant={quant!r} is not one of {', '.join(_QUANTS)}")
+    if scale_layout not in _launch.SCALE_LAYOUTS:
+        raise ValueError(f"scale_layout={scale_layout!r} is not one of {', '.join(map(repr, _launch.SCALE_LAYOUTS))}")
+    if scale_layout != "row_major" and quant not in _launch.BLOCK_SIZES:
+        raise ValueError(f"scale_layout={scale_layout!r}: quant={quant!r} has no block scales")
+
+
+def _op_scales_dtype(quant):
+    """The op's block-scale dtype: MX scales leave it as uint8 E8M0 codes, which the functions view
+    as torch.float8_e8m0fnu. With float8_e8m0fnu outputs, inductor failed to compile the op
+    ("auto_functionalized_v2 was not removed"; torch 2.11 and 2.15)."""
+    dtype = _launch.block_scales_dtype(quant)
+    return torch.uint8 if dtype == _launch.E8M0 else dtype
 
 
 @torch.library.custom_op("normjit::quant_norm_fwd", mutates_args=("amax",))
 def quant_norm_fwd(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], norm: str,
                    eps: float, zero_centered: bool, quant: str, quant_scale: Optional[Tensor], amax: Optional[Tensor],
-                   want_y: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    _check_quant(norm, quant)
+                   want_y: bool, scale_layout: str = "row_major") -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    _check_quant(norm, quant, scale_layout)
     impl = _launch.forward_quant if x.is_cuda else _reference.forward_quant
-    y_quant, scales, y, h = impl(x, residual, weight, bias, norm, eps, zero_centered, quant, quant_scale, amax, want_y)
+    y_quant, scales, y, h = impl(x, residual, weight, bias, norm, eps, zero_centered, quant, quant_scale, amax, want_y,
+                                 scale_layout)
+    if scales is not None and scales.dtype == _launch.E8M0:
+        scales = scales.view(torch.uint8)  # see _op_scales_dtype
     # A fresh empty tensor for each output not produced: outputs may not alias each other.
     return (y_quant, scales if scales is not None else x.new_empty((0,), dtype=torch.float32),
             y if y is not None else x.new_empty((0,)), h if h is not None else x.new_empty((0,)))
 
 
 @quant_norm_fwd.register_fake
-def _quant_norm_fwd_fake(x, residual, weight, bias, norm, eps, zero_centered, quant, quant_scale, amax, want_y):
-    _check_quant(norm, quant)
-    if residual is not None:
-        x, residual, rs = _launch._shared_layout(x, residual)
+def _quant_norm_fwd_fake(x, residual, weight, bias, norm, eps, zero_centered, quant, quant_scale, amax, want_y,
+                         scale_layout="row_major"):
+    _check_quant(norm, quant, scale_layout)
+    x, residual, rs, _ = _launch.quant_layout(x, residual, quant)
+    if quant in _launch.FP4_QUANTS:
+        y_quant = _launch.packed_rows(x, rs, _launch.QUANT_DTYPES[quant])
     else:
-        x, rs = _launch.layout(x)
-    y_quant = _launch.like_rows(x, rs, _launch.QUANT_DTYPES[quant])
+        y_quant = _launch.like_rows(x, rs, _launch.QUANT_DTYPES[quant])
     if quant.endswith("_row"):
         scales = x.new_empty(x.shape[:-1] + (1,), dtype=torch.float32)
-    elif quant.startswith("mx"):
-        scales = x.new_empty(_launch.block_scales_shape(x), dtype=_launch.E8M0)
+    elif quant in _launch.BLOCK_SIZES:
+        scales = x.new_empty(_launch.block_scales_shape(x, quant, scale_layout), dtype=_op_scales_dtype(quant))
     else:
         scales = x.new_empty((0,), dtype=torch.float32)
     y = _launch.like_rows(x, rs) if want_y else x.new_empty((0,))
