@@ -454,21 +454,3 @@ def forward_quant(x, residual, weight, bias, norm, eps, zero_centered, quant, qu
     _launch(device, kernel, (xp, gp, bp, 0, 0, yp, 0, 0, 0, 0, 0, 0, 0, 0.0, math.inf, rows, rs, rpb, eps,
                              _raw_stream(device)), extra)
     return y_quant, scales, y, h
-    rpb = rows // weight.shape[0] if norm in ADAPTIVE_NORMS else 0
-    device = dev.index
-    key = (device, norm, "fwd_infer", x.dtype, weight.dtype, n, bias is not None, quant, zero_centered,
-           residual is not None)
-    xp = x.data_ptr()
-    yp = 0 if y is None else y.data_ptr()
-    qp = y_quant.data_ptr()
-    gp = weight.data_ptr()
-    bp = 0 if bias is None else bias.data_ptr()
-    rp = 0 if residual is None else residual.data_ptr()
-    hp = 0 if h is None else h.data_ptr()
-    kernel = _kernel(key, xp, gp, bp, yp, 0, 0, 0, 0, 0, rs, rp, hp, 0, qp)
-    per_tensor = not per_row and not per_block
-    extra = (rp, hp, 0, qp, quant_scale.data_ptr() if per_tensor else 0, 0 if amax is None else amax.data_ptr(),
-             scales.data_ptr() if per_row else 0, scales.data_ptr() if per_block else 0)
-    _launch(device, kernel, (xp, gp, bp, 0, 0, yp, 0, 0, 0, 0, 0, 0, 0, 0.0, math.inf, rows, rs, rpb, eps,
-                             _raw_stream(device)), extra)
-    return y_quant, scales, y, h
