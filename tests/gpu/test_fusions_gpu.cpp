@@ -73,6 +73,23 @@ void warm_cases(const std::vector<Case>& cases) {
   warm(specs);
 }
 
+// One backward case against the reference, its spec and layout in any failure's context; a
+// memory_efficient case also against the backward of x itself (only y's rounding apart).
+BackwardRun check_backward_case(const Case& c) {
+  const std::string name = c.spec.str();
+  CAPTURE(name);
+  CAPTURE(c.rows);
+  CAPTURE(c.row_stride);
+  CAPTURE(c.x_offset);
+  const BackwardRun r = run_backward(c);
+  CHECK(r.forward <= 1.0);
+  CHECK(r.dx <= 1.0);
+  CHECK(r.dgamma <= 1.0);
+  CHECK(r.dbeta <= 1.0);
+  if (c.spec.memory_efficient) CHECK(r.dx_from_x <= 8.0);
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("fusions forward: residual add and zero-centred weights match the reference") {
@@ -119,18 +136,7 @@ TEST_CASE("fusions backward: dx + dh_out and zero-centred weights match the refe
                            "layernorm.bwd.f32.w_f32.n20001.bias.zero_centered.residual.cfg_t1024_r1_v1_gmem"})
     cases.push_back(pinned_case(text, 3.0));
   warm_cases(cases);
-  for (const Case& c : cases) {
-    const std::string name = c.spec.str();
-    CAPTURE(name);
-    CAPTURE(c.rows);
-    CAPTURE(c.row_stride);
-    CAPTURE(c.x_offset);
-    const BackwardRun r = run_backward(c);
-    CHECK(r.forward <= 1.0);
-    CHECK(r.dx <= 1.0);
-    CHECK(r.dgamma <= 1.0);
-    CHECK(r.dbeta <= 1.0);
-  }
+  for (const Case& c : cases) check_backward_case(c);
   MESSAGE(cases.size() << " fused backward cases checked on " << runtime().device().name);
 }
 
@@ -160,21 +166,7 @@ TEST_CASE("memory_efficient backward: x̂ recovered from y matches the reference
   for (Case& c : cases) c.min_abs_scale = 0.25;
   warm_cases(cases);
   double worst_from_x = 0;
-  for (const Case& c : cases) {
-    const std::string name = c.spec.str();
-    CAPTURE(name);
-    CAPTURE(c.rows);
-    CAPTURE(c.row_stride);
-    CAPTURE(c.x_offset);
-    const BackwardRun r = run_backward(c);
-    CHECK(r.forward <= 1.0);
-    CHECK(r.dx <= 1.0);
-    CHECK(r.dgamma <= 1.0);
-    CHECK(r.dbeta <= 1.0);
-    // Against the backward of x itself: only y's rounding apart.
-    CHECK(r.dx_from_x <= 8.0);
-    worst_from_x = std::max(worst_from_x, r.dx_from_x);
-  }
+  for (const Case& c : cases) worst_from_x = std::max(worst_from_x, check_backward_case(c).dx_from_x);
   MESSAGE(cases.size() << " memory_efficient backward cases checked on " << runtime().device().name
                        << "; dx against the backward of x: worst " << worst_from_x << " x its tolerance");
 }

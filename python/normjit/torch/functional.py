@@ -115,8 +115,13 @@ MEMORY_EFFICIENT_MAX_BIAS_RATIO = 8.0
 _checked_weights = {}
 
 
-def _needs_grad(*tensors):
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+def _use_memory_efficient(name, memory_efficient, inputs, weight, bias, zero_centered):
+    """Whether a call keeps y for its backward: memory_efficient asked for and a gradient needed
+    (without one nothing is kept); the weights are checked first."""
+    if not (memory_efficient and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)):
+        return False
+    _check_memory_efficient_weights(name, weight, bias, zero_centered)
+    return True
 
 
 def _check_memory_efficient_weights(name, weight, bias, zero_centered):
@@ -158,8 +163,7 @@ def _check_memory_efficient_weights(name, weight, bias, zero_centered):
 def _norm_call(x, weight, bias, norm, eps, zero_centered, memory_efficient=False, name=None):
     """The plain op, or the fused one for zero-centred weights or memory_efficient; arguments already
     checked."""
-    if memory_efficient and _needs_grad(x, weight, bias):
-        _check_memory_efficient_weights(name or norm, weight, bias, zero_centered)
+    if _use_memory_efficient(name or norm, memory_efficient, (x, weight, bias), weight, bias, zero_centered):
         return ops.call_fused(x, None, weight, bias, norm, float(eps), zero_centered, memory_efficient=True)
     if zero_centered:
         return ops.call_fused(x, None, weight, bias, norm, float(eps), True)
@@ -209,10 +213,8 @@ def _add_norm(x, residual, weight, bias, eps, zero_centered, norm, memory_effici
     if norm == "rmsnorm":
         eps = _rms_eps(x, eps)
     _check_eps(eps)
-    memory_efficient = memory_efficient and _needs_grad(x, residual, weight, bias)
-    if memory_efficient:
-        _check_memory_efficient_weights("add_" + ("rms_norm" if norm == "rmsnorm" else "layer_norm"), w, b,
-                                        zero_centered)
+    memory_efficient = _use_memory_efficient("add_" + ("rms_norm" if norm == "rmsnorm" else "layer_norm"),
+                                             memory_efficient, (x, residual, weight, bias), w, b, zero_centered)
     # Off the GPU, call_fused runs the op's plain-torch reference, with its autograd.
     return ops.call_fused(x2, residual, w, b, norm, float(eps), zero_centered, memory_efficient=memory_efficient)
 
@@ -254,9 +256,8 @@ def _ada(x, weight, bias, eps, norm, zero_centered, residual=None, memory_effici
         eps = _rms_eps(x, eps)
     _check_eps(eps)
     if residual is not None:
-        memory_efficient = memory_efficient and _needs_grad(x, residual, weight, bias)
-        if memory_efficient:
-            _check_memory_efficient_weights(name, weight, bias, zero_centered)
+        memory_efficient = _use_memory_efficient(name, memory_efficient, (x, residual, weight, bias), weight, bias,
+                                                 zero_centered)
         return ops.call_fused(x, residual, weight, bias, norm, float(eps), zero_centered,
                               memory_efficient=memory_efficient)
     return _norm_call(x, weight, bias, norm, eps, zero_centered, memory_efficient, name)
