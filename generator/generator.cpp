@@ -90,7 +90,8 @@ GeneratedSource generate(const Spec& spec) {
   std::map<std::string, std::string> values = {
       {"SPEC", name},
       {"KERNEL_NAME", g.kernel_name},
-      {"X_TYPE", device_type(spec.x_dtype)},
+      {"X_TYPE", device_type(row_dtype(spec))},
+      {"Y_TYPE", device_type(spec.x_dtype)},
       {"W_TYPE", device_type(spec.w_dtype)},
       {"EPILOGUE_HEADER", ep.header},
       {"EPILOGUE_FUNCTOR", ep.functor},
@@ -99,7 +100,9 @@ GeneratedSource generate(const Spec& spec) {
       {"PER_GROUP_WEIGHTS", is_adaptive(spec.norm) ? "true" : "false"},
       {"HAS_BIAS", spec.has_bias ? "true" : "false"},
       {"ZERO_CENTERED", spec.zero_centered ? "true" : "false"},
-      {"PROLOGUE_FUNCTOR", spec.residual ? "PrologueResidualAdd" : "PrologueNone"},
+      {"PROLOGUE_FUNCTOR", spec.residual ? std::string("PrologueResidualAdd<normjit::") + device_type(row_dtype(spec)) +
+                                               (spec.bias_in ? ", true>" : ", false>")
+                                         : std::string("PrologueNone")},
       {"N", std::to_string(spec.n)},
       {"VEC", std::to_string(b.vec)},
       {"THREADS_PER_ROW", std::to_string(b.threads_per_row)},

@@ -186,7 +186,7 @@ namespace {
 bool row_holds(const TableRow& r, const Spec& s, int vec) {
   const Norm norm = base_norm(s.norm);
   return r.backward == (s.phase == Phase::kBackward) && (!r.residual_only || s.residual) && (!r.norm || *r.norm == norm) &&
-         (!r.has_bias || *r.has_bias == s.has_bias) && r.x_bytes == dtype_size(s.x_dtype) && r.vec == vec &&
+         (!r.has_bias || *r.has_bias == s.has_bias) && r.x_bytes == dtype_size(row_dtype(s)) && r.vec == vec &&
          s.n >= r.n_from && s.n <= r.n_to;
 }
 
@@ -210,7 +210,8 @@ Spec resolve(const Spec& spec, int max_vec, int sm, int max_cluster) {
   validate(spec);
   if (spec.block) return spec;
   Spec s = spec;
-  int vec = std::min(16 / dtype_size(s.x_dtype), std::max(1, max_vec));
+  // An fp32 residual stream's rows are f32: f32 picks, at most 4 elements a pack.
+  int vec = std::min(16 / dtype_size(row_dtype(s)), std::max(1, max_vec));
   while (vec > 1 && s.n % vec != 0) vec /= 2;
   std::optional<BlockConfig> picked;
   const PickTable* table = detail::pick_table_for_sm(sm);
@@ -233,6 +234,8 @@ Spec resolve(const Spec& spec, int max_vec, int sm, int max_cluster) {
     s.block->stages = 2;
     s.block->bulk_copy = false;
   }
+  // Bulk copies move x and dy as one type; an fp32 stream's rows take the per-thread copies.
+  if (s.residual_f32 && s.block->bulk_copy) s.block->bulk_copy = false;
   try {
     validate(s);
   } catch (const Error& e) {

@@ -105,8 +105,9 @@ bool dbeta_sums_in_shared(const Spec& s, const BlockConfig& b) {
 int64_t shared_row_bytes(const Spec& s, const BlockConfig& b) {
   const int64_t segment = s.n / b.cluster;
   const int64_t buffers = b.cache == RowCache::kSharedPipelined ? b.stages : 1;
-  if (s.phase != Phase::kBackward) return buffers * segment * dtype_size(s.x_dtype);
-  return segment * (buffers * 2 * dtype_size(s.x_dtype) + (dbeta_sums_in_shared(s, b) ? 4 : 0));
+  if (s.phase != Phase::kBackward) return buffers * segment * dtype_size(row_dtype(s));
+  // An fp32 residual stream's backward keeps dy in a slot of x's (f32) size.
+  return segment * (buffers * 2 * dtype_size(row_dtype(s)) + (dbeta_sums_in_shared(s, b) ? 4 : 0));
 }
 
 Spec Spec::make(Norm norm, Phase phase, DType x, int64_t n, bool has_bias) {
@@ -123,7 +124,7 @@ Spec Spec::make(Norm norm, Phase phase, DType x, int64_t n, bool has_bias) {
 bool Spec::operator==(const Spec& o) const {
   return norm == o.norm && phase == o.phase && x_dtype == o.x_dtype && w_dtype == o.w_dtype && n == o.n &&
          has_bias == o.has_bias && zero_centered == o.zero_centered && residual == o.residual &&
-         memory_efficient == o.memory_efficient && epilogue == o.epilogue && block == o.block;
+         residual_f32 == o.residual_f32 && bias_in == o.bias_in && memory_efficient == o.memory_efficient && epilogue == o.epilogue && block == o.block;
 }
 
 std::string Spec::str() const {
@@ -131,7 +132,8 @@ std::string Spec::str() const {
                   to_string(w_dtype) + ".n" + std::to_string(n);
   if (has_bias) s += ".bias";
   if (zero_centered) s += ".zero_centered";
-  if (residual) s += ".residual";
+  if (residual) s += residual_f32 ? ".residual_f32" : ".residual";
+  if (bias_in) s += ".bias_in";
   if (memory_efficient) s += ".memory_efficient";
   if (epilogue != Epilogue::kNone) s += std::string(".") + to_string(epilogue);
   if (block) {
@@ -219,18 +221,22 @@ Spec Spec::parse(std::string_view text) {
   ++i;
   // Optional flags, each at most once and in this order.
   const std::pair<const char*, bool*> flags[] = {
-      {"bias", &s.has_bias}, {"zero_centered", &s.zero_centered}, {"residual", &s.residual},
-      {"memory_efficient", &s.memory_efficient}};
+      {"bias", &s.has_bias},         {"zero_centered", &s.zero_centered}, {"residual", &s.residual},
+      {"residual_f32", &s.residual_f32}, {"bias_in", &s.bias_in},      {"memory_efficient", &s.memory_efficient}};
   for (const auto& [name, flag] : flags)
     if (i < tokens.size() && tokens[i] == name) {
       *flag = true;
       ++i;
     }
+  // .residual_f32 is the residual add with an fp32 stream: one token, never both.
+  if (s.residual && s.residual_f32) bad_spec(text, "give .residual or .residual_f32, not both");
+  if (s.residual_f32) s.residual = true;
   if (i < tokens.size() && tokens[i].substr(0, 4) != "cfg_") {
     auto ep = lookup(kEpilogues, tokens[i]);
     if (!ep || *ep == Epilogue::kNone)
       bad_spec(text, "unknown token '" + std::string(tokens[i]) +
-                         "' (expected, in this order: bias, zero_centered, residual, memory_efficient, an epilogue (" +
+                         "' (expected, in this order: bias, zero_centered, residual or residual_f32, bias_in, "
+                         "memory_efficient, an epilogue (" +
                          choices(kEpilogues).substr(5) + "), cfg_...)");
     s.epilogue = *ep;
     ++i;
@@ -263,6 +269,20 @@ void validate(const Spec& s) {
     throw Error(Status::kInvalidSpec, where() + "memory_efficient recovers x̂ from y, which epilogue " +
                                           to_string(s.epilogue) + " does not leave invertible; use the backward "
                                           "that reads x");
+  if (s.residual_f32 && !s.residual)
+    throw Error(Status::kInvalidSpec, where() + "residual_f32 is the residual add's fp32 stream; set residual too");
+  if (s.residual_f32 && s.x_dtype == DType::kF32)
+    throw Error(Status::kInvalidSpec, where() + "residual_f32 with x dtype f32: the stream is x's dtype already; "
+                                          "use .residual");
+  if (s.residual_f32 && s.memory_efficient)
+    throw Error(Status::kInvalidSpec, where() + "memory_efficient with residual_f32 is not supported: the "
+                                          "backward would read y in x's dtype where its rows are fp32");
+  if (s.bias_in && !s.residual)
+    throw Error(Status::kInvalidSpec, where() + "bias_in is added with the residual; it needs .residual or "
+                                          ".residual_f32");
+  if (s.bias_in && s.phase == Phase::kBackward)
+    throw Error(Status::kInvalidSpec, where() + "bias_in is forward only: the backward does not read it, and its "
+                                          "gradient is the column sum of dx (use the backward spec without it)");
   if (s.n < 1 || s.n > kMaxHiddenSize)
     throw Error(Status::kInvalidSpec, where() + "n=" + std::to_string(s.n) + " is outside [1, " +
                                           std::to_string(kMaxHiddenSize) + "]");
@@ -271,7 +291,7 @@ void validate(const Spec& s) {
                                           to_string(s.epilogue) + ": two e2m1 codes share a byte");
   if (!s.block) return;
   const BlockConfig& b = *s.block;
-  const int max_vec = 16 / dtype_size(s.x_dtype);
+  const int max_vec = 16 / dtype_size(row_dtype(s));
   if (!is_pow2(b.vec) || b.vec > max_vec || s.n % b.vec != 0)
     throw Error(Status::kInvalidSpec, where() + "vec=" + std::to_string(b.vec) + " must be a power of two <= " +
                                           std::to_string(max_vec) + " that divides n");
@@ -319,6 +339,9 @@ void validate(const Spec& s) {
   if (s.residual && s.phase != Phase::kBackward && b.cache == RowCache::kSharedPipelined)
     throw Error(Status::kInvalidSpec, where() + "residual forward rows cannot be pipelined (" +
                                           (b.bulk_copy ? "tma" : "pipe") + "); use smem, reg or gmem");
+  if (b.bulk_copy && s.residual_f32)
+    throw Error(Status::kInvalidSpec, where() + "bulk_copy (tma) rows take x and dy of one dtype; residual_f32 rows "
+                                          "hold fp32 h beside dy in " + to_string(s.x_dtype) + ": use pipe");
   if (b.bulk_copy && (b.cache != RowCache::kSharedPipelined || b.vec * dtype_size(s.x_dtype) != 16))
     throw Error(Status::kInvalidSpec, where() + "bulk_copy (tma) needs a pipelined row of 16-byte packs; vec=" +
                                           std::to_string(b.vec) + " of " + to_string(s.x_dtype) + " is " +

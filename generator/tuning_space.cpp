@@ -44,7 +44,7 @@ std::vector<BlockConfig> candidate_configs(const Spec& spec, int sm, int max_vec
   };
   // Vector widths: the widest that divides N and the caller's alignment, and two narrower.
   std::vector<int> vecs;
-  for (int v = std::min(16 / dtype_size(spec.x_dtype), std::max(1, max_vec)); v >= 1 && vecs.size() < 3; v /= 2)
+  for (int v = std::min(16 / dtype_size(row_dtype(spec)), std::max(1, max_vec)); v >= 1 && vecs.size() < 3; v /= 2)
     if (spec.n % v == 0) vecs.push_back(v);
   const RowCache caches[] = {RowCache::kRegisters, RowCache::kShared, RowCache::kSharedPipelined, RowCache::kGlobal};
   for (int vec : vecs) {

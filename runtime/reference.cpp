@@ -73,11 +73,11 @@ ForwardRef forward(const Spec& s, const void* x, const void* gamma, const void* 
     const int64_t w = weight_row(s, row, rows_per_batch) * s.n;
     double mean = 0, var = 0;
     if (subtracts_mean(s.norm)) {
-      for (int64_t i = 0; i < s.n; ++i) mean += load(x, s.x_dtype, base + i);
+      for (int64_t i = 0; i < s.n; ++i) mean += load(x, row_dtype(s), base + i);
       mean /= s.n;
     }
     for (int64_t i = 0; i < s.n; ++i) {
-      const double d = load(x, s.x_dtype, base + i) - mean;
+      const double d = load(x, row_dtype(s), base + i) - mean;
       var += d * d;
     }
     var /= s.n;
@@ -86,7 +86,7 @@ ForwardRef forward(const Spec& s, const void* x, const void* gamma, const void* 
     r.rstd[row] = rstd;
     for (int64_t i = 0; i < s.n; ++i) {
       const double scale = load(gamma, s.w_dtype, w + i) + (s.zero_centered ? 1 : 0);
-      double y = (load(x, s.x_dtype, base + i) - mean) * rstd * scale;
+      double y = (load(x, row_dtype(s), base + i) - mean) * rstd * scale;
       if (beta) y += load(beta, s.w_dtype, w + i);
       if (s.epilogue == Epilogue::kReluBitmask) y = std::min(std::max(y, clip_lower), clip_upper);
       if (s.epilogue == Epilogue::kGelu) y = gelu(y);
@@ -142,7 +142,7 @@ BackwardRef backward(const Spec& s, const void* dy, const void* x, const void* g
   return backward_rows(s, dy, gamma, beta, mask, rows, row_stride, rows_per_batch, rstd,
                        [&](int64_t row, int64_t at, int64_t) {
                          const double mu = subtracts_mean(s.norm) ? mean[row] : 0.0;
-                         return (load(x, s.x_dtype, at) - mu) * rstd[row];
+                         return (load(x, row_dtype(s), at) - mu) * rstd[row];
                        });
 }
 

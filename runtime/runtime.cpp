@@ -28,12 +28,18 @@ int access_bytes(int vec, DType d) { return std::min(16, vec * dtype_size(d)); }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Every field of a spec in one word (n - 1 < 2^18, rows_per_cta - 1 < 2^10, threads_per_row <
-// 2^11, vec (at most 16 bytes of 2-byte or 4-byte elements: 8) and cluster by their log2;
-// stages 2-4). A spec without a block config packs
-// threads_per_row = 0, which no resolved spec has.
+// Every field of a spec in one word (n - 1 < 2^18; the row shape in 14 bits: sub-warp rows
+// (threads_per_row <= 32, a power of two) by log2(threads_per_row) and rows_per_cta - 1 < 2^10,
+// CTA-wide rows (rows_per_cta 1) by threads_per_row / 32 - 1 < 2^5; vec (at most 16 bytes of
+// 2-byte or 4-byte elements: 8) and cluster by their log2; stages 2-4). A spec without a block
+// config packs threads_per_row = 0, which no resolved spec has.
 uint64_t packed_key(const Spec& s) {
   const BlockConfig b = s.block.value_or(BlockConfig{});
+  const bool sub_warp = b.threads_per_row <= 32;
+  const uint64_t row_shape =
+      sub_warp ? uint64_t(1) << 13 | uint64_t(b.threads_per_row > 0 ? __builtin_ctz(unsigned(b.threads_per_row)) : 7) << 10 |
+                     (static_cast<uint64_t>(b.rows_per_cta - 1) & 1023)
+               : static_cast<uint64_t>(b.threads_per_row / 32 - 1) & 31;
   uint64_t k = static_cast<uint64_t>(s.n - 1);  // 18 bits
   k = k << 2 | static_cast<uint64_t>(s.norm);
   // Phase takes values 0-2; 3 is the memory_efficient backward.
@@ -43,16 +49,17 @@ uint64_t packed_key(const Spec& s) {
   k = k << 1 | static_cast<uint64_t>(s.has_bias);
   k = k << 1 | static_cast<uint64_t>(s.zero_centered);
   k = k << 1 | static_cast<uint64_t>(s.residual);
+  k = k << 1 | static_cast<uint64_t>(s.residual_f32);
+  k = k << 1 | static_cast<uint64_t>(s.bias_in);
   static_assert(static_cast<int>(Epilogue::kNvfp4) < 16, "the epilogue's 4 bits of the key are full");
   k = k << 4 | static_cast<uint64_t>(s.epilogue);
-  k = k << 11 | static_cast<uint64_t>(b.threads_per_row);
-  k = k << 10 | (static_cast<uint64_t>(b.rows_per_cta - 1) & 1023);
+  k = k << 14 | row_shape;
   k = k << 2 | static_cast<uint64_t>(b.vec > 0 ? __builtin_ctz(static_cast<unsigned>(b.vec)) : 0);  // 1-8
   k = k << 2 | static_cast<uint64_t>(b.cache);
   k = k << 3 | static_cast<uint64_t>(__builtin_ctz(static_cast<unsigned>(std::max(1, b.cluster))));  // 1-16
   k = k << 2 | static_cast<uint64_t>(b.stages - 2);                          // 2, 3, 4
   k = k << 1 | static_cast<uint64_t>(b.bulk_copy);
-  return k;  // 18 + 2+2+2+2+1+1+1+4 + 11+10+2+2+3+2+1 = 64 bits
+  return k;  // 18 + 2+2+2+2+1+1+1+1+1+4 + 14+2+2+3+2+1 = 59 bits
 }
 
 bool needs_pre_activation(Epilogue e) { return e == Epilogue::kGelu; }
@@ -75,12 +82,16 @@ const char* to_string(BlockScaleLayout v) {
 }
 
 int max_vec_for(const Spec& spec, const LaunchArgs& a) {
-  int vec = 16 / dtype_size(spec.x_dtype);
+  int vec = 16 / dtype_size(row_dtype(spec));
   auto ok = [&](int v) {
     const int xb = access_bytes(v, spec.x_dtype), wb = access_bytes(v, spec.w_dtype);
-    return spec.n % v == 0 && a.row_stride % v == 0 && aligned(a.x, xb) && aligned(a.y, xb) && aligned(a.dy, xb) &&
-           aligned(a.dx, xb) && aligned(a.residual, xb) && aligned(a.h, xb) && aligned(a.dh_out, xb) &&
-           aligned(a.gamma, wb) && aligned(a.beta, wb) && aligned(a.y_quant, y_quant_align(v, spec.epilogue));
+    const int rb = access_bytes(v, row_dtype(spec));  // the residual stream's packs
+    // An fp32 stream's backward reads h (f32) as its x.
+    const int x_in = spec.phase == Phase::kBackward ? rb : xb;
+    return spec.n % v == 0 && a.row_stride % v == 0 && aligned(a.x, x_in) && aligned(a.y, xb) && aligned(a.dy, xb) &&
+           aligned(a.dx, xb) && aligned(a.residual, rb) && aligned(a.h, rb) && aligned(a.dh_out, rb) &&
+           aligned(a.dresidual, rb) && aligned(a.bias_in, wb) && aligned(a.gamma, wb) && aligned(a.beta, wb) &&
+           aligned(a.y_quant, y_quant_align(v, spec.epilogue));
   };
   while (vec > 1 && !ok(vec)) vec /= 2;
   return vec;
@@ -131,6 +142,9 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
       {"residual", a.residual, s.residual && !backward, "the forward's residual input (spec .residual)"},
       {"h", a.h, s.residual && !backward, "the forward's x + residual output (spec .residual)"},
       {"dh_out", a.dh_out, s.residual && backward, "the gradient arriving on h (spec .residual)"},
+      {"dresidual", a.dresidual, s.residual_f32 && backward,
+       "the fp32 gradient of the residual stream beside dx (spec .residual_f32)"},
+      {"bias_in", a.bias_in, s.bias_in, "the bias added with the residual (spec .bias_in)"},
       {"y_quant", a.y_quant, quant, "the quantized output (spec .fp8_*, .int8_row, .mxfp8_*, .mxfp4, .nvfp4)"},
       {"quant_scale", a.quant_scale, reads_quant_scale(s.epilogue),
        "the per-tensor scale of the quantized output (spec .fp8_e4m3, .fp8_e5m2; .nvfp4's S_enc)"},
@@ -183,18 +197,21 @@ void validate_launch(const Spec& s, const LaunchArgs& a) {
     fail("row_stride=" + std::to_string(a.row_stride) + " is not a multiple of vec=" + std::to_string(vec) +
          " (use Runtime::launch to pick a narrower vector, or a spec with a smaller vec)");
   const int xb = access_bytes(vec, s.x_dtype), wb = access_bytes(vec, s.w_dtype);
+  const int rb = access_bytes(vec, row_dtype(s));  // the residual stream: x's dtype, or f32
   auto check_align = [&](const char* field, const void* p, int bytes, const char* why) {
     if (p && !aligned(p, bytes))
       fail(std::string(field) + "=" + hex_ptr(p) + " is not aligned to " + std::to_string(bytes) + " bytes (" + why + ")");
   };
   const std::string vec_why = "vec=" + std::to_string(vec);
-  check_align("x", a.x, xb, vec_why.c_str());
+  check_align("x", a.x, backward ? rb : xb, vec_why.c_str());  // backward: h, in the stream's dtype
   check_align("y", a.y, xb, vec_why.c_str());
   check_align("dy", a.dy, xb, vec_why.c_str());
   check_align("dx", a.dx, xb, vec_why.c_str());
-  check_align("residual", a.residual, xb, vec_why.c_str());
-  check_align("h", a.h, xb, vec_why.c_str());
-  check_align("dh_out", a.dh_out, xb, vec_why.c_str());
+  check_align("residual", a.residual, rb, vec_why.c_str());
+  check_align("h", a.h, rb, vec_why.c_str());
+  check_align("dh_out", a.dh_out, rb, vec_why.c_str());
+  check_align("dresidual", a.dresidual, rb, vec_why.c_str());
+  check_align("bias_in", a.bias_in, wb, vec_why.c_str());
   check_align("gamma", a.gamma, wb, vec_why.c_str());
   check_align("beta", a.beta, wb, vec_why.c_str());
   check_align("dgamma", a.dgamma, dtype_size(s.w_dtype), "its dtype");
@@ -286,6 +303,8 @@ NormParams Kernel::params_for(const LaunchArgs& a) const {
   p.residual = a.residual;
   p.h = a.h;
   p.dh_out = a.dh_out;
+  p.dresidual = a.dresidual;
+  p.bias_in = a.bias_in;
   p.y_quant = static_cast<unsigned char*>(a.y_quant);
   p.quant_scale = a.quant_scale;
   p.amax = a.amax;

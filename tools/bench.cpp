@@ -182,14 +182,18 @@ int main(int argc, char** argv) {
       nj::Spec fwd_spec = spec;
       fwd_spec.block.reset();
       if (backward) fwd_spec.phase = nj::Phase::kForwardTraining;
-      // A residual backward's x is h: its statistics come from the plain forward of x.
-      if (backward) fwd_spec.residual = false;
+      // A residual backward's x is h: its statistics come from the plain forward of x. An fp32
+      // stream's backward reads h in fp32: the residual forward writes it (and its statistics).
+      const bool stream_f32 = spec.residual_f32;
+      if (backward && !stream_f32) fwd_spec.residual = false;
+      fwd_spec.bias_in = false;
       fwd_spec.memory_efficient = false;
       // A memory_efficient backward reads the forward's y (kept in its own buffers) instead of x.
       const bool from_y = spec.memory_efficient;
       const bool residual = spec.residual;
-      // M·N tensors the residual adds: residual read and h written (forward), dh_out read (backward).
-      const int residual_streams = residual ? (backward ? 1 : 2) : 0;
+      // M·N tensors of the stream's dtype the residual adds: residual read and h written (forward),
+      // dh_out read (backward; an fp32 stream also writes dresidual).
+      const int residual_streams = residual ? (backward ? (stream_f32 ? 2 : 1) : 2) : 0;
       const nj::Kernel& forward = rt.get(fwd_spec);
       const bool training = forward.spec().phase == nj::Phase::kForwardTraining;
       const bool has_mean = (training || backward) && nj::subtracts_mean(spec.norm);
@@ -197,9 +201,12 @@ int main(int argc, char** argv) {
       const int xs = nj::dtype_size(spec.x_dtype), ws = nj::dtype_size(spec.w_dtype);
       const int64_t n = spec.n;
       const size_t x_bytes = size_t(rows) * n * xs;
+      // The residual stream's tensors: x's dtype, or f32 (residual_f32).
+      const int rs = nj::dtype_size(nj::row_dtype(spec));
+      const size_t r_bytes = size_t(rows) * n * rs;
       const size_t mask_bytes = size_t(rows) * nj::mask_row_bytes(n);
       // Rotate over enough buffer sets that the tensors one launch touches exceed 4x the L2.
-      const int64_t per_set = int64_t(((backward ? 3 : 2) + residual_streams) * x_bytes);
+      const int64_t per_set = int64_t((backward ? 3 : 2) * x_bytes + residual_streams * r_bytes);
       // --graph: at least 16 sets, and enough that the copy (2·M·N·itemsize per set, less than the
       // kernel touches) also exceeds 4x L2 per replay.
       constexpr int64_t kMaxGraphSets = 2048;
@@ -224,8 +231,10 @@ int main(int argc, char** argv) {
       // NVFP4's S_enc: 448 * 6 / 8, for |y| up to about 8 (larger values clamp their block's scale).
       const float nvfp4_s_enc = 336.0f;
       const double weight_bytes = double(groups) * n * ws;
+      // An fp32 stream's backward reads h (its x) in fp32; bias_in is read once, [N].
       const double bytes =
-          double(residual_streams) * x_bytes +
+          double(residual_streams) * r_bytes + (stream_f32 && backward ? double(r_bytes) - double(x_bytes) : 0.0) +
+          (spec.bias_in ? double(n) * ws : 0.0) +
           (backward ? 3.0 * x_bytes + weight_bytes * (2 + (spec.has_bias ? (from_y ? 2 : 1) : 0))
                     : x_bytes * (quant ? 1.0 + (fp4 ? 0.5 : 1.0) / xs : 2.0) + weight_bytes * (spec.has_bias ? 2 : 1) +
                           double(rows) * 4 * ((training ? 1 : 0) + (has_mean ? 1 : 0) + (per_row ? 1 : 0)) +
@@ -240,8 +249,10 @@ int main(int argc, char** argv) {
           rstd(rows * 4 * sets), mask(bitmask ? mask_bytes * sets : 0), dgamma(backward ? groups * n * ws : 0),
           dbeta(backward && spec.has_bias ? groups * n * ws : 0),
           workspace(backward ? kernel.workspace_bytes(rows, rpb) : 0),
-          residual_in(residual && !backward ? x_bytes * sets : 0), h_out(residual && !backward ? x_bytes * sets : 0),
-          dh_out(residual && backward ? x_bytes * sets : 0), quant_scale(reads_scale ? 4 : 0), amax(per_tensor ? 4 : 0),
+          residual_in(residual && (!backward || stream_f32) ? r_bytes * sets : 0),
+          h_out(residual && (!backward || stream_f32) ? r_bytes * sets : 0),
+          dh_out(residual && backward ? r_bytes * sets : 0), dresidual(stream_f32 && backward ? r_bytes * sets : 0),
+          bias_in(spec.bias_in ? n * ws : 0), quant_scale(reads_scale ? 4 : 0), amax(per_tensor ? 4 : 0),
           row_scales(per_row ? rows * 4 * sets : 0), block_scales(per_block ? rows * blocks_per_row * sets : 0),
           y_in(from_y ? x_bytes * sets : 0);
       const unsigned s0 = seed + 17 * static_cast<unsigned>(si);
@@ -249,8 +260,10 @@ int main(int argc, char** argv) {
       util.run(gamma.get(), spec.w_dtype, groups * n, s0 + 1, 0.5f, 1.0f);
       if (spec.has_bias) util.run(beta.get(), spec.w_dtype, groups * n, s0 + 2, 0.5f, 0.0f);
       if (backward) util.run(dy.get(), spec.x_dtype, (long long)(rows * n * sets), s0 + 3, 1.0f, 0.0f);
-      if (residual_in.bytes) util.run(residual_in.get(), spec.x_dtype, (long long)(rows * n * sets), s0 + 4, 1.0f, 0.0f);
-      if (dh_out.bytes) util.run(dh_out.get(), spec.x_dtype, (long long)(rows * n * sets), s0 + 5, 1.0f, 0.0f);
+      const nj::DType stream_dtype = nj::row_dtype(spec);
+      if (residual_in.bytes) util.run(residual_in.get(), stream_dtype, (long long)(rows * n * sets), s0 + 4, 1.0f, 0.0f);
+      if (dh_out.bytes) util.run(dh_out.get(), stream_dtype, (long long)(rows * n * sets), s0 + 5, 1.0f, 0.0f);
+      if (spec.bias_in) util.run(bias_in.get(), spec.w_dtype, n, s0 + 7, 0.5f, 0.0f);
       NORMJIT_CU(cuMemsetD8(y.ptr, 0xff, y.bytes));  // poison: NaN in every dtype
       if (per_tensor) {
         util.run(quant_scale.get(), nj::DType::kF32, 1, s0 + 6, 0.0f, 1.0f);  // scale 1
@@ -274,9 +287,10 @@ int main(int argc, char** argv) {
         a.rows_per_batch = rpb;
         a.eps = 1e-5f;
         if (residual_in.bytes) {
-          a.residual = static_cast<char*>(residual_in.get()) + size_t(set) * x_bytes;
-          a.h = static_cast<char*>(h_out.get()) + size_t(set) * x_bytes;
+          a.residual = static_cast<char*>(residual_in.get()) + size_t(set) * r_bytes;
+          a.h = static_cast<char*>(h_out.get()) + size_t(set) * r_bytes;
         }
+        if (spec.bias_in && !backward) a.bias_in = bias_in.get();
         if (quant) {  // the codes in y's buffer; no y in x's dtype
           a.y_quant = a.y;
           a.y = nullptr;
@@ -307,7 +321,13 @@ int main(int argc, char** argv) {
         a.dbeta = spec.has_bias ? dbeta.get() : nullptr;
         a.workspace = workspace.get();
         a.workspace_bytes = workspace.bytes;
-        if (residual) a.dh_out = static_cast<char*>(dh_out.get()) + size_t(set) * x_bytes;
+        a.residual = nullptr;
+        a.h = nullptr;
+        if (residual) a.dh_out = static_cast<char*>(dh_out.get()) + size_t(set) * r_bytes;
+        if (stream_f32) {  // x is the forward's h, in fp32
+          a.x = static_cast<char*>(h_out.get()) + size_t(set) * r_bytes;
+          a.dresidual = static_cast<char*>(dresidual.get()) + size_t(set) * r_bytes;
+        }
         return a;
       };
       auto launch = [&](int set, CUstream stream) {
@@ -353,7 +373,8 @@ int main(int argc, char** argv) {
         const int64_t check = std::min<int64_t>(rows, verify_rows);
         std::vector<char> hx(n * xs), hout(n * xs), hdy(n * xs), hg(n * ws), hb(spec.has_bias ? n * ws : 0);
         std::vector<uint8_t> hmask(nj::mask_row_bytes(n));
-        std::vector<char> hres(residual ? n * xs : 0), hh(residual ? n * xs : 0);
+        std::vector<char> hres(residual ? n * rs : 0), hh(residual ? n * rs : 0), hbias_in(spec.bias_in ? n * ws : 0);
+        if (spec.bias_in) NORMJIT_CU(cuMemcpyDtoH(hbias_in.data(), bias_in.ptr, hbias_in.size()));
         const nj::reference::Tolerance tol =
             backward ? nj::reference::backward_tolerance(spec.x_dtype) : nj::reference::tolerance(spec.x_dtype);
         for (int64_t c = 0; c < check; ++c) {
@@ -364,16 +385,21 @@ int main(int argc, char** argv) {
           NORMJIT_CU(cuMemcpyDtoH(hg.data(), gamma.ptr + w_row * n * ws, hg.size()));
           if (spec.has_bias) NORMJIT_CU(cuMemcpyDtoH(hb.data(), beta.ptr + w_row * n * ws, hb.size()));
           NORMJIT_CU(cuMemcpyDtoH(hx.data(), x.ptr + x_off, hx.size()));
-          if (residual && !backward) {
-            // h must be x + residual rounded to the x dtype, bit for bit; the reference normalizes it.
-            NORMJIT_CU(cuMemcpyDtoH(hres.data(), residual_in.ptr + x_off, hres.size()));
-            NORMJIT_CU(cuMemcpyDtoH(hh.data(), h_out.ptr + x_off, hh.size()));
+          // Row r of a residual stream's tensor (x's dtype, or f32) in this set.
+          const size_t r_off = size_t(set) * r_bytes + size_t(r) * n * rs;
+          if (residual && (!backward || stream_f32)) {
+            // h must be (x + bias_in) + residual in fp32, rounded once to the stream's dtype, bit for
+            // bit; the reference normalizes it (the backward of an fp32 stream reads that h).
+            NORMJIT_CU(cuMemcpyDtoH(hres.data(), residual_in.ptr + r_off, hres.size()));
+            NORMJIT_CU(cuMemcpyDtoH(hh.data(), h_out.ptr + r_off, hh.size()));
+            std::vector<char> sum(n * rs);
             for (int64_t i = 0; i < n; ++i) {
-              nj::reference::store(hx.data(), spec.x_dtype, i,
-                                   nj::reference::load(hx.data(), spec.x_dtype, i) +
-                                       nj::reference::load(hres.data(), spec.x_dtype, i));
-              if (std::memcmp(hx.data() + i * xs, hh.data() + i * xs, xs) != 0) note(INFINITY);
+              float v = nj::reference::load(hx.data(), spec.x_dtype, i);
+              if (spec.bias_in) v += nj::reference::load(hbias_in.data(), spec.w_dtype, i);
+              nj::reference::store(sum.data(), stream_dtype, i, v + nj::reference::load(hres.data(), stream_dtype, i));
+              if (std::memcmp(sum.data() + i * rs, hh.data() + i * rs, rs) != 0) note(INFINITY);
             }
+            hx = sum;
           }
           NORMJIT_CU(cuMemcpyDtoH(hout.data(), y.ptr + x_off, hout.size()));
           float stat_mean = 0, stat_rstd = 0;
@@ -400,8 +426,16 @@ int main(int argc, char** argv) {
                          .dx;
             }
             if (residual) {
-              NORMJIT_CU(cuMemcpyDtoH(hres.data(), dh_out.ptr + x_off, hres.size()));
-              for (int64_t i = 0; i < n; ++i) want[i] += nj::reference::load(hres.data(), spec.x_dtype, i);
+              NORMJIT_CU(cuMemcpyDtoH(hres.data(), dh_out.ptr + r_off, hres.size()));
+              for (int64_t i = 0; i < n; ++i) want[i] += nj::reference::load(hres.data(), stream_dtype, i);
+            }
+            if (stream_f32) {  // dresidual: dh unrounded, within f32's backward tolerance
+              std::vector<char> hdr(n * 4);
+              NORMJIT_CU(cuMemcpyDtoH(hdr.data(), dresidual.ptr + r_off, hdr.size()));
+              const nj::reference::Tolerance tf = nj::reference::backward_tolerance(nj::DType::kF32);
+              for (int64_t i = 0; i < n; ++i)
+                note(std::abs(nj::reference::load(hdr.data(), nj::DType::kF32, i) - want[i]) /
+                     (tf.atol + tf.rtol * std::abs(want[i])));
             }
           } else {
             nj::Spec one = spec;

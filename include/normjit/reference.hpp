@@ -23,9 +23,10 @@ struct ForwardRef {
   std::vector<double> mean;  // [rows] (LayerNorm, AdaLayerNorm)
   std::vector<double> rstd;  // [rows]
 };
-// x: [rows, row_stride] of spec.x_dtype; gamma, beta: [n] of spec.w_dtype, or [rows /
-// rows_per_batch, n] for AdaLayerNorm (beta may be null). zero_centered specs scale by 1 + gamma. For a
-// residual spec, pass h (x + residual, rounded to the x dtype) as x, and add dh_out to dx.
+// x: [rows, row_stride] of row_dtype(spec) (x's dtype, f32 for .residual_f32); gamma, beta: [n] of
+// spec.w_dtype, or [rows / rows_per_batch, n] for AdaLayerNorm (beta may be null). zero_centered
+// specs scale by 1 + gamma. For a residual spec, pass h (x (+ bias_in) + residual, rounded to the
+// stream's dtype) as x, and add dh_out to dx. dy is of spec.x_dtype.
 ForwardRef forward(const Spec& spec, const void* x, const void* gamma, const void* beta, int64_t rows,
                    int64_t row_stride, double eps, int64_t rows_per_batch = 0, double clip_lower = 0,
                    double clip_upper = INFINITY);

@@ -49,11 +49,17 @@ struct LaunchArgs {
   size_t workspace_bytes = 0;
   // relu_bitmask epilogue.
   uint8_t* mask = nullptr;  // [rows, ceil(n / 8)] uint8; forward writes, backward reads
-  // residual specs. Forward: h = x + residual is written and normalized; backward (x is h): dx =
-  // dnorm(dy) + dh_out, the gradient of both x and residual. All [rows, row_stride] x dtype.
+  // residual specs. Forward: h = x (+ bias_in) + residual is written and normalized; backward (x
+  // is h): dx = dnorm(dy) + dh_out, the gradient of both x and residual. All [rows, row_stride],
+  // in the stream's dtype: x's, or f32 for .residual_f32 (row_dtype()).
   const void* residual = nullptr;  // forward input
   void* h = nullptr;               // forward output
   const void* dh_out = nullptr;    // backward input: the gradient arriving on h
+  // .residual_f32 backward: dx unrounded (the gradient of the fp32 residual), [rows, row_stride]
+  // f32, beside dx in x's dtype (the gradient of x).
+  void* dresidual = nullptr;
+  // .bias_in forward: [n] weight dtype, added with the residual (h = x + bias_in + residual).
+  const void* bias_in = nullptr;
   // fp8_e4m3 / fp8_e5m2 forward: y_quant gets the FP8 codes of y * *quant_scale ([rows,
   // row_stride] bytes); amax (optional) folds in max |y| (atomicMax; initialize it); y itself is
   // optional for these specs (written where given).

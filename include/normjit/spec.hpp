@@ -123,7 +123,7 @@ struct BlockConfig {
 };
 
 // Names one kernel. Canonical string (print/parse round-trip):
-//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.zero_centered][.residual][.memory_efficient][.<epilogue>][.cfg_t<T>_r<R>_v<V>[_c<C>]_<reg|gmem|smem|pipe[3|4]|tma[3|4]>]
+//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.zero_centered][.residual|.residual_f32][.bias_in][.memory_efficient][.<epilogue>][.cfg_t<T>_r<R>_v<V>[_c<C>]_<reg|gmem|smem|pipe[3|4]|tma[3|4]>]
 // (_c<C> only for clusters of C > 1 CTAs per row; pipe3 / pipe4: a pipelined row of 3 / 4 buffers;
 // tma: a pipelined row filled by bulk copies)
 // e.g. "layernorm.fwd_train.bf16.w_f32.n4096.bias" or "rmsnorm.fwd_infer.f16.w_f16.n7.cfg_t1_r256_v1_reg".
@@ -141,6 +141,16 @@ struct Spec {
   // Forward rows of a pipelined block config (pipe, tma) are not supported: resolve() picks the
   // non-pipelined shared-memory row instead.
   bool residual = false;
+  // With residual (token .residual_f32): the residual stream (residual, h, dh_out) is fp32 while x,
+  // y, dy and dx keep x's dtype (a bf16 model with an fp32 residual stream, as Megatron's
+  // fp32_residual_connection): h = x + residual is not rounded to x's dtype. Rows are held and
+  // normalized in fp32, so block configs are those of an f32 spec (row_dtype()). The backward
+  // writes dh twice: in x's dtype to dx (the gradient of x) and in fp32 to dresidual.
+  bool residual_f32 = false;
+  // With residual, forward only: h = x + bias_in + residual, bias_in [N] in the weight dtype (a
+  // preceding linear layer's bias). Summed in fp32 and rounded once. Its gradient is the column sum
+  // of the backward's dx, which the caller forms (normjit.torch does).
+  bool bias_in = false;
   // Memory-saving backward (Apex's memory_efficient): the backward reads the forward's output y
   // instead of x and recovers x̂ = (y - beta) / gamma' (gamma' = gamma, or 1 + gamma zero-centred),
   // so training keeps y and rstd, not x and mean. Backward only, epilogue none (a clamp or gelu
@@ -166,6 +176,8 @@ const char* to_string(DType v);
 const char* to_string(Epilogue v);
 const char* to_string(RowCache v);
 int dtype_size(DType d);
+// The dtype a spec's kernels hold and normalize rows in: f32 for an fp32 residual stream, else x's.
+inline DType row_dtype(const Spec& s) { return s.residual_f32 ? DType::kF32 : s.x_dtype; }
 // Backward shared-memory rows whose threads hold more values than registers fit two fp32 sums
 // for (16 per thread above 768 threads, 24 at most 768; 8 fewer with a residual, 8 fewer
 // memory_efficient) keep the dbeta sums

@@ -79,7 +79,7 @@ def launch(runtime, spec, *, x=None, gamma=None, beta=None, mean=None, rstd=None
            dgamma=None, dbeta=None, workspace=None, workspace_bytes=None, mask=None, clip_lower=0.0,
            clip_upper=math.inf, rows=None, row_stride=None, rows_per_batch=None, eps=1e-5, stream=None,
            residual=None, h=None, dh_out=None, y_quant=None, quant_scale=None, amax=None, row_scales=None, block_scales=None,
-           block_scale_layout="row_major"):
+           block_scale_layout="row_major", dresidual=None, bias_in=None):
     """Launches the kernel of ``spec`` (a Spec or spec string) on ``runtime``'s GPU.
 
     Arrays: torch tensors, ``__cuda_array_interface__`` or DLPack arrays, int pointers, or None
@@ -89,7 +89,8 @@ def launch(runtime, spec, *, x=None, gamma=None, beta=None, mean=None, rstd=None
     gets one from torch when x is a torch tensor. stream: an int handle, an object with
     ``__cuda_stream__`` or ``cuda_stream``, or None for torch's current stream (torch tensors)
     or the legacy default stream. block_scale_layout: "row_major" or "swizzled" (the GEMMs' 128x4
-    tiles; block-scaled specs only). Returns the Kernel it launched.
+    tiles; block-scaled specs only). An fp32 residual stream (``.residual_f32``): residual, h,
+    dh_out and dresidual are float32, and the backward's x is h. Returns the Kernel it launched.
     """
     if block_scale_layout not in BLOCK_SCALE_LAYOUTS:
         raise _normjit.InvalidArgumentError(
@@ -103,14 +104,17 @@ def launch(runtime, spec, *, x=None, gamma=None, beta=None, mean=None, rstd=None
                       ("dy", dy), ("dx", dx), ("dgamma", dgamma), ("dbeta", dbeta), ("mask", mask),
                       ("residual", residual), ("h", h), ("dh_out", dh_out), ("y_quant", y_quant),
                       ("quant_scale", quant_scale), ("amax", amax), ("row_scales", row_scales),
-                      ("block_scales", block_scales)):
+                      ("block_scales", block_scales), ("dresidual", dresidual), ("bias_in", bias_in)):
         p, s, st, size = _array_info(obj, name)
         ptr[name] = p
         if obj is anchor:
             shape, strides, itemsize = s, st, size
-    if itemsize is not None and itemsize != _ITEMSIZE[spec.x_dtype]:
+    # An fp32 residual stream's backward reads h (float32) as its x.
+    x_dtype = "f32" if spec.residual_f32 and spec.phase == "bwd" and anchor is x else spec.x_dtype
+    if itemsize is not None and itemsize != _ITEMSIZE[x_dtype]:
         raise _normjit.InvalidArgumentError(
-            f"x has {itemsize}-byte elements; {spec} takes {spec.x_dtype} ({_ITEMSIZE[spec.x_dtype]} bytes)"
+            f"{'x' if anchor is x else 'dy'} has {itemsize}-byte elements; {spec} takes {x_dtype} "
+            f"({_ITEMSIZE[x_dtype]} bytes)"
         )
     if rows is None or row_stride is None:
         if shape is None:
@@ -123,7 +127,7 @@ def launch(runtime, spec, *, x=None, gamma=None, beta=None, mean=None, rstd=None
 
     max_vec = _normjit.max_vec_for(spec, ptr["x"], ptr["gamma"], ptr["beta"], ptr["y"], ptr["dy"], ptr["dx"],
                                    ptr["dgamma"], ptr["dbeta"], ptr["mask"], row_stride, ptr["residual"], ptr["h"],
-                                   ptr["dh_out"], ptr["y_quant"])
+                                   ptr["dh_out"], ptr["y_quant"], ptr["dresidual"], ptr["bias_in"])
     kernel = runtime.kernel(spec, max_vec)
     needed = kernel.workspace_bytes(rows, rows_per_batch)
     if workspace is None and needed > 0 and hasattr(anchor, "data_ptr") and hasattr(anchor, "device"):
@@ -137,5 +141,5 @@ def launch(runtime, spec, *, x=None, gamma=None, beta=None, mean=None, rstd=None
                   ptr["dgamma"], ptr["dbeta"], ws_ptr, workspace_bytes, ptr["mask"], clip_lower, clip_upper, rows,
                   row_stride, rows_per_batch, eps, _stream_handle(stream, anchor), ptr["residual"], ptr["h"],
                   ptr["dh_out"], ptr["y_quant"], ptr["quant_scale"], ptr["amax"], ptr["row_scales"], ptr["block_scales"],
-                  BLOCK_SCALE_LAYOUTS[block_scale_layout])
+                  BLOCK_SCALE_LAYOUTS[block_scale_layout], ptr["dresidual"], ptr["bias_in"])
     return kernel

@@ -65,7 +65,7 @@ size_t spec_hash(const Spec& s) {
   auto mix = [&h](int64_t v) { h = (h ^ static_cast<size_t>(v)) * 0x100000001b3ull; };
   for (int64_t v : {int64_t(s.norm), int64_t(s.phase), int64_t(s.x_dtype), int64_t(s.w_dtype), s.n,
                     int64_t(s.has_bias), int64_t(s.epilogue), int64_t(s.zero_centered), int64_t(s.residual),
-                    int64_t(s.memory_efficient)})
+                    int64_t(s.residual_f32), int64_t(s.bias_in), int64_t(s.memory_efficient)})
     mix(v);
   if (const auto& b = s.block)
     for (int v : {b->threads_per_row, b->rows_per_cta, b->vec, int(b->cache), b->cluster, b->stages, int(b->bulk_copy)})
@@ -269,6 +269,8 @@ NB_MODULE(_normjit, m) {
       .def_prop_ro("has_bias", [](const Spec& s) { return s.has_bias; })
       .def_prop_ro("zero_centered", [](const Spec& s) { return s.zero_centered; })
       .def_prop_ro("residual", [](const Spec& s) { return s.residual; })
+      .def_prop_ro("residual_f32", [](const Spec& s) { return s.residual_f32; })
+      .def_prop_ro("bias_in", [](const Spec& s) { return s.bias_in; })
       .def_prop_ro("memory_efficient", [](const Spec& s) { return s.memory_efficient; })
       .def_prop_ro("block", [](const Spec& s) -> std::optional<std::string> {
         if (!s.block) return std::nullopt;
@@ -291,8 +293,11 @@ NB_MODULE(_normjit, m) {
               size_t workspace_bytes, uintptr_t mask, float clip_lower, float clip_upper, int64_t rows,
               int64_t row_stride, int64_t rows_per_batch, float eps, uintptr_t stream, uintptr_t residual,
               uintptr_t h, uintptr_t dh_out, uintptr_t y_quant, uintptr_t quant_scale, uintptr_t amax,
-              uintptr_t row_scales, uintptr_t block_scales, int block_scale_layout) {
+              uintptr_t row_scales, uintptr_t block_scales, int block_scale_layout, uintptr_t dresidual,
+              uintptr_t bias_in) {
              normjit::LaunchArgs a = pointer_args(x, gamma, beta, y, dy, dx, dgamma, dbeta, mask);
+             a.dresidual = reinterpret_cast<void*>(dresidual);
+             a.bias_in = reinterpret_cast<const void*>(bias_in);
              a.block_scale_layout = static_cast<normjit::BlockScaleLayout>(block_scale_layout);
              a.residual = reinterpret_cast<const void*>(residual);
              a.h = reinterpret_cast<void*>(h);
@@ -318,13 +323,14 @@ NB_MODULE(_normjit, m) {
            "workspace"_a, "workspace_bytes"_a, "mask"_a, "clip_lower"_a, "clip_upper"_a, "rows"_a, "row_stride"_a,
            "rows_per_batch"_a, "eps"_a, "stream"_a, "residual"_a = 0, "h"_a = 0, "dh_out"_a = 0, "y_quant"_a = 0,
            "quant_scale"_a = 0, "amax"_a = 0, "row_scales"_a = 0, "block_scales"_a = 0, "block_scale_layout"_a = 0,
-           nb::call_guard<nb::gil_scoped_release>(),
+           "dresidual"_a = 0, "bias_in"_a = 0, nb::call_guard<nb::gil_scoped_release>(),
            "Launches on `stream` (0: the legacy default stream). Arguments: x, gamma, beta, mean, rstd, y, dy, dx, "
            "dgamma, dbeta, workspace, workspace_bytes, mask, clip_lower, clip_upper, rows, row_stride, "
            "rows_per_batch, eps, stream, then residual, h, dh_out (residual specs) and y_quant, quant_scale, amax "
            "(fp8_e4m3 / fp8_e5m2 specs) or y_quant, row_scales (*_row specs) or y_quant, block_scales (mxfp8_*, "
            "mxfp4 specs; nvfp4: with quant_scale, its S_enc), then block_scale_layout (0 row-major, 1 the GEMMs' "
-           "swizzled 128x4 tiles); pointers as ints, 0 where unused.");
+           "swizzled 128x4 tiles), then dresidual (residual_f32 backward) and bias_in (bias_in forward); pointers "
+           "as ints, 0 where unused.");
 
   nb::class_<normjit::Runtime>(m, "Runtime", "normjit on one GPU: its kernels, loaded once, and the disk cache.")
       .def("__init__",
@@ -359,7 +365,7 @@ NB_MODULE(_normjit, m) {
              nb::gil_scoped_release release;  // a miss compiles or loads a module
              // Full-width vectors, or a pinned block: get() also tunes on a miss and falls back
              // from clusters the device cannot co-schedule.
-             if (spec.block || max_vec >= 16 / normjit::dtype_size(spec.x_dtype)) return r.get(spec);
+             if (spec.block || max_vec >= 16 / normjit::dtype_size(normjit::row_dtype(spec))) return r.get(spec);
              return r.get(r.choose(spec, max_vec));
            },
            "spec"_a, "max_vec"_a = 16, nb::rv_policy::reference_internal,
@@ -377,9 +383,11 @@ NB_MODULE(_normjit, m) {
   m.def("max_vec_for",
         [](const Spec& spec, uintptr_t x, uintptr_t gamma, uintptr_t beta, uintptr_t y, uintptr_t dy, uintptr_t dx,
            uintptr_t dgamma, uintptr_t dbeta, uintptr_t mask, int64_t row_stride, uintptr_t residual, uintptr_t h,
-           uintptr_t dh_out, uintptr_t y_quant) {
+           uintptr_t dh_out, uintptr_t y_quant, uintptr_t dresidual, uintptr_t bias_in) {
           normjit::LaunchArgs a = pointer_args(x, gamma, beta, y, dy, dx, dgamma, dbeta, mask);
           a.row_stride = row_stride;
+          a.dresidual = reinterpret_cast<void*>(dresidual);
+          a.bias_in = reinterpret_cast<const void*>(bias_in);
           a.residual = reinterpret_cast<const void*>(residual);
           a.h = reinterpret_cast<void*>(h);
           a.dh_out = reinterpret_cast<const void*>(dh_out);
@@ -387,9 +395,9 @@ NB_MODULE(_normjit, m) {
           return normjit::max_vec_for(spec, a);
         },
         "spec"_a, "x"_a, "gamma"_a, "beta"_a, "y"_a, "dy"_a, "dx"_a, "dgamma"_a, "dbeta"_a, "mask"_a, "row_stride"_a,
-        "residual"_a = 0, "h"_a = 0, "dh_out"_a = 0, "y_quant"_a = 0,
+        "residual"_a = 0, "h"_a = 0, "dh_out"_a = 0, "y_quant"_a = 0, "dresidual"_a = 0, "bias_in"_a = 0,
         "The widest vector (elements) the pointers (ints), row stride and n allow. Arguments: spec, x, gamma, beta, "
-        "y, dy, dx, dgamma, dbeta, mask, row_stride, then residual, h, dh_out, y_quant.");
+        "y, dy, dx, dgamma, dbeta, mask, row_stride, then residual, h, dh_out, y_quant, dresidual, bias_in.");
 
   m.def("_precompile", &precompile, "specs"_a, "arch"_a = "sm_90", "cache_dir"_a = nb::none(), "jobs"_a = 0,
         "progress"_a = nb::none());

@@ -32,8 +32,8 @@ __device__ __forceinline__ float2* bwd_row_sums(const NormParams& p) {
 }
 
 // xhat and d (dy through the epilogue's backward) for one pack.
-template <class Cfg, class XT, class WT, int kVec>
-__device__ __forceinline__ void pack_xhat_grad(const Pack<XT, kVec>& x, const Pack<XT, kVec>& dy,
+template <class Cfg, class XT, class YT, class WT, int kVec>
+__device__ __forceinline__ void pack_xhat_grad(const Pack<XT, kVec>& x, const Pack<YT, kVec>& dy,
                                                const Pack<WT, kVec>& g, const WT* beta, const NormParams& p,
                                                long long row, int col, int segment_col, float mean, float rstd,
                                                float (&xhat)[kVec], float (&d)[kVec]) {

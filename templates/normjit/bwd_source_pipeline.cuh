@@ -14,17 +14,19 @@ namespace normjit {
 template <class Cfg, bool kBulk, class XT>
 __device__ __forceinline__ void bwd_fill_buffer(const NormParams& p, const BwdWalk& w, XT* rows,
                                                 unsigned long long* ready, long long block, int buffer) {
+  using YT = typename Cfg::YT;  // dy, in a slot of x's size
   using S = RowShape<Cfg>;
   constexpr int kVec = Cfg::kVec;
   if constexpr (kBulk) {
     if (threadIdx.x == 0 && block < w.row_blocks) {
       constexpr unsigned kBytes = S::kSegment * sizeof(XT);
+      static_assert(sizeof(YT) == sizeof(XT), "bulk-copied rows take x and dy of one type");
       const long long offset = (w.group * p.rows_per_group + block) * p.row_stride + w.segment_col;
       XT* const to_x = rows + 2 * buffer * S::kSegment;
       fence_shared_for_bulk_copy();
       expect_bulk_bytes(&ready[buffer], 2 * kBytes);
       bulk_copy_to_shared(to_x, static_cast<const XT*>(p.x) + offset, kBytes, &ready[buffer]);
-      bulk_copy_to_shared(to_x + S::kSegment, static_cast<const XT*>(p.dy) + offset, kBytes, &ready[buffer]);
+      bulk_copy_to_shared(to_x + S::kSegment, static_cast<const YT*>(p.dy) + offset, kBytes, &ready[buffer]);
     }
     return;
   }
@@ -36,7 +38,8 @@ __device__ __forceinline__ void bwd_fill_buffer(const NormParams& p, const BwdWa
       const int pack = i * S::kThreads + w.lane;
       if (pack < S::kVecs) {
         copy_async<XT, kVec>(to_x + pack * kVec, static_cast<const XT*>(p.x) + offset + pack * kVec);
-        copy_async<XT, kVec>(to_x + S::kSegment + pack * kVec, static_cast<const XT*>(p.dy) + offset + pack * kVec);
+        copy_async<YT, kVec>(reinterpret_cast<YT*>(to_x + S::kSegment) + pack * kVec,
+                             static_cast<const YT*>(p.dy) + offset + pack * kVec);
       }
     }
   }
@@ -46,6 +49,7 @@ __device__ __forceinline__ void bwd_fill_buffer(const NormParams& p, const BwdWa
 template <class Cfg, bool kBulkCopy, bool kStatsAhead>
 struct BwdPipelinedRows {
   using XT = typename Cfg::XT;
+  using YT = typename Cfg::YT;
   using S = RowShape<Cfg>;
   using Pipeline = RowPipeline<Cfg, kBulkCopy>;
   static constexpr int kVec = Cfg::kVec;
@@ -86,8 +90,8 @@ struct BwdPipelinedRows {
 
   // Starts the copy of the row kStages - 1 ahead into the buffer behind this row's.
   static __device__ __forceinline__ void fill(const NormParams& p, const BwdWalk& w, long long block, bool,
-                                              const XT*, const XT*, XT*, XT*, Pack<XT, kVec> (&)[1],
-                                              Pack<XT, kVec> (&)[1], XT* rows, unsigned long long* ready, int buffer) {
+                                              const XT*, const YT*, XT*, YT*, Pack<XT, kVec> (&)[1],
+                                              Pack<YT, kVec> (&)[1], XT* rows, unsigned long long* ready, int buffer) {
     Pipeline::before_fill_behind();
     bwd_fill_buffer<Cfg, kBulk>(p, w, rows, ready, block + (kBuffers - 1) * w.slots, Pipeline::behind(buffer));
   }

@@ -26,6 +26,7 @@ namespace normjit {
 template <class Cfg>
 struct BwdRegisterRows {
   using XT = typename Cfg::XT;
+  using YT = typename Cfg::YT;
   using S = RowShape<Cfg>;
   static constexpr int kVec = Cfg::kVec;
   static constexpr bool kInRegisters = true;
@@ -39,14 +40,14 @@ struct BwdRegisterRows {
 
   // This thread's packs of the row at x and dy (its segment in global memory) into xs and dys.
   static __device__ __forceinline__ void fill(const NormParams&, const BwdWalk& w, long long, bool active,
-                                              const XT* x, const XT* dy, XT*, XT*, Pack<XT, kVec> (&xs)[S::kIters],
-                                              Pack<XT, kVec> (&dys)[S::kIters], XT*, unsigned long long*, int) {
+                                              const XT* x, const YT* dy, XT*, YT*, Pack<XT, kVec> (&xs)[S::kIters],
+                                              Pack<YT, kVec> (&dys)[S::kIters], XT*, unsigned long long*, int) {
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i) {
       const int pack = i * S::kThreads + w.lane;
       if (active && pack < S::kVecs) {
         xs[i] = load_pack<XT, kVec>(x + pack * kVec);
-        dys[i] = load_pack<XT, kVec>(dy + pack * kVec);
+        dys[i] = load_pack<YT, kVec>(dy + pack * kVec);
       }
     }
   }

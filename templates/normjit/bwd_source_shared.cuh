@@ -11,6 +11,7 @@ namespace normjit {
 template <class Cfg>
 struct BwdSharedRows {
   using XT = typename Cfg::XT;
+  using YT = typename Cfg::YT;
   using S = RowShape<Cfg>;
   static constexpr int kVec = Cfg::kVec;
   static constexpr bool kInRegisters = false;
@@ -40,8 +41,8 @@ struct BwdSharedRows {
   // This thread's packs of the row at x and dy (its segment in global memory) into shared_x and
   // shared_dy.
   static __device__ __forceinline__ void fill(const NormParams&, const BwdWalk& w, long long, bool active,
-                                              const XT* x, const XT* dy, XT* shared_x, XT* shared_dy,
-                                              Pack<XT, kVec> (&)[1], Pack<XT, kVec> (&)[1], XT*, unsigned long long*,
+                                              const XT* x, const YT* dy, XT* shared_x, YT* shared_dy,
+                                              Pack<XT, kVec> (&)[1], Pack<YT, kVec> (&)[1], XT*, unsigned long long*,
                                               int) {
     if constexpr (kAsyncFill) {
 #pragma unroll
@@ -49,7 +50,7 @@ struct BwdSharedRows {
         const int pack = i * S::kThreads + w.lane;
         if (active && pack < S::kVecs) {
           copy_async<XT, kVec>(shared_x + pack * kVec, x + pack * kVec);
-          copy_async<XT, kVec>(shared_dy + pack * kVec, dy + pack * kVec);
+          copy_async<YT, kVec>(shared_dy + pack * kVec, dy + pack * kVec);
         }
       }
       commit_async();
@@ -60,9 +61,9 @@ struct BwdSharedRows {
         const int pack = i * S::kThreads + w.lane;
         if (active && pack < S::kVecs) {
           const Pack<XT, kVec> xv = load_pack<XT, kVec>(x + pack * kVec);
-          const Pack<XT, kVec> dyv = load_pack<XT, kVec>(dy + pack * kVec);
+          const Pack<YT, kVec> dyv = load_pack<YT, kVec>(dy + pack * kVec);
           store_pack<XT, kVec>(shared_x + pack * kVec, xv);
-          store_pack<XT, kVec>(shared_dy + pack * kVec, dyv);
+          store_pack<YT, kVec>(shared_dy + pack * kVec, dyv);
         }
       }
     }

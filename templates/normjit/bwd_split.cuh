@@ -11,6 +11,7 @@ namespace normjit {
 template <class Cfg>
 __device__ __forceinline__ void norm_bwd_rowsums(const NormParams& p) {
   using XT = typename Cfg::XT;
+  using YT = typename Cfg::YT;
   using WT = typename Cfg::WT;
   using S = BwdShape<Cfg>;
   constexpr int kVec = Cfg::kVec;
@@ -25,7 +26,7 @@ __device__ __forceinline__ void norm_bwd_rowsums(const NormParams& p) {
   const WT* gamma = static_cast<const WT*>(p.gamma) + weight_offset;
   const WT* beta = Cfg::kHasBias && p.beta ? static_cast<const WT*>(p.beta) + weight_offset : nullptr;
   const XT* x = static_cast<const XT*>(p.x) + row * p.row_stride;
-  const XT* dy = static_cast<const XT*>(p.dy) + row * p.row_stride;
+  const YT* dy = static_cast<const YT*>(p.dy) + row * p.row_stride;
   const float mean = kBwdReadsMean<Cfg> ? p.mean[row] : 0.f;
   const float rstd = p.rstd[row];
   // 3-4 packs per chunk spilled at 1024 threads (64 registers): f32 rows, and bf16 rows with a bias
@@ -33,13 +34,14 @@ __device__ __forceinline__ void norm_bwd_rowsums(const NormParams& p) {
   constexpr int kChunk = S::kChunk > 2 ? 2 : S::kChunk;
   float c1 = 0.f, c2 = 0.f;
   for (int base = 0; base < S::kIters; base += kChunk) {
-    Pack<XT, kVec> xs[kChunk], dys[kChunk];
+    Pack<XT, kVec> xs[kChunk];
+    Pack<YT, kVec> dys[kChunk];
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) {
       const int pack = (base + i) * S::kThreads + lane;
       if (pack < S::kVecs) {
         xs[i] = load_pack<XT, kVec>(x + pack * kVec);
-        dys[i] = load_pack<XT, kVec>(dy + pack * kVec);
+        dys[i] = load_pack<YT, kVec>(dy + pack * kVec);
       }
     }
 #pragma unroll
@@ -71,6 +73,7 @@ __device__ __forceinline__ void norm_bwd_rowsums(const NormParams& p) {
 template <class Cfg>
 __device__ __forceinline__ void norm_bwd_tiles(const NormParams& p) {
   using XT = typename Cfg::XT;
+  using YT = typename Cfg::YT;
   using WT = typename Cfg::WT;
   using S = BwdShape<Cfg>;
   constexpr int kVec = Cfg::kVec;
@@ -97,7 +100,7 @@ __device__ __forceinline__ void norm_bwd_tiles(const NormParams& p) {
     const long long row = group * p.rows_per_group + local;
     const long long offset = row * p.row_stride + col;
     const Pack<XT, kVec> x = load_pack<XT, kVec>(static_cast<const XT*>(p.x) + offset);
-    const Pack<XT, kVec> dy = load_pack<XT, kVec>(static_cast<const XT*>(p.dy) + offset);
+    const Pack<YT, kVec> dy = load_pack<YT, kVec>(static_cast<const YT*>(p.dy) + offset);
     const float mean = kBwdReadsMean<Cfg> ? p.mean[row] : 0.f;
     const float rstd = p.rstd[row];
     const float2 c = sums[row];
@@ -105,7 +108,7 @@ __device__ __forceinline__ void norm_bwd_tiles(const NormParams& p) {
     const float c2 = c.y * S::kInvN;
     float xhat[kVec], d[kVec];
     pack_xhat_grad<Cfg>(x, dy, g, beta, p, row, col, 0, mean, rstd, xhat, d);
-    Pack<XT, kVec> o;
+    Pack<YT, kVec> o;
     float dxf[kVec];
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
@@ -113,10 +116,10 @@ __device__ __forceinline__ void norm_bwd_tiles(const NormParams& p) {
       acc_b[j] += d[j];
       dxf[j] = rstd * (d[j] * gf[j] - c1 - xhat[j] * c2);
     }
-    Cfg::Prologue::template add_to_dx<XT, kVec, dx_loads_in_order<Cfg>>(p, static_cast<XT*>(p.dx) + offset, dxf);
+    Cfg::Prologue::template add_to_dx<kVec, dx_loads_in_order<Cfg>>(p, static_cast<YT*>(p.dx) + offset, dxf);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(dxf[j]);
-    store_pack<XT, kVec>(static_cast<XT*>(p.dx) + offset, o);
+    for (int j = 0; j < kVec; ++j) o.v[j] = Convert<YT>::from(dxf[j]);
+    store_pack<YT, kVec>(static_cast<YT*>(p.dx) + offset, o);
   }
   Pack<float, kVec> pg, pb;
 #pragma unroll

@@ -23,15 +23,16 @@ __device__ __forceinline__ void load_chunk(Pack<XT, kVec> (&packs)[kCount], cons
       packs[i] = load_pack<XT, kVec>(source + pack * kVec);
 }
 
-// The same for the forward's first read of its input: through the prologue (x + residual, ...).
-template <class Cfg, int kCount, class XT, int kVec>
-__device__ __forceinline__ void load_input_chunk(const NormParams& p, Pack<XT, kVec> (&packs)[kCount], const XT* x,
-                                                 int first_pack, int lane, bool active) {
+// The same for the forward's first read of its input (x at `x`, of the activations' type YT):
+// through the prologue (x + residual, ...).
+template <class Cfg, int kCount, class XT, class WT, int kVec, class YT>
+__device__ __forceinline__ void load_input_chunk(const NormParams& p, Pack<XT, kVec> (&packs)[kCount], const YT* x,
+                                                 int first_pack, int lane, bool active, int segment_col) {
   using S = FwdShape<Cfg>;
 #pragma unroll
   for (int i = 0; i < kCount; ++i)
     if (const int pack = (first_pack + i) * S::kThreads + lane; active && pack < S::kVecs)
-      packs[i] = Cfg::Prologue::template load<XT, kVec>(p, x + pack * kVec);
+      packs[i] = Cfg::Prologue::template load<XT, WT, kVec>(p, x + pack * kVec, segment_col + pack * kVec);
 }
 
 // Σ (x - center) and Σ ((x - center) - shift)^2 over the valid elements of kCount packs.

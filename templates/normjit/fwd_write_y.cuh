@@ -53,7 +53,8 @@ struct EpilogueState<E, decltype(void(sizeof(typename E::State)))> {
 enum FwdPass { kPassWrite, kPassMeasure, kPassWriteHeld };
 template <class Cfg, int kCount, class XT, class WT, int kVec, int kHeld = 0, int kPass = kPassWrite>
 __device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT, kVec> (&packs)[kCount],
-                                             int first_pack, int lane, long long row, bool active, XT* y,
+                                             int first_pack, int lane, long long row, bool active,
+                                             typename Cfg::YT* y,
                                              const WT* gamma, const WT* beta, float center, float shift,
                                              float rstd, int segment_col,
                                              const HeldWeights<WT, kVec, kHeld>* held = nullptr,
@@ -61,6 +62,7 @@ __device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT,
                                              typename EpilogueState<typename Cfg::Epilogue>::type* state = nullptr,
                                              float (*held_y)[kVec] = nullptr) {
   using S = FwdShape<Cfg>;
+  using YT = typename Cfg::YT;  // y's type; the packs are the rows' (XT)
   float amax = 0.f;
 #pragma unroll
   for (int i = 0; i < kCount; ++i) {
@@ -104,18 +106,18 @@ __device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT,
       continue;
     }
     if constexpr (RowScaled<typename Cfg::Epilogue>::value)
-      Cfg::Epilogue::template forward<XT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane, row_amax);
+      Cfg::Epilogue::template forward<YT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane, row_amax);
     else if constexpr (EpilogueState<typename Cfg::Epilogue>::kStateful)
-      Cfg::Epilogue::template forward<XT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane, *state);
+      Cfg::Epilogue::template forward<YT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane, *state);
     else
-      Cfg::Epilogue::template forward<XT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane);
+      Cfg::Epilogue::template forward<YT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane);
     if (valid && (Cfg::Epilogue::kAlwaysStoresY || p.y != nullptr)) {
-      Pack<XT, kVec> o;
+      Pack<YT, kVec> o;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(out[j]);
+      for (int j = 0; j < kVec; ++j) o.v[j] = Convert<YT>::from(out[j]);
       // Clustered and pipelined rows: plain stores came out split (see store_output_pack).
       constexpr bool kAsmStore = S::kCluster > 1 || Cfg::kCache == RowCache::kSharedPipelined;
-      store_output_pack<XT, kVec, kAsmStore>(y + col, o);
+      store_output_pack<YT, kVec, kAsmStore>(y + col, o);
     }
   }
   return amax;
@@ -124,7 +126,7 @@ __device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT,
 // The output pass over a row waiting in `source` (shared memory, or x again), kChunk packs at a time.
 template <class Cfg, class XT, class WT, int kHeld = 0>
 __device__ __forceinline__ void write_row(const NormParams& p, const XT* source, int lane, long long row, bool active,
-                                          XT* y, const WT* gamma, const WT* beta, float center, float shift,
+                                          typename Cfg::YT* y, const WT* gamma, const WT* beta, float center, float shift,
                                           float rstd, int segment_col,
                                           const HeldWeights<WT, Cfg::kVec, kHeld>* held = nullptr,
                                           float row_amax = 0.f,

@@ -32,7 +32,8 @@ namespace normjit {
 // partial row of the sums.
 template <class Cfg, class Source>
 __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
-  using XT = typename Cfg::XT;
+  using XT = typename Cfg::XT;  // x as the rows hold it (h of an fp32 residual stream)
+  using YT = typename Cfg::YT;  // dy and dx
   using WT = typename Cfg::WT;
   using S = BwdShape<Cfg>;
   constexpr int kVec = Cfg::kVec;
@@ -107,24 +108,25 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
     const long long row = w.group * p.rows_per_group + (active ? local : 0);
     const long long offset = row * p.row_stride + w.segment_col;
     const XT* x = static_cast<const XT*>(p.x) + offset;
-    const XT* dy = static_cast<const XT*>(p.dy) + offset;
+    const YT* dy = static_cast<const YT*>(p.dy) + offset;
     XT* const shared_x = shared_rows + 2 * buffer * S::kSegment;  // shared-memory rows: where the row waits
-    XT* const shared_dy = shared_x + S::kSegment;
-    Pack<XT, kVec> xs[kHeld], dys[kHeld];
+    YT* const shared_dy = reinterpret_cast<YT*>(shared_x + S::kSegment);  // in a slot of x's size
+    Pack<XT, kVec> xs[kHeld];
+    Pack<YT, kVec> dys[kHeld];
     float mean = 0.f, rstd = 0.f;
     if constexpr (Source::kStatsFirst) Source::load_stats(p, w, block, mean, rstd, next_mean, next_rstd);
     Source::fill(p, w, block, active, x, dy, shared_x, shared_dy, xs, dys, shared_rows, row_ready, buffer);
     ready_phases ^= Source::wait(row_ready, buffer, ready_phases);
     // Pack i of this thread's x and dy, wherever the row waits. (A lambda here, not a function
     // of the source: as for the sums, that kept the SASS of every kernel as it was.)
-    auto held = [&](int i, Pack<XT, kVec>& xv, Pack<XT, kVec>& dyv) {
+    auto held = [&](int i, Pack<XT, kVec>& xv, Pack<YT, kVec>& dyv) {
       if constexpr (Source::kInRegisters) {
         xv = xs[i];
         dyv = dys[i];
       } else {
         const int pack = i * S::kThreads + w.lane;
         xv = load_pack<XT, kVec>(shared_x + pack * kVec);
-        dyv = load_pack<XT, kVec>(shared_dy + pack * kVec);
+        dyv = load_pack<YT, kVec>(shared_dy + pack * kVec);
       }
     };
     // After a fill that goes through registers, in this predicated form: ahead of it, ptxas split
@@ -143,7 +145,8 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
       const int h = Source::kInRegisters ? i : 0;
       if (active && pack < S::kVecs) {
         const Pack<WT, kVec> g = gamma_pack<kHoldGamma>(held_gamma, gamma, i, col);
-        Pack<XT, kVec> xv, dyv;
+        Pack<XT, kVec> xv;
+        Pack<YT, kVec> dyv;
         held(i, xv, dyv);
         float xhat[kVec], d[kVec];
         pack_xhat_grad<Cfg>(xv, dyv, g, beta, p, row, col, w.segment_col, mean, rstd, xhat, d);
@@ -180,12 +183,13 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
     // Pass 2: dx (bwd_write_dx.cuh), from gamma * d held or recomputed.
     const float slope = -rstd * rstd * c2;
     const float intercept = -rstd * c1 - slope * mean;
-    XT* dx = static_cast<XT*>(p.dx) + offset;
+    YT* dx = static_cast<YT*>(p.dx) + offset;
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i) {
       const int pack = i * S::kThreads + w.lane;
       if (active && pack < S::kVecs) {
-        Pack<XT, kVec> xv, dyv;
+        Pack<XT, kVec> xv;
+        Pack<YT, kVec> dyv;
         held(i, xv, dyv);
         float gdv[kVec];
         float xhat_from_y[kVec];  // memory_efficient: x̂ in place of x below
@@ -205,7 +209,7 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
 #pragma unroll
           for (int j = 0; j < kVec; ++j) gdv[j] = gd[i][j];
         }
-        Pack<XT, kVec> o;
+        Pack<YT, kVec> o;
         float xf[kVec];
         if constexpr (Cfg::kXhatFromY) {
 #pragma unroll
@@ -217,16 +221,16 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
           float dxf[kVec];
 #pragma unroll
           for (int j = 0; j < kVec; ++j) dxf[j] = dx_element<Cfg>(gdv[j], xf[j], mean, rstd, c1, c2, slope, intercept);
-          Cfg::Prologue::template add_to_dx<XT, kVec, dx_loads_in_order<Cfg>>(p, dx + pack * kVec, dxf);
+          Cfg::Prologue::template add_to_dx<kVec, dx_loads_in_order<Cfg>>(p, dx + pack * kVec, dxf);
 #pragma unroll
-          for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(dxf[j]);
+          for (int j = 0; j < kVec; ++j) o.v[j] = Convert<YT>::from(dxf[j]);
         } else {  // converted as each is formed: the schedule of the kernels before prologues existed
 #pragma unroll
           for (int j = 0; j < kVec; ++j)
-            o.v[j] = Convert<XT>::from(dx_element<Cfg>(gdv[j], xf[j], mean, rstd, c1, c2, slope, intercept));
+            o.v[j] = Convert<YT>::from(dx_element<Cfg>(gdv[j], xf[j], mean, rstd, c1, c2, slope, intercept));
         }
         // Clustered rows: plain stores came out split (see store_output_pack).
-        store_output_pack<XT, kVec, (S::kCluster > 1)>(dx + pack * kVec, o);
+        store_output_pack<YT, kVec, (S::kCluster > 1)>(dx + pack * kVec, o);
       }
     }
     if constexpr (Source::kBuffers > 1) buffer = Source::next(buffer);

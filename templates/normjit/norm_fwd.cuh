@@ -13,7 +13,8 @@ namespace normjit {
 // One row (one cluster's row) per CTA, held in registers, shared memory or nowhere.
 template <class Cfg>
 __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
-  using XT = typename Cfg::XT;
+  using XT = typename Cfg::XT;  // the rows as normalized (h of an fp32 residual stream)
+  using YT = typename Cfg::YT;  // x as given, and y
   using WT = typename Cfg::WT;
   using S = FwdShape<Cfg>;
   constexpr int kVec = Cfg::kVec;
@@ -38,8 +39,8 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
   // Rows past the end still take part in the shuffles; they neither load nor store.
   const bool active = row < p.rows;
   const long long offset = (active ? row : 0) * p.row_stride + segment_col;
-  const XT* x = static_cast<const XT*>(p.x) + offset;
-  XT* y = static_cast<XT*>(p.y) + offset;
+  const YT* x = static_cast<const YT*>(p.x) + offset;
+  YT* y = static_cast<YT*>(p.y) + offset;
   // AdaLayerNorm: gamma and beta have one row per group (batch) of rows_per_group rows.
   const long long weight_offset =
       (Cfg::kPerGroupWeights && active ? group_of_row(row, p.rows_per_group) * Cfg::kN : 0) + segment_col;
@@ -53,7 +54,8 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i) {
       const int pack = i * S::kThreads + lane;
-      if (active && pack < S::kVecs) cache[i] = Cfg::Prologue::template load<XT, kVec>(p, x + pack * kVec);
+      if (active && pack < S::kVecs)
+        cache[i] = Cfg::Prologue::template load<XT, WT, kVec>(p, x + pack * kVec, segment_col + pack * kVec);
     }
     if constexpr (kLayerNorm) {
       // Sums of deviations from a center and of their squares; the small deviation sum corrects
@@ -62,7 +64,7 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
       // round, which held them well below the one-reduction RMSNorm: the cancellation in
       // sq/N - shift^2 is bounded, since (x0 - mean)^2 <= N * variance.
       if constexpr (S::kThreads > 32) {
-        center = active ? to_float(static_cast<const XT*>(p.x)[row * p.row_stride]) : 0.f;
+        center = active ? to_float(static_cast<const YT*>(p.x)[row * p.row_stride]) : 0.f;
       } else {
         const float sum = active ? pack_sum<Cfg, S::kIters>(cache, 0, lane, 0.f) : 0.f;
         center = row_sum<S::kThreads>(sum, sum_scratch) * kInvN;
@@ -78,7 +80,7 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
     // reads back only its own, so no barrier orders the two passes. Sums are centered on the row's
     // x[0], as for CTA-wide register rows: one pair reduction. A cluster keeps one segment of the
     // row in each CTA's shared memory (rows too large for one SM) and sums through DSMEM.
-    if constexpr (kLayerNorm) center = active ? to_float(static_cast<const XT*>(p.x)[row * p.row_stride]) : 0.f;
+    if constexpr (kLayerNorm) center = active ? to_float(static_cast<const YT*>(p.x)[row * p.row_stride]) : 0.f;
     float dev = 0.f, sq = 0.f;
     for (int base = 0; base < S::kIters; base += S::kChunk) {
       Pack<XT, kVec> chunk[S::kChunk];
@@ -86,7 +88,7 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
       for (int i = 0; i < S::kChunk; ++i) {
         const int pack = (base + i) * S::kThreads + lane;
         if (active && pack < S::kVecs) {
-          chunk[i] = Cfg::Prologue::template load<XT, kVec>(p, x + pack * kVec);
+          chunk[i] = Cfg::Prologue::template load<XT, WT, kVec>(p, x + pack * kVec, segment_col + pack * kVec);
           store_pack<XT, kVec>(shared_row + pack * kVec, chunk[i]);
         }
       }
@@ -103,7 +105,7 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
     Moments local{0.f, 0.f, 0.f};
     for (int base = 0; base < S::kIters; base += S::kChunk) {
       Pack<XT, kVec> chunk[S::kChunk];
-      load_input_chunk<Cfg>(p, chunk, x, base, lane, active);
+      load_input_chunk<Cfg, S::kChunk, XT, WT>(p, chunk, x, base, lane, active, segment_col);
       if (!active) continue;
       if constexpr (kLayerNorm) {
         const float count = pack_count<Cfg, S::kChunk>(base, lane);
@@ -220,6 +222,7 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
   static_assert(Cfg::kRowsPerCta == 1 && S::kThreads > 32, "a pipelined row fills its CTA");
   static_assert(kStages >= 2, "a pipelined row needs a buffer to fill while it works on another");
   static_assert(Cfg::Prologue::kNormalizesX, "pipelined rows copy x alone into their buffers");
+  static_assert(sizeof(typename Cfg::YT) == sizeof(XT), "pipelined rows normalize x as given");
   __shared__ float sum_scratch[kScratch];
   __shared__ float2 pair_scratch[kScratch];
   __shared__ float2 cluster_slots[2];  // alternate per row (see cluster_sum)

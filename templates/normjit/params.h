@@ -28,9 +28,10 @@ struct NormParams {
   float clip_lower;          // relu_bitmask: lower clip
   float clip_upper;          // relu_bitmask: upper clip
   // Residual add (last, so the other fields keep their offsets in kernels without it).
-  const void* residual;  // forward: [rows, row_stride] x dtype, added to x
-  void* h;               // forward: [rows, row_stride] x dtype, x + residual (the normalized input)
-  const void* dh_out;    // backward: [rows, row_stride] x dtype, the gradient arriving on h, added to dx
+  // The stream's dtype is x's, or f32 for .residual_f32.
+  const void* residual;  // forward: [rows, row_stride] stream dtype, added to x
+  void* h;               // forward: [rows, row_stride] stream dtype, x + residual (the normalized input)
+  const void* dh_out;    // backward: [rows, row_stride] stream dtype, the gradient arriving on h, added to dx
   // Quantizing epilogues (fp8_*), last for the same reason.
   unsigned char* y_quant;    // forward: [rows, row_stride] FP8 codes of y * quant_scale
   const float* quant_scale;  // the scale y is multiplied by before rounding (one float)
@@ -45,6 +46,9 @@ struct NormParams {
   // block_scale_stride ceil(N / 16)) and write y_quant at half a byte an element: row r's codes
   // at y_quant + r * row_stride / 2.
   int block_scale_layout;
+  // Residual add's extras, last for the same reason.
+  const void* bias_in;  // forward .bias_in: [N] weight dtype, added with the residual
+  void* dresidual;      // backward .residual_f32: [rows, row_stride] f32, dx unrounded (dresidual)
 };
 
 }  // namespace normjit

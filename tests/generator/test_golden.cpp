@@ -31,6 +31,8 @@ TEST_CASE("generated source matches the golden files") {
       "rmsnorm.fwd_train.bf16.w_bf16.n4096.zero_centered.residual",
       "layernorm.bwd.bf16.w_f32.n4096.bias.memory_efficient",
       "layernorm.bwd.bf16.w_f32.n4096.bias.residual",
+      "rmsnorm.fwd_train.bf16.w_bf16.n4096.residual_f32.bias_in",
+      "layernorm.bwd.bf16.w_f32.n4096.bias.residual_f32",
   };
   const bool update = std::getenv("NORMJIT_UPDATE_GOLDEN") != nullptr;
   for (const std::string text : specs) {
@@ -113,7 +115,10 @@ TEST_CASE("fusions are template slots: a fused spec's source differs from its pl
   for (const auto& [plain, fused] : std::vector<std::pair<std::string, std::string>>{
            {"rmsnorm.fwd_train.bf16.n4096", "rmsnorm.fwd_train.bf16.n4096.zero_centered.residual"},
            {"layernorm.bwd.bf16.w_f32.n65536.bias", "layernorm.bwd.bf16.w_f32.n65536.bias.residual"},
-           {"adalayernorm.fwd_infer.f16.n768.bias.relu_bitmask", "adalayernorm.fwd_infer.f16.n768.bias.residual.relu_bitmask"}}) {
+           {"adalayernorm.fwd_infer.f16.n768.bias.relu_bitmask", "adalayernorm.fwd_infer.f16.n768.bias.residual.relu_bitmask"},
+           // An fp32 stream's kernel is the f32 kernel with x, y, dy and dx in x's dtype.
+           {"rmsnorm.fwd_train.f32.w_bf16.n4096", "rmsnorm.fwd_train.bf16.w_bf16.n4096.residual_f32.bias_in"},
+           {"layernorm.bwd.f32.w_f32.n12288.bias", "layernorm.bwd.bf16.w_f32.n12288.bias.residual_f32"}}) {
     CAPTURE(fused);
     const std::vector<std::string> diff = differing(plain, fused);
     // The lines that bind the fusions, and kDbetaShared: the residual backward holds dh_out too, so
@@ -123,7 +128,7 @@ TEST_CASE("fusions are template slots: a fused spec's source differs from its pl
     for (const std::string& d : diff) {
       INFO(d);
       CHECK((d.find("using Prologue = ") != std::string::npos || d.find("kZeroCenteredGamma = ") != std::string::npos ||
-             d.find("kDbetaShared = ") != std::string::npos));
+             d.find("kDbetaShared = ") != std::string::npos || d.find("using YT = ") != std::string::npos));
     }
   }
 }

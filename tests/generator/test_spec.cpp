@@ -167,6 +167,45 @@ TEST_CASE("canonical form is stable and human readable") {
   Spec plain = m;
   plain.memory_efficient = false;
   CHECK(resolve(m).block == resolve(plain).block);
+  // The fp32 residual stream and bias_in: residual_f32 in residual's place, bias_in after it.
+  const Spec r = Spec::parse("layernorm.fwd_train.bf16.w_f32.n4096.bias.zero_centered.residual_f32.bias_in.gelu");
+  CHECK(r.residual);
+  CHECK(r.residual_f32);
+  CHECK(r.bias_in);
+  CHECK(row_dtype(r) == DType::kF32);
+  CHECK(r.str() == "layernorm.fwd_train.bf16.w_f32.n4096.bias.zero_centered.residual_f32.bias_in.gelu");
+  CHECK(r != Spec::parse("layernorm.fwd_train.bf16.w_f32.n4096.bias.zero_centered.residual.bias_in.gelu"));
+  CHECK(r != Spec::parse("layernorm.fwd_train.bf16.w_f32.n4096.bias.zero_centered.residual_f32.gelu"));
+  const Spec in = Spec::parse("rmsnorm.fwd_infer.f16.n64.residual.bias_in");
+  CHECK(in.bias_in);
+  CHECK(!in.residual_f32);
+  CHECK(row_dtype(in) == DType::kF16);
+  CHECK(Spec::parse(in.str()) == in);
+  const Spec b = Spec::parse("rmsnorm.bwd.bf16.n8192.residual_f32.cfg_t256_r1_v4_pipe3");
+  CHECK(Spec::parse(b.str()) == b);
+}
+
+TEST_CASE("an fp32 residual stream's rows are f32: the f32 picks, never bulk copies") {
+  for (int64_t n : {int64_t(1), int64_t(7), int64_t(768), int64_t(2880), int64_t(4096), int64_t(7168), int64_t(12288),
+                    int64_t(18432), int64_t(28672), int64_t(65536), int64_t(131072), int64_t(262144)})
+    for (Phase phase : {Phase::kForwardTraining, Phase::kForwardInference, Phase::kBackward})
+      for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm}) {
+        Spec s = Spec::make(norm, phase, DType::kBF16, n, norm == Norm::kLayerNorm);
+        s.residual = s.residual_f32 = true;
+        Spec f32 = s;
+        f32.x_dtype = DType::kF32;
+        f32.residual_f32 = false;
+        const Spec a = resolve(s), want = resolve(f32);
+        const std::string name = a.str();
+        CAPTURE(name);
+        CHECK(a.block->vec == want.block->vec);
+        CHECK(a.block->threads_per_row == want.block->threads_per_row);
+        CHECK(a.block->cache == want.block->cache);
+        CHECK(a.block->cluster == want.block->cluster);
+        CHECK(!a.block->bulk_copy);
+        CHECK_NOTHROW(validate(a));
+        CHECK_NOTHROW(generate(a));
+      }
 }
 
 TEST_CASE("residual forward rows are never pipelined: resolve() holds the row in shared memory instead") {
@@ -229,9 +268,17 @@ TEST_CASE("bad spec strings are rejected with a message naming the problem") {
       {"rmsnorm.fwd_infer.bf16.w_bf16.n64.memory_efficient", "phase fwd_infer has none"},
       {"layernorm.bwd.bf16.w_bf16.n64.bias.memory_efficient.relu_bitmask", "epilogue relu_bitmask does not leave invertible"},
       {"rmsnorm.bwd.bf16.w_bf16.n64.memory_efficient.gelu", "epilogue gelu does not leave invertible"},
-      {"rmsnorm.bwd.bf16.w_bf16.n64.memory_efficient.residual", "in this order: bias, zero_centered, residual, memory_efficient"},
+      {"rmsnorm.bwd.bf16.w_bf16.n64.memory_efficient.residual", "in this order: bias, zero_centered, residual or residual_f32, bias_in, memory_efficient"},
       {"rmsnorm.fwd_train.bf16.w_bf16.n65536.residual.cfg_t256_r1_v8_c4_tma", "residual forward rows cannot be pipelined (tma)"},
       {"rmsnorm.fwd_infer.bf16.w_bf16.n16384.residual.cfg_t512_r1_v8_pipe", "residual forward rows cannot be pipelined (pipe)"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.residual.residual_f32", "give .residual or .residual_f32, not both"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.bias_in", "bias_in is added with the residual"},
+      {"layernorm.fwd_train.bf16.w_bf16.n64.bias_in.residual", "in this order: bias, zero_centered, residual or residual_f32, bias_in"},
+      {"layernorm.bwd.bf16.w_bf16.n64.residual.bias_in", "bias_in is forward only"},
+      {"layernorm.fwd_train.f32.w_f32.n64.residual_f32", "the stream is x's dtype already; use .residual"},
+      {"rmsnorm.bwd.bf16.w_bf16.n64.residual_f32.memory_efficient", "memory_efficient with residual_f32 is not supported"},
+      {"rmsnorm.bwd.bf16.w_bf16.n4096.residual_f32.cfg_t256_r1_v4_tma", "residual_f32 rows hold fp32 h beside dy"},
+      {"rmsnorm.fwd_train.bf16.w_bf16.n4096.residual_f32.cfg_t256_r1_v8_reg", "vec=8 must be a power of two <= 4"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t32_r4_v8", "row cache"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t32_r4_v3_reg", "vec=3"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t32_r4_v16_reg", "vec=16"},

@@ -5,7 +5,8 @@
 
 namespace {
 struct Cfg {
-  using XT = normjit::f16;
+  using XT = normjit::f16;  // the rows as normalized (f32 for an fp32 residual stream)
+  using YT = normjit::f16;  // x as given, y, dy, dx
   using WT = normjit::f16;
   using Epilogue = normjit::EpilogueNone;
   using Prologue = normjit::PrologueNone;

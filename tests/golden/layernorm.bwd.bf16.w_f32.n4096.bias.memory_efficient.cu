@@ -5,7 +5,8 @@
 
 namespace {
 struct Cfg {
-  using XT = normjit::bf16;
+  using XT = normjit::bf16;  // the rows as normalized (f32 for an fp32 residual stream)
+  using YT = normjit::bf16;  // x as given, y, dy, dx
   using WT = normjit::f32;
   using Epilogue = normjit::EpilogueNone;
   using Prologue = normjit::PrologueNone;

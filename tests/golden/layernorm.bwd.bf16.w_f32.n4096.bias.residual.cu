@@ -5,10 +5,11 @@
 
 namespace {
 struct Cfg {
-  using XT = normjit::bf16;
+  using XT = normjit::bf16;  // the rows as normalized (f32 for an fp32 residual stream)
+  using YT = normjit::bf16;  // x as given, y, dy, dx
   using WT = normjit::f32;
   using Epilogue = normjit::EpilogueNone;
-  using Prologue = normjit::PrologueResidualAdd;
+  using Prologue = normjit::PrologueResidualAdd<normjit::bf16, false>;
   static constexpr normjit::NormKind kNorm = normjit::NormKind::kLayerNorm;
   static constexpr bool kPerGroupWeights = false;
   static constexpr bool kHasBias = true;

@@ -5,7 +5,8 @@
 
 namespace {
 struct Cfg {
-  using XT = normjit::f32;
+  using XT = normjit::f32;  // the rows as normalized (f32 for an fp32 residual stream)
+  using YT = normjit::f32;  // x as given, y, dy, dx
   using WT = normjit::f32;
   using Epilogue = normjit::EpilogueReluBitmask;
   using Prologue = normjit::PrologueNone;

@@ -16,7 +16,7 @@ Spec forward_of(const Spec& s) {
 
 struct Shapes {
   int64_t n, stride, elems, groups, mask_bytes;
-  int xs, ws;
+  int xs, ws, rs;  // element bytes of x, the weights, and the residual stream (row_dtype)
 };
 
 Shapes shapes_of(const Case& c) {
@@ -28,6 +28,7 @@ Shapes shapes_of(const Case& c) {
   sh.mask_bytes = (c.rows + 1) * mask_row_bytes(sh.n);
   sh.xs = dtype_size(c.spec.x_dtype);
   sh.ws = dtype_size(c.spec.w_dtype);
+  sh.rs = dtype_size(row_dtype(c.spec));
   return sh;
 }
 
@@ -66,13 +67,16 @@ ForwardRun run_forward(const Case& c) {
   g.upload(run.gamma.data(), run.gamma.size());
   b.upload(run.beta.data(), run.beta.size());
   y.poison();
-  // residual specs: h = x + residual is written and normalized.
-  const std::vector<char> residual_host = s.residual ? random_tensor(s.x_dtype, sh.elems, 0.0, 1.0) : std::vector<char>{};
-  DeviceMem residual(residual_host.size()), h(residual_host.size());
+  // residual specs: h = x (+ bias_in) + residual is written and normalized, in the stream's dtype.
+  const DType stream = row_dtype(s);
+  const std::vector<char> residual_host = s.residual ? random_tensor(stream, sh.elems, 0.0, 1.0) : std::vector<char>{};
+  const std::vector<char> bias_in_host = s.bias_in ? random_tensor(s.w_dtype, sh.n, 0.0, 0.5) : std::vector<char>{};
+  DeviceMem residual(residual_host.size()), h(residual_host.size()), bias_in(bias_in_host.size());
   if (s.residual) {
     residual.upload(residual_host.data(), residual_host.size());
     h.poison();
   }
+  if (s.bias_in) bias_in.upload(bias_in_host.data(), bias_in_host.size());
   mean.poison();
   rstd.poison();
   mask.poison();
@@ -121,9 +125,10 @@ ForwardRun run_forward(const Case& c) {
   a.rows_per_batch = c.rows_per_batch;
   a.eps = 1e-5f;
   if (s.residual) {
-    a.residual = residual.get() + c.x_offset * sh.xs;
-    a.h = h.get() + c.x_offset * sh.xs;
+    a.residual = residual.get() + c.x_offset * sh.rs;
+    a.h = h.get() + c.x_offset * sh.rs;
   }
+  if (s.bias_in) a.bias_in = bias_in.get();
   if (quant) a.y_quant = y_quant.get() + (fp4 ? c.x_offset / 2 : c.x_offset);
   if (reads_quant_scale(s.epilogue)) a.quant_scale = reinterpret_cast<const float*>(quant_scale.get());
   if (per_tensor) a.amax = reinterpret_cast<float*>(amax.get());
@@ -142,20 +147,23 @@ ForwardRun run_forward(const Case& c) {
   run.mask.resize(sh.mask_bytes);
   mask.download(run.mask.data(), run.mask.size());
 
-  // The sum the kernel must have stored, computed as it does: in fp32, rounded once to the x dtype.
+  // The sum the kernel must have stored, computed as it does: in fp32 ((x + bias_in) + residual),
+  // rounded once to the stream's dtype.
   std::vector<char> h_want = run.x;
   if (s.residual) {
-    run.h.resize(run.x.size());
+    h_want.assign(residual_host.size(), 0);
+    run.h.resize(residual_host.size());
     h.download(run.h.data(), run.h.size());
     for (int64_t r = 0; r < c.rows; ++r)
       for (int64_t i = 0; i < sh.n; ++i) {
         const int64_t e = c.x_offset + r * sh.stride + i;
-        reference::store(h_want.data(), s.x_dtype, e,
-                         reference::load(run.x.data(), s.x_dtype, e) + reference::load(residual_host.data(), s.x_dtype, e));
-        if (std::memcmp(h_want.data() + e * sh.xs, run.h.data() + e * sh.xs, sh.xs) != 0) ++run.h_mismatches;
+        float sum = reference::load(run.x.data(), s.x_dtype, e);
+        if (s.bias_in) sum += reference::load(bias_in_host.data(), s.w_dtype, i);
+        reference::store(h_want.data(), stream, e, sum + reference::load(residual_host.data(), stream, e));
+        if (std::memcmp(h_want.data() + e * sh.rs, run.h.data() + e * sh.rs, sh.rs) != 0) ++run.h_mismatches;
       }
   }
-  const auto ref = reference::forward(s, h_want.data() + c.x_offset * sh.xs, run.gamma.data(),
+  const auto ref = reference::forward(s, h_want.data() + c.x_offset * (s.residual ? sh.rs : sh.xs), run.gamma.data(),
                                       s.has_bias ? run.beta.data() : nullptr, c.rows, sh.stride, 1e-5,
                                       c.rows_per_batch, c.clip_lower, c.clip_upper);
   reference::Tolerance tol = reference::tolerance(s.x_dtype);
@@ -294,7 +302,7 @@ ForwardRun run_forward(const Case& c) {
     for (int64_t i = (r == c.rows ? 0 : sh.n); i < sh.stride; ++i)
       if (std::memcmp(run.y.data() + (c.x_offset + r * sh.stride + i) * sh.xs, poison.data(), sh.xs) != 0 ||
           (s.residual &&
-           std::memcmp(run.h.data() + (c.x_offset + r * sh.stride + i) * sh.xs, poison.data(), sh.xs) != 0))
+           std::memcmp(run.h.data() + (c.x_offset + r * sh.stride + i) * sh.rs, poison.data(), sh.rs) != 0))
         worst.value = INFINITY;
   if (s.residual && run.h_mismatches > 0) worst.value = INFINITY;
   if (training && std::memcmp(&run.rstd[c.rows], poison.data(), 4) != 0) worst.value = INFINITY;
@@ -311,12 +319,13 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
   // A residual spec's backward reads h, the forward's normalized input, and adds dh_out to dx.
   const std::vector<char>& x_host = s.residual ? fwd.h : fwd.x;
   const std::vector<char> dy_host = random_tensor(s.x_dtype, sh.elems, 0.0, 1.0);
-  const std::vector<char> dh_host = s.residual ? random_tensor(s.x_dtype, sh.elems, 0.0, 1.0) : std::vector<char>{};
-  DeviceMem dh(dh_host.size());
+  const DType stream = row_dtype(s);
+  const std::vector<char> dh_host = s.residual ? random_tensor(stream, sh.elems, 0.0, 1.0) : std::vector<char>{};
+  DeviceMem dh(dh_host.size()), dresidual(s.residual_f32 ? dh_host.size() : 0);
   if (s.residual) dh.upload(dh_host.data(), dh_host.size());
   // A memory_efficient backward reads the y the GPU forward stored, in x's place.
   const bool from_y = s.memory_efficient;
-  DeviceMem x(fwd.x.size()), dy(dy_host.size()), dx(fwd.x.size()), g(fwd.gamma.size()), b(fwd.beta.size()),
+  DeviceMem x(from_y ? fwd.y.size() : x_host.size()), dy(dy_host.size()), dx(fwd.x.size()), g(fwd.gamma.size()), b(fwd.beta.size()),
       mean(4 * (c.rows + 1)), rstd(4 * (c.rows + 1)), mask(sh.mask_bytes), dg(sh.groups * sh.n * sh.ws),
       db(sh.groups * sh.n * sh.ws);
   if (from_y) x.upload(fwd.y.data(), fwd.y.size());
@@ -330,7 +339,7 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
   const bool bitmask = s.epilogue == Epilogue::kReluBitmask;
 
   LaunchArgs a;
-  a.x = x.get() + c.x_offset * sh.xs;
+  a.x = x.get() + c.x_offset * (s.residual ? sh.rs : sh.xs);  // h, in the stream's dtype
   a.dy = dy.get() + c.x_offset * sh.xs;
   a.dx = dx.get() + c.x_offset * sh.xs;
   a.gamma = g.get();
@@ -347,10 +356,13 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
   a.rows = c.rows;
   a.row_stride = sh.stride;
   a.rows_per_batch = c.rows_per_batch;
-  if (s.residual) a.dh_out = dh.get() + c.x_offset * sh.xs;
+  if (s.residual) a.dh_out = dh.get() + c.x_offset * sh.rs;
+  if (s.residual_f32) a.dresidual = dresidual.get() + c.x_offset * sh.rs;
   BackwardRun run;
+  std::vector<char> dresidual_bytes(dresidual.bytes);
   for (int rep = 0; rep < reps; ++rep) {
     dx.poison();
+    dresidual.poison();
     dg.poison();
     db.poison();
     launch(s, a);
@@ -360,12 +372,14 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
     dg.download(run.dgamma_bytes.data(), run.dgamma_bytes.size());
     run.dbeta_bytes.resize(run.dgamma_bytes.size());
     db.download(run.dbeta_bytes.data(), run.dbeta_bytes.size());
+    if (s.residual_f32) dresidual.download(dresidual_bytes.data(), dresidual_bytes.size());
     if (all_dgamma) all_dgamma->push_back(run.dgamma_bytes);
     if (all_dx) all_dx->push_back(run.dx_bytes);
   }
 
   const auto ref_from_x =
-      reference::backward(s, dy_host.data() + c.x_offset * sh.xs, x_host.data() + c.x_offset * sh.xs,
+      reference::backward(s, dy_host.data() + c.x_offset * sh.xs,
+                          x_host.data() + c.x_offset * (s.residual ? sh.rs : sh.xs),
                           fwd.gamma.data(), s.has_bias ? fwd.beta.data() : nullptr, fwd.mean.data(), fwd.rstd.data(),
                           fwd.mask.data(), c.rows, sh.stride, c.rows_per_batch);
   // memory_efficient: held to the same tolerance against the same math from the y it read; its
@@ -380,7 +394,7 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
   if (s.residual)
     for (int64_t r = 0; r < c.rows; ++r)
       for (int64_t i = 0; i < sh.n; ++i)
-        ref.dx[r * sh.n + i] += reference::load(dh_host.data(), s.x_dtype, c.x_offset + r * sh.stride + i);
+        ref.dx[r * sh.n + i] += reference::load(dh_host.data(), stream, c.x_offset + r * sh.stride + i);
   Worst wdx, wdg, wdb, wdx_from_x;
   for (int64_t r = 0; r < c.rows; ++r) {
     // Against the backward of x, x̂'s error from y's rounding reaches dx times rstd * |gamma' dy|
@@ -399,12 +413,32 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
       const double got = reference::load(run.dx_bytes.data(), s.x_dtype, c.x_offset + r * sh.stride + i);
       wdx.add(got, ref.dx[r * sh.n + i], tx.atol, tx.rtol);
       if (from_y) {
-        const double dh = s.residual ? reference::load(dh_host.data(), s.x_dtype, c.x_offset + r * sh.stride + i) : 0;
+        const double dh = s.residual ? reference::load(dh_host.data(), stream, c.x_offset + r * sh.stride + i) : 0;
         wdx_from_x.add(got, ref_from_x.dx[r * sh.n + i] + dh, atol_from_x, tx.rtol);
       }
     }
   }
   run.dx_from_x = wdx_from_x.value;
+  if (s.residual_f32) {
+    // dresidual: dh in fp32, at f32's tolerance; dx must be exactly its rounding to x's dtype.
+    const reference::Tolerance tf = reference::backward_tolerance(DType::kF32);
+    Worst wdr;
+    std::vector<char> rounded(sh.xs);
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t i = 0; i < sh.n; ++i) {
+        const int64_t e = c.x_offset + r * sh.stride + i;
+        const float got = reference::load(dresidual_bytes.data(), DType::kF32, e);
+        wdr.add(got, ref.dx[r * sh.n + i], tf.atol, tf.rtol);
+        reference::store(rounded.data(), s.x_dtype, 0, got);
+        if (std::memcmp(rounded.data(), run.dx_bytes.data() + e * sh.xs, sh.xs) != 0) ++run.dresidual_dx_mismatches;
+      }
+    const std::vector<char> poison(4, static_cast<char>(0xff));
+    for (int64_t r = 0; r <= c.rows; ++r)
+      for (int64_t i = (r == c.rows ? 0 : sh.n); i < sh.stride; ++i)
+        if (std::memcmp(dresidual_bytes.data() + (c.x_offset + r * sh.stride + i) * 4, poison.data(), 4) != 0)
+          wdr.value = INFINITY;
+    run.dresidual = wdr.value;
+  }
   // dgamma/dbeta are sums over rows: atol relative to the largest magnitude in the tensor.
   double gmax = 1, bmax = 1;
   for (double v : ref.dgamma) gmax = std::max(gmax, std::abs(v));

@@ -142,8 +142,9 @@ struct ForwardRun {
   std::string quant_first_mismatch;  // ambiguous: on a rounding boundary
   double amax_rel_err = 0;
   float quant_scale = 0;
-  // residual specs: h as the GPU wrote it, and its elements that differ from x + residual rounded
-  // to the x dtype (bit for bit; the reference normalizes that sum).
+  // residual specs: h as the GPU wrote it (in the stream's dtype, row_dtype), and its elements that
+  // differ from x (+ bias_in) + residual summed in fp32 and rounded once (bit for bit; the reference
+  // normalizes that sum).
   std::vector<char> h;
   int64_t h_mismatches = 0;
 };
@@ -154,6 +155,10 @@ struct BackwardRun {
   double forward = 0;                     // the forward that fed it (y, mean, rstd), worst err / tol
   double dx = 0, dgamma = 0, dbeta = 0;  // worst err / tol per output (residual: dx includes dh_out)
   double dx_from_x = 0;  // memory_efficient: dx's worst err / tol against the backward of x (atol x rstd |gamma' dy|)
+  // residual_f32: dresidual (fp32 dh) against the reference, and its elements whose rounding to x's
+  // dtype is not dx's bits.
+  double dresidual = 0;
+  int64_t dresidual_dx_mismatches = 0;
   std::vector<char> dx_bytes, dgamma_bytes, dbeta_bytes;
 };
 

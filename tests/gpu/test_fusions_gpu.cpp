@@ -140,6 +140,105 @@ TEST_CASE("fusions backward: dx + dh_out and zero-centred weights match the refe
   MESSAGE(cases.size() << " fused backward cases checked on " << runtime().device().name);
 }
 
+// The fp32 residual stream (.residual_f32: residual, h and dh_out in fp32 beside x in bf16 / f16)
+// and bias_in (forward): every norm, odd and large N, strided and unaligned rows, the epilogues.
+static std::vector<Case> stream_cases(Phase phase) {
+  const std::vector<int64_t> ns = grid_ns({1, 7, 127, 768, 1000, 4097, 7168, 12289, 18432, 32768, 100000, 262144});
+  std::vector<Case> cases;
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
+    for (DType x : {DType::kBF16, DType::kF16})
+      for (int64_t n : ns)
+        for (int variant = 0; variant < 3; ++variant) {
+          Case c;
+          c.spec = Spec::make(norm, phase, x, n, norm != Norm::kRMSNorm);
+          c.spec.w_dtype = x == DType::kBF16 ? DType::kF32 : x;
+          c.spec.residual = true;
+          c.spec.residual_f32 = variant != 1;  // variant 1: bias_in with the stream in x's dtype
+          c.spec.bias_in = variant != 0 && phase != Phase::kBackward;
+          c.spec.zero_centered = variant == 2;
+          if (phase == Phase::kBackward && variant == 1) continue;  // the plain residual backward
+          c.rows = n >= 65536 ? 3 : 37;
+          c.rows_per_batch = is_adaptive(norm) ? c.rows : 0;
+          cases.push_back(c);
+          if (is_adaptive(norm) && n <= 32768) {
+            c.rows = 3 * 9;
+            c.rows_per_batch = 9;
+            cases.push_back(c);
+          }
+        }
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm})
+    for (int64_t n : {int64_t(768), int64_t(4096), int64_t(18432)}) {
+      Case c;
+      c.spec = Spec::make(norm, phase, DType::kBF16, n, true);
+      c.spec.residual = c.spec.residual_f32 = true;
+      c.spec.bias_in = phase != Phase::kBackward;
+      c.rows = 41;
+      c.row_stride = n + 24;
+      cases.push_back(c);
+      c.x_offset = 1;
+      cases.push_back(c);
+      c.x_offset = 0;
+      c.row_stride = 0;
+      c.clip_upper = 1.5f;
+      for (Epilogue e : {Epilogue::kReluBitmask, Epilogue::kGelu}) {
+        c.spec.epilogue = e;
+        cases.push_back(c);
+      }
+    }
+  return cases;
+}
+
+TEST_CASE("fp32 residual stream and bias_in forward: h bit for bit, y against the reference") {
+  std::vector<Case> cases = stream_cases(Phase::kForwardTraining);
+  for (Case c : stream_cases(Phase::kForwardInference))
+    if (c.spec.epilogue == Epilogue::kNone && c.row_stride == 0) cases.push_back(c);
+  // Every forward row cache: registers (one CTA and a cluster), shared rows (one CTA, a cluster),
+  // rows streamed twice.
+  for (const char* text : {"layernorm.fwd_train.bf16.w_bf16.n32768.bias.residual_f32.cfg_t512_r1_v4_c4_reg",
+                           "rmsnorm.fwd_train.bf16.w_f32.n65536.residual_f32.bias_in.cfg_t512_r1_v4_c2_smem",
+                           "layernorm.fwd_train.f16.w_f16.n16384.bias.residual_f32.bias_in.cfg_t512_r1_v4_smem",
+                           "rmsnorm.fwd_train.bf16.w_bf16.n100000.residual_f32.bias_in.cfg_t1024_r1_v4_gmem",
+                           "adalayernorm.fwd_train.f16.w_f16.n4096.bias.residual_f32.bias_in.cfg_t128_r1_v4_smem"})
+    cases.push_back(pinned_case(text, 3.0));
+  warm_cases(cases);
+  int64_t h_checked = 0;
+  for (const Case& c : cases) {
+    const std::string name = c.spec.str();
+    CAPTURE(name);
+    CAPTURE(c.rows);
+    CAPTURE(c.row_stride);
+    CAPTURE(c.x_offset);
+    const ForwardRun r = run_forward(c);
+    CHECK(r.worst <= 1.0);
+    CHECK(r.h_mismatches == 0);
+    CHECK(r.mask_mismatches == 0);
+    h_checked += c.rows * c.spec.n;
+  }
+  MESSAGE(cases.size() << " fp32-stream / bias_in forward cases checked on " << runtime().device().name << "; "
+                       << h_checked << " elements of h bit for bit");
+}
+
+TEST_CASE("fp32 residual stream backward: dx and dresidual over every route") {
+  std::vector<Case> cases = stream_cases(Phase::kBackward);
+  for (const char* text : {"layernorm.bwd.bf16.w_f32.n16384.bias.residual_f32.cfg_t512_r1_v4_smem",
+                           "rmsnorm.bwd.bf16.w_f32.n4096.zero_centered.residual_f32.cfg_t256_r1_v4_pipe3",
+                           "layernorm.bwd.f16.w_f32.n65536.bias.residual_f32.cfg_t1024_r1_v4_c8_pipe",
+                           "rmsnorm.bwd.bf16.w_bf16.n8192.residual_f32.cfg_t64_r1_v4_c16_smem",
+                           "layernorm.bwd.bf16.w_f32.n20001.bias.residual_f32.cfg_t1024_r1_v1_gmem",
+                           "rmsnorm.bwd.bf16.w_bf16.n4096.bias.residual_f32.cfg_t32_r8_v4_reg"})
+    cases.push_back(pinned_case(text, 3.0));
+  warm_cases(cases);
+  int64_t dresidual_checked = 0;
+  for (const Case& c : cases) {
+    const BackwardRun r = check_backward_case(c);
+    CHECK(r.dresidual <= 1.0);
+    CHECK(r.dresidual_dx_mismatches == 0);
+    dresidual_checked += c.rows * c.spec.n;
+  }
+  MESSAGE(cases.size() << " fp32-stream backward cases checked on " << runtime().device().name << "; "
+                       << dresidual_checked << " elements of dresidual, each rounding to dx's bits");
+}
+
 TEST_CASE("memory_efficient backward: x̂ recovered from y matches the reference over every route") {
   // The fusion grid (every norm, x dtype, odd and large N, plain and with each fusion), strided and
   // unaligned rows, and every backward route pinned.

@@ -333,8 +333,9 @@ class StubKernel:
 
     def launch(self, *args):
         # 20 positional arguments, then residual, h, dh_out for residual specs, then y_quant,
-        # quant_scale, amax, row_scales, block_scales, block_scale_layout for the quantizing ones.
-        assert len(args) in (20, 23, 29) and all(isinstance(a, (int, float)) for a in args)
+        # quant_scale, amax, row_scales, block_scales, block_scale_layout for the quantizing ones,
+        # then dresidual (residual_f32 backward) and bias_in (bias_in forward).
+        assert len(args) in (20, 23, 29, 30, 31) and all(isinstance(a, (int, float)) for a in args)
         self.launches.append(args)
 
 
@@ -365,7 +366,8 @@ def stub_gpu(monkeypatch):
 
 
 FIELDS = ("x gamma beta mean rstd y dy dx dgamma dbeta workspace workspace_bytes mask clip_lower clip_upper rows "
-          "row_stride rows_per_batch eps stream residual h dh_out").split()
+          "row_stride rows_per_batch eps stream residual h dh_out y_quant quant_scale amax row_scales block_scales "
+          "block_scale_layout dresidual bias_in").split()
 
 
 def _args(kernel, i=-1):
@@ -525,9 +527,16 @@ def test_fused_ops_fake_shapes_and_layouts():
         _, h, _, _, _ = torch.ops.normjit.fused_norm_fwd(x, None, w, None, "rmsnorm", 1e-5, False, True, "none", 0.0,
                                                          inf)
         assert h.shape == (0,)
-        dx, dw, db = torch.ops.normjit.fused_norm_bwd(torch.empty_like(y), torch.empty_like(y), y, w, mean, rstd,
-                                                      mask, "layernorm", True, "none", True)
-        assert dx.shape == y.shape and dw.shape == db.shape == (768,)
+        dx, dw, db, dres = torch.ops.normjit.fused_norm_bwd(torch.empty_like(y), torch.empty_like(y), y, w, mean,
+                                                            rstd, mask, "layernorm", True, "none", True)
+        assert dx.shape == y.shape and dw.shape == db.shape == (768,) and dres.shape == (0,)
+        # An fp32 residual stream: h float32 beside x bf16; the backward's dx in dy's dtype, dresidual fp32.
+        y, h, mean, rstd, _ = torch.ops.normjit.fused_norm_fwd(x, r.float(), w, None, "rmsnorm", 1e-5, True, False,
+                                                               "none", 0.0, inf, False, torch.empty(768, device="cuda"))
+        assert y.dtype == BF16 and h.dtype == F32 and h.shape == x.shape
+        dx, _, _, dres = torch.ops.normjit.fused_norm_bwd(torch.empty_like(y), torch.empty_like(h), h, w, mean, rstd,
+                                                          mask, "rmsnorm", False, "none", False, None, False, True)
+        assert dx.dtype == BF16 and dres.dtype == F32 and dx.shape == dres.shape == x.shape
 
 
 FUSED_FWD_CASES = {
@@ -539,6 +548,9 @@ FUSED_FWD_CASES = {
                                    "rmsnorm", 1e-5, True, True, "none", 0.0, inf),
     "add_relu": lambda: (*_grad(torch.randn(2, 13), torch.randn(2, 13)), None, None, "layernorm", 1e-5, True, False,
                          "relu_bitmask", -0.5, 1.0),
+    "f32_stream_bias_in": lambda: (*_grad(torch.randn(3, 16, dtype=BF16), torch.randn(3, 16), torch.randn(16)), None,
+                                   "rmsnorm", 1e-6, True, False, "none", 0.0, inf, False,
+                                   torch.randn(16, requires_grad=True)),
 }
 
 
@@ -554,6 +566,14 @@ def test_opcheck_fused_norm_bwd_cpu():
     torch.library.opcheck(torch.ops.normjit.fused_norm_bwd.default,
                           (torch.randn(3, 16), torch.randn(3, 16), h, w, mean, rstd, mask, "layernorm", True, "none",
                            True))
+    # An fp32 residual stream: h and dh_out float32, dy bf16.
+    x = torch.randn(3, 16, dtype=BF16)
+    _, h, mean, rstd, mask = torch.ops.normjit.fused_norm_fwd(x, r, w, w, "layernorm", 1e-5, True, False, "none", 0.0,
+                                                              inf)
+    assert h.dtype == F32
+    torch.library.opcheck(torch.ops.normjit.fused_norm_bwd.default,
+                          (torch.randn(3, 16, dtype=BF16), torch.randn(3, 16), h, w, mean, rstd, mask, "layernorm",
+                           False, "none", True, None, False, True))
 
 
 def _block_with_add(x, r, w):
@@ -591,6 +611,64 @@ def test_add_norm_argument_errors():
         nt.add_layer_norm(x, x.double())
     with pytest.raises(TypeError, match="residual is a list"):
         nt.add_rms_norm(x, [1.0])
+    xb = x.to(BF16)
+    with pytest.raises(ValueError, match=r"or float32: an fp32 residual stream"):
+        nt.add_rms_norm(xb, x.half())
+    with pytest.raises(ValueError, match=r"bias_in \(\[4\], torch.float32, cpu\) must be a floating \[8\] tensor"):
+        nt.add_rms_norm(x, x, bias_in=torch.randn(4))
+    with pytest.raises(TypeError, match="bias_in is a float"):
+        nt.add_layer_norm(x, x, bias_in=1.0)
+    w = torch.ones(8, requires_grad=True)
+    with pytest.raises(ValueError, match="memory_efficient=True with a float32 residual stream is not supported"):
+        nt.add_rms_norm(xb, x, w, memory_efficient=True)
+    with pytest.raises(ValueError, match="stream_f32=True takes x \\(h\\) and dh_out float32"):
+        torch.ops.normjit.fused_norm_bwd(xb, None, x, None, x[:, 0], x[:, 0], x, "rmsnorm", False, "none", False,
+                                         None, False, True)
+
+
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+def test_add_norm_f32_stream_and_bias_in_cpu(norm):
+    """A float32 residual beside a bf16 x: h = x + bias_in + residual in fp32, not rounded to bf16;
+    the gradients: x's in bf16, residual's in fp32 (the same dh), bias_in's the column sum of dh."""
+    torch.manual_seed(3)
+    x = torch.randn(3, 5, 24).to(BF16)
+    r, w, b, bias_in = torch.randn(3, 5, 24), torch.randn(24), torch.randn(24), torch.randn(24)
+    args = [t.clone().requires_grad_() for t in (x, r, w, b, bias_in)]
+    if norm == "rmsnorm":
+        y, h = nt.add_rms_norm(args[0], args[1], args[2], 1e-6, args[3], bias_in=args[4])
+    else:
+        y, h = nt.add_layer_norm(args[0], args[1], args[2], args[3], 1e-6, bias_in=args[4])
+    assert y.dtype == BF16 and h.dtype == F32
+    assert torch.equal(h, (x.float() + bias_in) + r)  # one fp32 sum, no rounding to bf16
+    want = ref64(h.detach(), w, b, norm, 1e-6)
+    torch.testing.assert_close(y.double(), want, atol=1e-2, rtol=1e-2)
+    dy, dh = torch.randn_like(y), torch.randn_like(h)
+    (y.float() * dy.float() + h * dh).sum().backward()
+    # The reference: the same composition in fp64 from x, residual and bias_in.
+    ref = [t.double().requires_grad_() for t in (x, r, w, b, bias_in)]
+    h_ref = ref[0] + ref[4] + ref[1]
+    y_ref = ref64(h_ref, ref[2], ref[3], norm, 1e-6)
+    (y_ref * dy.double() + h_ref * dh.double()).sum().backward()
+    assert args[0].grad.dtype == BF16 and args[1].grad.dtype == F32 and args[4].grad.dtype == F32
+    torch.testing.assert_close(args[1].grad.double(), ref[1].grad, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(args[0].grad.double(), ref[0].grad, atol=2e-2, rtol=2e-2)
+    assert torch.equal(args[0].grad, args[1].grad.to(BF16))  # one gradient, rounded for x
+    torch.testing.assert_close(args[4].grad.double(), ref[4].grad, atol=1e-3, rtol=1e-4)
+    for i, name in ((2, "weight"), (3, "bias")):
+        torch.testing.assert_close(args[i].grad.double(), ref[i].grad, atol=1e-3, rtol=1e-3,
+                                   msg=lambda m: f"{name}: {m}")
+
+
+def test_add_ada_norm_f32_stream_cpu():
+    torch.manual_seed(4)
+    x = torch.randn(2, 5, 16).to(torch.float16).requires_grad_()
+    r = torch.randn(2, 5, 16, requires_grad=True)
+    w, b = torch.randn(2, 16), torch.randn(2, 16)
+    y, h = nt.add_ada_layer_norm(x, r, w, b, 1e-5, bias_in=torch.ones(16))
+    assert y.dtype == torch.float16 and h.dtype == F32
+    assert torch.equal(h, (x.float() + 1) + r)
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float16 and r.grad.dtype == F32
 
 
 def test_launch_fused_arguments(stub_gpu):
@@ -605,7 +683,8 @@ def test_launch_fused_arguments(stub_gpu):
                                                                     y.data_ptr(), 0)
     assert a["row_stride"] == 1000 and h.stride() == y.stride() == (6000, 1000, 1) and mean is None
     dy, dh = torch.randn(4, 6, 768, dtype=BF16), torch.randn(4, 6, 768, dtype=BF16)
-    dx, dw, db = _launch.backward_fused(dy, dh, h, w, None, rstd, None, "rmsnorm", True, "none", False)
+    dx, dw, db, dres = _launch.backward_fused(dy, dh, h, w, None, rstd, None, "rmsnorm", True, "none", False)
+    assert dres is None
     k = stub_gpu.kernels[-1]
     assert k.name.startswith("rmsnorm.bwd.bf16.w_f32.n768.zero_centered.residual.cfg_")
     a = _args(k)
@@ -615,6 +694,30 @@ def test_launch_fused_arguments(stub_gpu):
     _launch.backward_fused(dy, None, h, w, None, rstd, None, "rmsnorm", True, "none", False)
     assert stub_gpu.kernels[-1].name.startswith("rmsnorm.bwd.bf16.w_f32.n768.zero_centered.cfg_")
     assert len(stub_gpu.kernels[-1].launches[-1]) == 20
+
+
+def test_launch_f32_stream_and_bias_in_arguments(stub_gpu):
+    x = torch.randn(4, 768, dtype=BF16)
+    r = torch.randn(4, 768)
+    w, bias_in = torch.randn(768), torch.randn(768, dtype=BF16)
+    y, h, mean, rstd, _ = _launch.forward_fused(x, r, w, None, "rmsnorm", 1e-6, True, False, "none", 0.0, inf,
+                                                bias_in)
+    k = stub_gpu.kernels[-1]
+    # Rows held in fp32: the f32 picks (vec 4).
+    assert k.name.startswith("rmsnorm.fwd_train.bf16.w_f32.n768.residual_f32.bias_in.cfg_") and "_v4_" in k.name
+    a = _args(k)
+    assert y.dtype == BF16 and h.dtype == F32
+    assert (a["residual"], a["h"], a["dresidual"]) == (r.data_ptr(), h.data_ptr(), 0)
+    assert a["bias_in"] != 0 and a["bias_in"] != bias_in.data_ptr()  # bias_in taken in the weight's dtype (f32)
+    dy, dh = torch.randn(4, 768, dtype=BF16), torch.randn(4, 768)
+    dx, dw, db, dres = _launch.backward_fused(dy, dh, h, w, None, rstd, None, "rmsnorm", False, "none", False,
+                                              stream_f32=True)
+    k = stub_gpu.kernels[-1]
+    assert k.name.startswith("rmsnorm.bwd.bf16.w_f32.n768.residual_f32.cfg_")
+    a = _args(k)
+    assert dx.dtype == BF16 and dres.dtype == F32
+    assert (a["x"], a["dy"], a["dh_out"], a["dx"], a["dresidual"]) == (h.data_ptr(), dy.data_ptr(), dh.data_ptr(),
+                                                                      dx.data_ptr(), dres.data_ptr())
 
 
 @pytest.mark.parametrize("norm", ["adalayernorm", "adarmsnorm"])
@@ -1152,7 +1255,7 @@ def test_launch_memory_efficient_arguments(stub_gpu):
     y, _, mean, rstd, _ = _launch.forward_fused(x, None, w, b, "layernorm", 1e-5, True, False, "none", 0.0, inf)
     dy = torch.randn_like(y)
     # dbias not wanted: the spec still has the bias (x̂ needs it), dbeta goes to scratch.
-    dx, dw, db = _launch.backward_fused(dy, None, y, w, mean, rstd, None, "layernorm", False, "none", False, b, True)
+    dx, dw, db, _ = _launch.backward_fused(dy, None, y, w, mean, rstd, None, "layernorm", False, "none", False, b, True)
     k = stub_gpu.kernels[-1]
     assert k.name.startswith("layernorm.bwd.bf16.w_f32.n768.bias.memory_efficient.cfg_")
     a = _args(k)

@@ -384,6 +384,66 @@ def test_add_norm_against_float64(gpu, norm, zero_centered, dt, n, lead, strided
 
 
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("dt,n,lead,strided", [("bf16", 7, (3,), False), ("bf16_wf32", 4097, (2, 33), True),
+                                                ("f16", 5120, (37,), False), ("bf16", 18432, (4, 1, 5), True)],
+                         ids=["bf16-n7", "bf16_wf32-n4097-strided", "f16-n5120", "bf16-n18432-strided"])
+@pytest.mark.parametrize("with_bias_in", [False, True], ids=["plain", "bias_in"])
+def test_add_norm_f32_stream_against_float64(gpu, norm, dt, n, lead, strided, with_bias_in):
+    """A float32 residual beside a bf16 / f16 x: h = (x + bias_in) + residual in fp32 (not rounded),
+    y = norm(h) in x's dtype; gradients: x's in x's dtype (dh rounded), the residual's in fp32, bias_in's
+    the rows' sum of dh, against float64."""
+    torch.manual_seed(n + 11 * strided)
+    x_dtype, w_dtype = DTYPES[dt]
+    x = make_x(lead, n, x_dtype, strided, gpu)
+    r = make_x(lead, n, F32, not strided, gpu)
+    w = torch.randn(n, device=gpu).to(w_dtype)
+    b = torch.randn(n, device=gpu).to(w_dtype) if norm == "layernorm" else None
+    bias_in = torch.randn(n, device=gpu).to(w_dtype) if with_bias_in else None
+    eps = 1e-5
+    leaves = [t.requires_grad_(True) for t in (x, r, w, b, bias_in) if t is not None]
+    call = nt.add_layer_norm if norm == "layernorm" else nt.add_rms_norm
+    if norm == "layernorm":
+        y, h = nt.add_layer_norm(x, r, w, b, eps, bias_in=bias_in)
+    else:
+        y, h = nt.add_rms_norm(x, r, w, eps, bias_in=bias_in)
+    assert y.dtype == x_dtype and h.dtype == F32 and y.shape == h.shape == x.shape
+    h_want = x.detach().float() + (bias_in.detach().float() if with_bias_in else 0) + r.detach()
+    assert torch.equal(h, h_want), "h differs from (x + bias_in) + residual in fp32"
+    h64 = h.detach().double().requires_grad_(True)
+    w64 = w.detach().double().requires_grad_(True)
+    b64 = b.detach().double().requires_grad_(True) if b is not None else None
+    want = ref64(h64, w64, b64, norm, eps)
+    close(y, want.detach(), TOL[x_dtype], "y")
+    dy, dh = torch.randn_like(y), torch.randn_like(h)
+    grads = torch.autograd.grad((y, h), leaves, (dy, dh))
+    grads64 = torch.autograd.grad(want, [t for t in (h64, w64, b64) if t is not None], dy.double())
+    dh64 = grads64[0] + dh.double()
+    hd = h.detach().double()
+    hc = hd - hd.mean(-1, keepdim=True) if norm == "layernorm" else hd
+    rstd = torch.rsqrt(hc.square().mean(-1) + eps).max().item()
+    terms = rstd * dy.abs().max().item() * w.detach().double().abs().max().item() + dh.abs().max().item()
+    dx, dres = grads[0], grads[1]
+    assert dx.dtype == x_dtype and dres.dtype == F32
+    assert torch.equal(dx, dres.to(x_dtype)), "dx is not dresidual rounded to x's dtype"
+    close(dres, dh64, 2 * TOL[F32], "dresidual", scale=terms)
+    close(dx, dh64, 2 * TOL[x_dtype], "dx", scale=terms)
+    names = ["dweight", "dbias"][: 1 + (b is not None)]
+    for name, g, g64, t in zip(names, grads[2:], grads64[1:], leaves[2:]):
+        assert g.dtype == t.dtype and g.shape == t.shape, name
+        close(g, g64, 2 * TOL[g.dtype], name)
+    if with_bias_in:
+        g = grads[-1]
+        assert g.dtype == bias_in.dtype and g.shape == (n,)
+        close(g, dh64.reshape(-1, n).sum(0), 2 * TOL[g.dtype], "dbias_in")
+    # The same through torch.compile (the custom ops, their fake implementations).
+    compiled = torch.compile(lambda *a: call(*a, bias_in=bias_in), fullgraph=True)
+    args = (x.detach(), r.detach(), w.detach(), b.detach(), eps) if b is not None else (
+        x.detach(), r.detach(), w.detach(), eps)
+    yc, hc_ = compiled(*args)
+    assert torch.equal(hc_, h.detach()) and torch.equal(yc, y.detach())
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
 def test_zero_centered_norm_against_float64(gpu, norm):
     n = 2880
     x = torch.randn(3, 40, n, device=gpu, dtype=BF16)

@@ -154,6 +154,50 @@ TEST_CASE("memory_efficient backward: y in place of x, no mean, beta with a bias
   expect_error(rms, r, "beta=0x400000 is given");
 }
 
+TEST_CASE("fp32 residual stream and bias_in: dresidual beside dx, bias_in forward only, fp32 alignment") {
+  const Spec fwd = resolve(Spec::parse("rmsnorm.fwd_train.bf16.w_bf16.n4096.residual_f32.bias_in"));
+  CHECK(fwd.block->vec == 4);  // rows held as f32: 16-byte packs of h, 8-byte packs of x
+  LaunchArgs a = good_args(fwd);
+  a.residual = reinterpret_cast<const void*>(0xd00000);
+  a.h = reinterpret_cast<void*>(0xe00000);
+  a.bias_in = reinterpret_cast<const void*>(0xf00000);
+  CHECK_NOTHROW(validate_launch(fwd, a));
+  LaunchArgs no_bias_in = a;
+  no_bias_in.bias_in = nullptr;
+  expect_error(fwd, no_bias_in, "bias_in is null; fwd_train needs it (the bias added with the residual (spec .bias_in))");
+  LaunchArgs misaligned_h = a;
+  misaligned_h.h = reinterpret_cast<void*>(0xe00008);  // 8-byte aligned: a bf16 pack, not an f32 one
+  expect_error(fwd, misaligned_h, "h=0xe00008 is not aligned to 16 bytes (vec=4)");
+  LaunchArgs stray_dresidual = a;
+  stray_dresidual.dresidual = reinterpret_cast<void*>(0x1000000);
+  expect_error(fwd, stray_dresidual, "dresidual=0x1000000 is given but fwd_train rmsnorm does not use it");
+  // x (bf16) needs only 8 bytes at vec 4; h (f32) 16: max_vec_for narrows on h, not x.
+  LaunchArgs x8 = a;
+  x8.x = reinterpret_cast<const void*>(0x100008);
+  CHECK(max_vec_for(fwd, x8) == 4);
+  x8.h = reinterpret_cast<void*>(0xe00008);
+  CHECK(max_vec_for(fwd, x8) == 2);
+
+  const Spec bwd = resolve(Spec::parse("layernorm.bwd.bf16.w_f32.n4096.bias.residual_f32"));
+  LaunchArgs b = good_args(bwd);
+  b.dh_out = reinterpret_cast<const void*>(0xd00000);
+  b.dresidual = reinterpret_cast<void*>(0xe00000);
+  CHECK_NOTHROW(validate_launch(bwd, b));
+  LaunchArgs no_dresidual = b;
+  no_dresidual.dresidual = nullptr;
+  expect_error(bwd, no_dresidual, "dresidual is null; bwd needs it (the fp32 gradient of the residual stream");
+  LaunchArgs x_misaligned = b;  // the backward's x is h, fp32
+  x_misaligned.x = reinterpret_cast<const void*>(0x100008);
+  expect_error(bwd, x_misaligned, "x=0x100008 is not aligned to 16 bytes (vec=4)");
+  // The plain residual backward takes no dresidual (dx is the gradient of both).
+  const Spec plain = resolve(Spec::parse("layernorm.bwd.bf16.w_f32.n4096.bias.residual"));
+  LaunchArgs p = good_args(plain);
+  p.dh_out = reinterpret_cast<const void*>(0xd00000);
+  CHECK_NOTHROW(validate_launch(plain, p));
+  p.dresidual = reinterpret_cast<void*>(0xe00000);
+  expect_error(plain, p, "dresidual=0xe00000 is given but bwd layernorm does not use it");
+}
+
 TEST_CASE("max_vec_for narrows the vector to what pointers and stride allow") {
   const Spec s = Spec::parse("layernorm.fwd_train.bf16.n4096");
   LaunchArgs a = good_args(resolve(s));

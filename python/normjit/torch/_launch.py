@@ -61,7 +61,8 @@ def loaded_kernels():
 
 
 def _spec_of(key):
-    # An 11th field, where present, is memory_efficient (backward keys only).
+    # residual: False, True, or "f32" (an fp32 residual stream). An 11th field, where present, is
+    # memory_efficient (backward keys), a 12th bias_in (forward keys).
     device, norm, phase, x_dtype, w_dtype, n, has_bias, epilogue, zero_centered, residual = key[:10]
     text = f"{norm}.{phase}.{DTYPE_NAMES[x_dtype]}.w_{DTYPE_NAMES[w_dtype]}.n{n}"
     if has_bias:
@@ -69,7 +70,9 @@ def _spec_of(key):
     if zero_centered:
         text += ".zero_centered"
     if residual:
-        text += ".residual"
+        text += ".residual_f32" if residual == "f32" else ".residual"
+    if len(key) > 11 and key[11]:
+        text += ".bias_in"
     if len(key) > 10 and key[10]:
         text += ".memory_efficient"
     if epilogue != "none":
@@ -90,13 +93,14 @@ def _load(device, spec, max_vec, by_vec):
     return kernel
 
 
-def _kernel(key, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride, residual=0, h=0, dh_out=0, y_quant=0):
+def _kernel(key, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride, residual=0, h=0, dh_out=0, y_quant=0,
+            dresidual=0, bias_in=0):
     entry = _entries.get(key)
     if entry is None:
         entry = _entries.setdefault(key, (_spec_of(key), {}))
     spec, by_vec = entry
     vec = _normjit.max_vec_for(spec, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride, residual, h, dh_out,
-                               y_quant)
+                               y_quant, dresidual, bias_in)
     kernel = by_vec.get(vec)
     if kernel is None:
         kernel = _load(key[0], spec, vec, by_vec)
@@ -221,17 +225,26 @@ def _shared_layout(x, other):
     return x, other, rs
 
 
-def forward_fused(x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower, clip_upper):
-    """forward with the fusions: residual (x's shape and dtype, or None) is added to x first, and
-    the sum h is written out and normalized; zero_centered scales by 1 + weight.
+def is_f32_stream(x_dtype, residual_dtype):
+    """Whether a residual of this dtype beside x of that one is an fp32 residual stream (.residual_f32)."""
+    return residual_dtype == torch.float32 and x_dtype != torch.float32
+
+
+def forward_fused(x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower, clip_upper,
+                  bias_in=None):
+    """forward with the fusions: residual (x's shape; x's dtype, or float32 for an fp32 residual
+    stream beside a bf16 / f16 x) and bias_in ([n], or None) are added to x first, and the sum h
+    (the residual's dtype) is written out and normalized; zero_centered scales by 1 + weight.
     Returns (y, h, mean, rstd, mask); h is None without a residual."""
     # Allocations take most of this function's host time: empty_like and int sizes are the cheap forms.
     n = x.shape[-1]
     h = None
+    stream = False
     if residual is not None:
         x, residual, rs = _shared_layout(x, residual)
         y = like_rows(x, rs)
-        h = like_rows(x, rs)
+        stream = "f32" if is_f32_stream(x.dtype, residual.dtype) else True
+        h = like_rows(x, rs, residual.dtype)
     elif x.is_contiguous():
         rs = n
         y = torch.empty_like(x)
@@ -252,15 +265,20 @@ def forward_fused(x, residual, weight, bias, norm, eps, training, zero_centered,
         return y, h, mean, rstd, mask
     rpb = rows // weight.shape[0] if norm in ADAPTIVE_NORMS else 0
     device = dev.index
+    if bias_in is not None:
+        bias_in = bias_in.to(weight.dtype).contiguous()  # read in the weights' dtype
     key = (device, norm, "fwd_train" if training else "fwd_infer", x.dtype, weight.dtype, n, bias is not None, epilogue,
-           zero_centered, residual is not None)
+           zero_centered, stream, False, bias_in is not None)
     xp = x.data_ptr()
     yp = y.data_ptr()
     gp = weight.data_ptr()
     bp = 0 if bias is None else bias.data_ptr()
     mp = 0 if mask is None else mask.data_ptr()
     fused = () if residual is None else (residual.data_ptr(), h.data_ptr(), 0)
-    kernel = _kernel(key, xp, gp, bp, yp, 0, 0, 0, 0, mp, rs, *fused)
+    if bias_in is not None:
+        fused += (0, 0, 0, 0, 0, 0, 0, bias_in.data_ptr())
+    kernel = _kernel(key, xp, gp, bp, yp, 0, 0, 0, 0, mp, rs, *fused[:3],
+                     bias_in=0 if bias_in is None else bias_in.data_ptr())
     _launch(device, kernel, (
         xp, gp, bp, 0 if mean is None else mean.data_ptr(), 0 if rstd is None else rstd.data_ptr(), yp,
         0, 0, 0, 0, 0, 0, mp, clip_lower, clip_upper, rows, rs, rpb, eps, _raw_stream(device)), fused)
@@ -272,17 +290,21 @@ def backward(dy, x, weight, mean, rstd, mask, norm, epilogue, bias_grad):
     them (weight None: ones; mean None for rmsnorm); dx has x's shape, in x's row stride when dy
     shares it, else contiguous; dweight like weight (None without one); dbias like weight when
     bias_grad, else None."""
-    return backward_fused(dy, None, x, weight, mean, rstd, mask, norm, False, epilogue, bias_grad)
+    return backward_fused(dy, None, x, weight, mean, rstd, mask, norm, False, epilogue, bias_grad)[:3]
 
 
 def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered, epilogue, bias_grad, bias=None,
-                   memory_efficient=False):
+                   memory_efficient=False, stream_f32=False):
     """backward with the fusions: x is the forward's h when it had a residual, and dh_out (the
     gradient arriving on h, or None) is added to dx, which is then the gradient of both x and the
     residual; zero_centered as the forward. memory_efficient: x is the forward's output y instead
-    (x̂ = (y - bias) / weight'), mean is not read, and bias (the forward's, or None) is."""
+    (x̂ = (y - bias) / weight'), mean is not read, and bias (the forward's, or None) is.
+    stream_f32 (with dh_out): an fp32 residual stream, x (h) and dh_out float32 beside dy in the
+    model's dtype; dx comes in dy's dtype and dresidual, the same gradient unrounded, in float32.
+    Returns (dx, dweight, dbias, dresidual); dresidual is None unless stream_f32."""
+    stream_f32 = stream_f32 and dh_out is not None
     x, dy, rs = backward_layout(x, dy)
-    if dy.dtype != x.dtype:
+    if dy.dtype != x.dtype and not stream_f32:
         dy = dy.to(x.dtype)
     if dh_out is not None:
         if dh_out.dtype != x.dtype:
@@ -291,7 +313,8 @@ def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered,
             x, dy, dh_out, rs = x.contiguous(), dy.contiguous(), dh_out.contiguous(), x.shape[-1]
     n = x.shape[-1]
     dev = x.device
-    dx = torch.empty_like(x) if rs == n else like_rows(x, rs)
+    dx = torch.empty_like(x, dtype=dy.dtype) if rs == n else like_rows(x, rs, dy.dtype)
+    dresidual = (torch.empty_like(x) if rs == n else like_rows(x, rs)) if stream_f32 else None
     gamma = ones_weight(dev, x.dtype, n) if weight is None else weight.contiguous()
     dgamma = torch.empty_like(gamma)
     dbeta = torch.empty_like(gamma) if bias_grad else None
@@ -307,7 +330,8 @@ def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered,
         # computes dbias even where only the caller does not want it.
         has_bias = bias_grad or (memory_efficient and bias is not None)
         scratch_dbeta = dbeta if dbeta is not None or not has_bias else torch.empty_like(gamma)
-        key = (device, norm, "bwd", x.dtype, gamma.dtype, n, has_bias, epilogue, zero_centered, dh_out is not None,
+        residual = "f32" if stream_f32 else dh_out is not None
+        key = (device, norm, "bwd", dy.dtype, gamma.dtype, n, has_bias, epilogue, zero_centered, residual,
                memory_efficient)
         xp = x.data_ptr()
         gp = gamma.data_ptr()
@@ -319,16 +343,19 @@ def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered,
         dbp = 0 if scratch_dbeta is None else scratch_dbeta.data_ptr()
         mp = 0 if mask is None else mask.data_ptr()
         fused = () if dh_out is None else (0, 0, dh_out.data_ptr())
+        drp = 0 if dresidual is None else dresidual.data_ptr()
+        if stream_f32:
+            fused += (0, 0, 0, 0, 0, 0, drp)
         # The kernel's input x is y for memory_efficient: it goes in y's place.
         x_arg, y_arg = (0, xp) if memory_efficient else (xp, 0)
-        kernel = _kernel(key, x_arg, gp, bp, y_arg, dyp, dxp, dgp, dbp, mp, rs, *fused)
+        kernel = _kernel(key, x_arg, gp, bp, y_arg, dyp, dxp, dgp, dbp, mp, rs, *fused[:3], dresidual=drp)
         ws_bytes = kernel.workspace_bytes(rows, rpb)
         workspace = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device=dev)
         _launch(device, kernel, (
             x_arg, gp, bp, 0 if mean is None or memory_efficient else mean.data_ptr(), rstd.data_ptr(), y_arg, dyp,
             dxp, dgp, dbp, workspace.data_ptr(), ws_bytes, mp, 0.0, math.inf, rows, rs, rpb, 0.0,
             _raw_stream(device)), fused)
-    return dx, (dgamma if weight is not None else None), dbeta
+    return dx, (dgamma if weight is not None else None), dbeta, dresidual
 
 
 # e2m1 codes two a byte (the first element in the low nibble), as torch's own dtype where it has one.

@@ -55,13 +55,16 @@ def _scale(ref, zero_centered):
     return ref.float() + 1 if zero_centered else ref.float()
 
 
-def _normalized(x, residual, weight, bias, norm, eps, zero_centered):
+def _normalized(x, residual, weight, bias, norm, eps, zero_centered, bias_in=None):
     """(x or h, row stride, h, fp32 y, mean, rstd) of forward_fused before its epilogue."""
     h = None
     if residual is not None:
         x, residual, rs = _launch._shared_layout(x, residual)
-        h = _launch.like_rows(x, rs)
-        h.copy_(x.float() + residual.float())  # rounded to x's dtype, as the kernel stores it
+        h = _launch.like_rows(x, rs, residual.dtype)
+        s = x.float()
+        if bias_in is not None:
+            s = s + bias_in.to(weight.dtype if weight is not None else x.dtype).float()
+        h.copy_(s + residual.float())  # summed in fp32, rounded once to the stream's dtype, as the kernel
         x = h
     else:
         x, rs = _launch.layout(x)
@@ -74,14 +77,16 @@ def _normalized(x, residual, weight, bias, norm, eps, zero_centered):
     return x, rs, h, yf.reshape(x.shape), mean, rstd
 
 
-def forward_fused(x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower, clip_upper):
+def forward_fused(x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower, clip_upper,
+                  bias_in=None):
     """As _launch.forward_fused."""
-    x, rs, h, yf, mean, rstd = _normalized(x, residual, weight, bias, norm, eps, zero_centered)
+    y_dtype = x.dtype
+    x, rs, h, yf, mean, rstd = _normalized(x, residual, weight, bias, norm, eps, zero_centered, bias_in)
     mask = None
     if epilogue != "none":
         mask = pack_mask((yf > clip_lower) & (yf < clip_upper))
         yf = yf.clamp(clip_lower, clip_upper)
-    y = _launch.like_rows(x, rs)
+    y = _launch.like_rows(x, rs, y_dtype)
     y.copy_(yf)
     if not training:
         mean = rstd = None
@@ -90,12 +95,13 @@ def forward_fused(x, residual, weight, bias, norm, eps, training, zero_centered,
 
 def backward(dy, x, weight, mean, rstd, mask, norm, epilogue, bias_grad):
     """As _launch.backward."""
-    return backward_fused(dy, None, x, weight, mean, rstd, mask, norm, False, epilogue, bias_grad)
+    return backward_fused(dy, None, x, weight, mean, rstd, mask, norm, False, epilogue, bias_grad)[:3]
 
 
 def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered, epilogue, bias_grad, bias=None,
-                   memory_efficient=False):
+                   memory_efficient=False, stream_f32=False):
     """As _launch.backward_fused."""
+    stream_f32 = stream_f32 and dh_out is not None
     x, dy, rs = _launch.backward_layout(x, dy)
     n = x.shape[-1]
     ref = weight if weight is not None else x.new_ones(n)
@@ -119,11 +125,15 @@ def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered,
         dxf = rstd[..., None] * (gw - gw.mean(-1, keepdim=True) - xhat * proj)
     if dh_out is not None:
         dxf = dxf + dh_out.float()
-    dx = _launch.like_rows(x, rs)
+    dx = _launch.like_rows(x, rs, dy.dtype if stream_f32 else x.dtype)
     dx.copy_(dxf)
+    dresidual = None
+    if stream_f32:
+        dresidual = _launch.like_rows(x, rs)
+        dresidual.copy_(dxf)
     dweight = (_batched(g * xhat, ref, norm).sum(1).reshape(ref.shape).to(ref.dtype)) if weight is not None else None
     dbias = _batched(g, ref, norm).sum(1).reshape(ref.shape).to(ref.dtype) if bias_grad else None
-    return dx, dweight, dbias
+    return dx, dweight, dbias, dresidual
 
 
 # Quantized outputs: (code dtype, largest finite value) per format.

@@ -198,47 +198,79 @@ def rms_norm(x, normalized_shape, weight=None, eps=None, bias=None, *, zero_cent
     return _restore(_norm_call(x2, w, b, "rmsnorm", eps, zero_centered, memory_efficient, "rms_norm"), restore)
 
 
-def _check_residual(x, residual):
+def _check_residual(x, residual, stream_f32_ok=False):
+    """residual matches x; with stream_f32_ok, a float32 residual beside a bf16 / f16 x too (an
+    fp32 residual stream)."""
     if not isinstance(residual, torch.Tensor):
         raise TypeError(f"residual is a {type(residual).__name__}, not a torch.Tensor")
-    if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
+    dtype_ok = residual.dtype == x.dtype or (stream_f32_ok and _launch.is_f32_stream(x.dtype, residual.dtype))
+    if residual.shape != x.shape or not dtype_ok or residual.device != x.device:
+        also = " (or float32: an fp32 residual stream)" if stream_f32_ok and x.dtype != torch.float32 else ""
         raise ValueError(f"residual ({list(residual.shape)}, {residual.dtype}, {residual.device}) must match x "
-                         f"({list(x.shape)}, {x.dtype}, {x.device})")
+                         f"({list(x.shape)}, {x.dtype}{also}, {x.device})")
 
 
-def _add_norm(x, residual, weight, bias, eps, zero_centered, norm, memory_efficient=False):
+def _check_bias_in(x, residual, bias_in, memory_efficient):
+    if bias_in is None:
+        return
+    if not isinstance(bias_in, torch.Tensor):
+        raise TypeError(f"bias_in is a {type(bias_in).__name__}, not a torch.Tensor")
+    if bias_in.shape != x.shape[-1:] or bias_in.device != x.device or not bias_in.is_floating_point():
+        raise ValueError(f"bias_in ({list(bias_in.shape)}, {bias_in.dtype}, {bias_in.device}) must be a floating "
+                         f"[{x.shape[-1]}] tensor on {x.device}")
+
+
+def _check_stream_memory_efficient(name, x, residual, memory_efficient):
+    if memory_efficient and _launch.is_f32_stream(x.dtype, residual.dtype):
+        raise ValueError(f"{name}: memory_efficient=True with a float32 residual stream is not supported (the "
+                         "backward would recover fp32 rows from y in x's dtype); keep h, or pass a residual in "
+                         f"{x.dtype}")
+
+
+def _add_norm(x, residual, weight, bias, eps, zero_centered, norm, memory_efficient=False, bias_in=None):
+    name = "add_" + ("rms_norm" if norm == "rmsnorm" else "layer_norm")
     _check_x(x)
-    _check_residual(x, residual)
+    _check_residual(x, residual, stream_f32_ok=True)
+    _check_bias_in(x, residual, bias_in, memory_efficient)
+    _check_stream_memory_efficient(name, x, residual, memory_efficient)
     x2, w, b, _ = _prepare(x, x.shape[-1:] if x.dim() else (), weight, bias, zero_centered)
     if norm == "rmsnorm":
         eps = _rms_eps(x, eps)
     _check_eps(eps)
-    memory_efficient = _use_memory_efficient("add_" + ("rms_norm" if norm == "rmsnorm" else "layer_norm"),
-                                             memory_efficient, (x, residual, weight, bias), w, b, zero_centered)
+    memory_efficient = _use_memory_efficient(name, memory_efficient, (x, residual, weight, bias), w, b, zero_centered)
     # Off the GPU, call_fused runs the op's plain-torch reference, with its autograd.
-    return ops.call_fused(x2, residual, w, b, norm, float(eps), zero_centered, memory_efficient=memory_efficient)
+    return ops.call_fused(x2, residual, w, b, norm, float(eps), zero_centered, memory_efficient=memory_efficient,
+                          bias_in=bias_in)
 
 
-def add_rms_norm(x, residual, weight=None, eps=None, bias=None, *, zero_centered=False, memory_efficient=False):
-    """The pre-norm block's residual add and RMSNorm in one kernel: h = x + residual (rounded to x's
-    dtype), y = rms_norm(h, weight, eps) over the last dimension. Returns (y, h): h is the new
-    residual stream. Gradients: dx = dresidual = dnorm(dy) + dh, and the weight's (bias's).
+def add_rms_norm(x, residual, weight=None, eps=None, bias=None, *, zero_centered=False, memory_efficient=False,
+                 bias_in=None):
+    """The pre-norm block's residual add and RMSNorm in one kernel: h = x (+ bias_in) + residual,
+    y = rms_norm(h, weight, eps) over the last dimension. Returns (y, h): h is the new residual
+    stream. Gradients: dx = dresidual = dnorm(dy) + dh, the weight's (bias's) and bias_in's (the
+    column sum of dx). residual in x's dtype rounds h to it; a float32 residual beside a bf16 / f16
+    x keeps an fp32 residual stream (h float32, not rounded; dresidual float32). bias_in ([N], e.g.
+    the bias of the linear layer before) is summed with x and residual in fp32, rounded once.
     memory_efficient: autograd keeps y rather than h (as layer_norm's)."""
-    return _add_norm(x, residual, weight, bias, eps, zero_centered, "rmsnorm", memory_efficient)
+    return _add_norm(x, residual, weight, bias, eps, zero_centered, "rmsnorm", memory_efficient, bias_in)
 
 
-def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, zero_centered=False, memory_efficient=False):
-    """add_rms_norm's LayerNorm: h = x + residual, y = layer_norm(h, weight, bias, eps); returns (y, h)."""
-    return _add_norm(x, residual, weight, bias, eps, zero_centered, "layernorm", memory_efficient)
+def add_layer_norm(x, residual, weight=None, bias=None, eps=1e-5, *, zero_centered=False, memory_efficient=False,
+                   bias_in=None):
+    """add_rms_norm's LayerNorm: h = x (+ bias_in) + residual, y = layer_norm(h, weight, bias, eps);
+    returns (y, h). Residual dtypes and bias_in as add_rms_norm's."""
+    return _add_norm(x, residual, weight, bias, eps, zero_centered, "layernorm", memory_efficient, bias_in)
 
 
-def _ada(x, weight, bias, eps, norm, zero_centered, residual=None, memory_efficient=False):
+def _ada(x, weight, bias, eps, norm, zero_centered, residual=None, memory_efficient=False, bias_in=None):
     name = "ada_layer_norm" if norm == "adalayernorm" else "ada_rms_norm"
     if residual is not None:
         name = "add_" + name
     _check_x(x)
     if residual is not None:
-        _check_residual(x, residual)
+        _check_residual(x, residual, stream_f32_ok=True)
+        _check_bias_in(x, residual, bias_in, memory_efficient)
+        _check_stream_memory_efficient(name, x, residual, memory_efficient)
     if x.dim() != 3:
         raise ValueError(f"x has shape {list(x.shape)}; {name} takes x [B, S, N]")
     if weight is None:
@@ -259,7 +291,7 @@ def _ada(x, weight, bias, eps, norm, zero_centered, residual=None, memory_effici
         memory_efficient = _use_memory_efficient(name, memory_efficient, (x, residual, weight, bias), weight, bias,
                                                  zero_centered)
         return ops.call_fused(x, residual, weight, bias, norm, float(eps), zero_centered,
-                              memory_efficient=memory_efficient)
+                              memory_efficient=memory_efficient, bias_in=bias_in)
     return _norm_call(x, weight, bias, norm, eps, zero_centered, memory_efficient, name)
 
 
@@ -278,16 +310,18 @@ def ada_rms_norm(x, weight, bias=None, eps=None, *, zero_centered=False, memory_
     return _ada(x, weight, bias, eps, "adarmsnorm", zero_centered, memory_efficient=memory_efficient)
 
 
-def add_ada_layer_norm(x, residual, weight, bias=None, eps=1e-5, *, zero_centered=False, memory_efficient=False):
-    """The residual add and ada_layer_norm in one kernel: h = x + residual (x and residual [B, S, N],
-    h rounded to x's dtype), y = ada_layer_norm(h, weight, bias, eps, zero_centered=...). Returns
-    (y, h); gradients as add_layer_norm's (dx = dresidual = dnorm(dy) + dh)."""
-    return _ada(x, weight, bias, eps, "adalayernorm", zero_centered, residual, memory_efficient)
+def add_ada_layer_norm(x, residual, weight, bias=None, eps=1e-5, *, zero_centered=False, memory_efficient=False,
+                       bias_in=None):
+    """The residual add and ada_layer_norm in one kernel: h = x (+ bias_in) + residual (x and
+    residual [B, S, N]), y = ada_layer_norm(h, weight, bias, eps, zero_centered=...). Returns
+    (y, h); residual dtypes, bias_in and gradients as add_layer_norm's (dx = dresidual = dnorm(dy) + dh)."""
+    return _ada(x, weight, bias, eps, "adalayernorm", zero_centered, residual, memory_efficient, bias_in)
 
 
-def add_ada_rms_norm(x, residual, weight, bias=None, eps=None, *, zero_centered=False, memory_efficient=False):
-    """add_ada_layer_norm's RMSNorm: h = x + residual, y = ada_rms_norm(h, ...); returns (y, h)."""
-    return _ada(x, weight, bias, eps, "adarmsnorm", zero_centered, residual, memory_efficient)
+def add_ada_rms_norm(x, residual, weight, bias=None, eps=None, *, zero_centered=False, memory_efficient=False,
+                     bias_in=None):
+    """add_ada_layer_norm's RMSNorm: h = x (+ bias_in) + residual, y = ada_rms_norm(h, ...); returns (y, h)."""
+    return _ada(x, weight, bias, eps, "adarmsnorm", zero_centered, residual, memory_efficient, bias_in)
 
 
 def _relu(x, normalized_shape, weight, bias, eps, clip_lower, clip_upper, norm):

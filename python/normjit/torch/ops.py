@@ -170,23 +170,29 @@ def call(x, weight, bias, norm, eps, epilogue, clip_lower=0.0, clip_upper=math.i
 # zero-centred weights (scale 1 + weight). Separate ops, so the plain ones keep their schema.
 #
 #     fused_norm_fwd(x, residual?, weight?, bias?, norm, eps, training, zero_centered, epilogue,
-#                    clip_lower, clip_upper) -> (y, h, mean, rstd, mask)
+#                    clip_lower, clip_upper, memory_efficient, bias_in?) -> (y, h, mean, rstd, mask)
 #     fused_norm_bwd(dy, dh_out?, x, weight?, mean, rstd, mask, norm, zero_centered, epilogue,
-#                    bias_grad) -> (dx, dweight, dbias)
+#                    bias_grad, bias?, memory_efficient, stream_f32) -> (dx, dweight, dbias, dresidual)
 #
-# h is x's shape, dtype and layout (empty [0] without a residual). The backward's x is the
-# forward's h, and its dx (dnorm(dy) + dh_out) is the gradient of both x and residual.
+# h is x's shape and layout in the residual's dtype (x's, or float32 for an fp32 residual stream
+# beside a bf16 / f16 x), empty [0] without a residual. The backward's x is the forward's h, and its
+# dx (dnorm(dy) + dh_out) is the gradient of both x and residual; with stream_f32, dx comes in dy's
+# dtype (x's gradient) and dresidual in float32 (the residual's), else dresidual is empty [0].
+# bias_in ([n]) is added with the residual; its gradient is the column sum of dh.
 
 
 @torch.library.custom_op("normjit::fused_norm_fwd", mutates_args=())
 def fused_norm_fwd(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], norm: str,
                    eps: float, training: bool, zero_centered: bool, epilogue: str, clip_lower: float,
-                   clip_upper: float, memory_efficient: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   clip_upper: float, memory_efficient: bool = False,
+                   bias_in: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     _check_names(norm, epilogue)
     _check_memory_efficient(memory_efficient, epilogue)
+    if bias_in is not None and residual is None:
+        raise ValueError("bias_in is added with the residual; it needs a residual")
     impl = _launch.forward_fused if x.is_cuda else _reference.forward_fused
     y, h, mean, rstd, mask = impl(x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower,
-                                  clip_upper)
+                                  clip_upper, bias_in)
     lead = x.shape[:-1]
     h = h if h is not None else x.new_empty((0,))
     mean = mean.view(lead) if mean is not None else x.new_empty((0,), dtype=torch.float32)
@@ -197,52 +203,81 @@ def fused_norm_fwd(x: Tensor, residual: Optional[Tensor], weight: Optional[Tenso
 
 @fused_norm_fwd.register_fake
 def _fused_norm_fwd_fake(x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower,
-                         clip_upper, memory_efficient=False):
+                         clip_upper, memory_efficient=False, bias_in=None):
     _check_memory_efficient(memory_efficient, epilogue)
     # With a residual, x and h take the layout x and residual share (contiguous where they differ).
     if residual is not None:
         x, residual, rs = _launch._shared_layout(x, residual)
     y, mean, rstd, mask = _norm_fwd_fake(x, weight, bias, norm, eps, training, epilogue, clip_lower, clip_upper)
-    h = _launch.like_rows(x, rs) if residual is not None else x.new_empty((0,))
+    h = _launch.like_rows(x, rs, residual.dtype) if residual is not None else x.new_empty((0,))
     return y, h, mean, rstd, mask
 
 
 @torch.library.custom_op("normjit::fused_norm_bwd", mutates_args=())
 def fused_norm_bwd(dy: Tensor, dh_out: Optional[Tensor], x: Tensor, weight: Optional[Tensor], mean: Tensor,
                    rstd: Tensor, mask: Tensor, norm: str, zero_centered: bool, epilogue: str,
-                   bias_grad: bool, bias: Optional[Tensor] = None,
-                   memory_efficient: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+                   bias_grad: bool, bias: Optional[Tensor] = None, memory_efficient: bool = False,
+                   stream_f32: bool = False) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     _check_names(norm, epilogue)
     _check_memory_efficient(memory_efficient, epilogue)
     if bias_grad and weight is None:
         raise ValueError("bias_grad=True needs the weight (pass ones for a norm without one)")
+    _check_stream(stream_f32, dh_out, x, dy)
     impl = _launch.backward_fused if x.is_cuda else _reference.backward_fused
-    dx, dweight, dbias = impl(dy, dh_out, x, weight, mean if _launch.subtracts_mean(norm) else None, rstd,
-                              mask if epilogue != "none" else None, norm, zero_centered, epilogue, bias_grad,
-                              bias, memory_efficient)
-    return dx, _or_empty(dweight, x, x.dtype), _or_empty(dbias, x, x.dtype)
+    dx, dweight, dbias, dresidual = impl(dy, dh_out, x, weight, mean if _launch.subtracts_mean(norm) else None, rstd,
+                                         mask if epilogue != "none" else None, norm, zero_centered, epilogue,
+                                         bias_grad, bias, memory_efficient, stream_f32)
+    return dx, _or_empty(dweight, x, x.dtype), _or_empty(dbias, x, x.dtype), _or_empty(dresidual, x, x.dtype)
+
+
+def _check_stream(stream_f32, dh_out, x, dy):
+    if stream_f32 and (dh_out is None or x.dtype != torch.float32 or dh_out.dtype != torch.float32
+                       or dy.dtype not in (torch.bfloat16, torch.float16)):
+        raise ValueError(f"stream_f32=True takes x (h) and dh_out float32 beside dy bfloat16 / float16; got x "
+                         f"{x.dtype}, dh_out {None if dh_out is None else dh_out.dtype}, dy {dy.dtype}")
 
 
 @fused_norm_bwd.register_fake
 def _fused_norm_bwd_fake(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered, epilogue, bias_grad, bias=None,
-                         memory_efficient=False):
+                         memory_efficient=False, stream_f32=False):
+    _check_stream(stream_f32, dh_out, x, dy)
     dx, dweight, dbias = _norm_bwd_fake(dy, x, weight, mean, rstd, mask, norm, epilogue, bias_grad)
     if dh_out is not None:
         x, dy, rs = _launch.backward_layout(x, dy)
         if _launch.rows_apart(dh_out) != rs:
             dx = _launch.like_rows(x, x.shape[-1])
-    return dx, dweight, dbias
+    dresidual = x.new_empty((0,))
+    if stream_f32:
+        dresidual = dx
+        dx = torch.empty_like(dx, dtype=dy.dtype)
+    return dx, dweight, dbias, dresidual
+
+
+def _residual_grads(ctx, dx, dresidual, want_dx, want_dres, want_dbias_in):
+    """The gradients of x, residual and bias_in from the backward's dx (and dresidual): one
+    gradient dh for both inputs, rounded to x's dtype for x where the stream is fp32; bias_in's is
+    dh summed over the rows. A stream without dh_out ran the plain fp32 backward: dx is dh."""
+    dh = dresidual if dresidual is not None else dx
+    gx = dx.to(ctx.x_dtype) if want_dx else None
+    gb = None
+    if want_dbias_in:
+        gb = dh.float().reshape(-1, dh.shape[-1]).sum(0).to(ctx.bias_in_dtype)
+    return gx, (dh if want_dres else None), gb
 
 
 def _setup_fused_fwd(ctx, inputs, output):
     x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower, clip_upper = inputs[:11]
     memory_efficient = len(inputs) > 11 and inputs[11]
+    bias_in = inputs[12] if len(inputs) > 12 else None
     y, h, mean, rstd, mask = output
     ctx.norm = norm
     ctx.epilogue = epilogue
     ctx.training = training
     ctx.zero_centered = zero_centered
     ctx.residual = residual is not None
+    ctx.stream_f32 = residual is not None and _launch.is_f32_stream(x.dtype, residual.dtype)
+    ctx.x_dtype = x.dtype
+    ctx.bias_in_dtype = None if bias_in is None else bias_in.dtype
     ctx.memory_efficient = memory_efficient
     # memory_efficient keeps y (and the bias, to undo) instead of x / h.
     kept = y if memory_efficient else h if residual is not None else x
@@ -256,12 +291,15 @@ def _backward_fused_fwd(ctx, dy, dh, dmean, drstd, dmask):
                            "backward; call it with training=True where gradients are needed")
     x, weight, mean, rstd, mask, bias = ctx.saved_tensors
     want_dx, want_dres, want_dw, want_db = ctx.needs_input_grad[:4]
+    want_dbias_in = len(ctx.needs_input_grad) > 12 and ctx.needs_input_grad[12]
     dh_out = dh if ctx.residual else None
-    dx, dw, db = torch.ops.normjit.fused_norm_bwd(dy, dh_out, x, weight, mean, rstd, mask, ctx.norm,
-                                                   ctx.zero_centered, ctx.epilogue, want_db, bias,
-                                                   ctx.memory_efficient)
-    return (dx if want_dx else None, dx if want_dres else None, dw if want_dw else None, db if want_db else None,
-            None, None, None, None, None, None, None, None)
+    stream_f32 = ctx.stream_f32 and dh_out is not None
+    dx, dw, db, dres = torch.ops.normjit.fused_norm_bwd(dy, dh_out, x, weight, mean, rstd, mask, ctx.norm,
+                                                         ctx.zero_centered, ctx.epilogue, want_db, bias,
+                                                         ctx.memory_efficient, stream_f32)
+    gx, gres, gbias_in = _residual_grads(ctx, dx, dres if stream_f32 else None, want_dx, want_dres, want_dbias_in)
+    return (gx, gres, dw if want_dw else None, db if want_db else None,
+            None, None, None, None, None, None, None, None, gbias_in)
 
 
 fused_norm_fwd.register_autograd(_backward_fused_fwd, setup_context=_setup_fused_fwd)
@@ -273,13 +311,16 @@ class FusedNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, residual, weight, bias, norm, eps, zero_centered, epilogue, clip_lower, clip_upper,
-                memory_efficient=False):
+                memory_efficient=False, bias_in=None):
         y, h, mean, rstd, mask = _launch.forward_fused(x, residual, weight, bias, norm, eps, True, zero_centered,
-                                                       epilogue, clip_lower, clip_upper)
+                                                       epilogue, clip_lower, clip_upper, bias_in)
         ctx.norm = norm
         ctx.epilogue = epilogue
         ctx.zero_centered = zero_centered
         ctx.residual = residual is not None
+        ctx.stream_f32 = residual is not None and _launch.is_f32_stream(x.dtype, residual.dtype)
+        ctx.x_dtype = x.dtype
+        ctx.bias_in_dtype = None if bias_in is None else bias_in.dtype
         ctx.memory_efficient = memory_efficient
         ctx.stats = (mean, rstd)  # see NormFunction
         kept = y if memory_efficient else h if residual is not None else x
@@ -295,33 +336,42 @@ class FusedNormFunction(torch.autograd.Function):
         x, weight, mask, bias = ctx.saved_tensors
         mean, rstd = ctx.stats
         want_dx, want_dres, want_dw, want_db = ctx.needs_input_grad[:4]
+        want_dbias_in = ctx.needs_input_grad[11]
         dh_out = rest[0] if ctx.residual else None
-        dx, dw, db = _launch.backward_fused(dy, dh_out, x, weight, mean, rstd, mask, ctx.norm, ctx.zero_centered,
-                                            ctx.epilogue, want_db, bias, ctx.memory_efficient)
-        return (dx if want_dx else None, dx if want_dres else None, dw if want_dw else None,
-                db if want_db else None, None, None, None, None, None, None, None)
+        stream_f32 = ctx.stream_f32 and dh_out is not None
+        dx, dw, db, dres = _launch.backward_fused(dy, dh_out, x, weight, mean, rstd, mask, ctx.norm,
+                                                  ctx.zero_centered, ctx.epilogue, want_db, bias,
+                                                  ctx.memory_efficient, stream_f32)
+        gx, gres, gbias_in = _residual_grads(ctx, dx, dres, want_dx, want_dres, want_dbias_in)
+        return (gx, gres, dw if want_dw else None, db if want_db else None, None, None, None, None, None, None, None,
+                gbias_in)
 
 
 def call_fused(x, residual, weight, bias, norm, eps, zero_centered, epilogue="none", clip_lower=0.0,
-               clip_upper=math.inf, memory_efficient=False):
+               clip_upper=math.inf, memory_efficient=False, bias_in=None):
     """call() with the fusions. Returns (y, h) with a residual, else y; the mask last for relu_bitmask.
-    memory_efficient: the backward keeps y instead of x (check_memory_efficient_weights first)."""
+    memory_efficient: the backward keeps y instead of x (check_memory_efficient_weights first).
+    A float32 residual beside a bf16 / f16 x is an fp32 residual stream (h float32); bias_in ([n])
+    is added with the residual."""
     eager = not torch.compiler.is_compiling() and x.is_cuda and type(x) is Tensor
-    if eager and _native.eager_norm is not None and not memory_efficient:
+    # The C++ eager path covers the residual in x's dtype without bias_in.
+    native = (not memory_efficient and bias_in is None and (residual is None or residual.dtype == x.dtype))
+    if eager and _native.eager_norm is not None and native:
         out = _native.eager_norm(x, residual, weight, bias, _native.NORMS[norm], eps, zero_centered,
                                  _native.EPILOGUES[epilogue], clip_lower, clip_upper)
         return out[0] if len(out) == 1 else tuple(out)
     grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, residual, weight, bias))
+        t is not None and t.requires_grad for t in (x, residual, weight, bias, bias_in))
     if eager:
         if grad:
             return FusedNormFunction.apply(x, residual, weight, bias, norm, eps, zero_centered, epilogue, clip_lower,
-                                           clip_upper, memory_efficient)
+                                           clip_upper, memory_efficient, bias_in)
         y, h, _, _, mask = _launch.forward_fused(x, residual, weight, bias, norm, eps, False, zero_centered, epilogue,
-                                                 clip_lower, clip_upper)
+                                                 clip_lower, clip_upper, bias_in)
     else:
         y, h, _, _, mask = torch.ops.normjit.fused_norm_fwd(x, residual, weight, bias, norm, eps, grad, zero_centered,
-                                                            epilogue, clip_lower, clip_upper, memory_efficient)
+                                                            epilogue, clip_lower, clip_upper, memory_efficient,
+                                                            bias_in)
         if residual is None:
             h = None
         if epilogue == "none":
