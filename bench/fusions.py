@@ -10,6 +10,13 @@ Per N (bf16 x, residual and weight, M rows), forward and backward:
   liger            LigerFusedAddRMSNormFunction (liger-kernel; casting_mode="gemma": fp32 math,
                    y rounded once, as the others)
   quack            quack.rmsnorm.rmsnorm_fwd(residual=...) / rmsnorm_bwd(dresidual_out=...)
+  flashinfer       flashinfer.norm.fused_add_rmsnorm, forward only (FlashInfer has no backward: n/a).
+                   On sm_90 its CuTe-DSL kernel where nvidia-cutlass-dsl imports, else its CUDA one;
+                   PDL on, as FlashInfer defaults. In place: y overwrites x, h overwrites residual, so
+                   it runs on its own copies of the rotating sets (made once per N, outside timing)
+                   and is checked on fresh copies of set 0.
+  flashinfer.cuda  the same through FlashInfer's CUDA module (get_norm_module().fused_add_rmsnorm),
+                   whichever kernel the public call picks
 Bytes, each input read once and each output written once: forward x, residual, weight read and
 y, h written; backward dy, dh, h, weight read and dx (= dresidual), dweight written (the saved fp32
 rstd is not counted). "% copy" divides by a device-to-device copy of M·N bf16 elements in the same
@@ -26,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from peers import dist_version, median_us, read_cutlass_pth  # noqa: E402
+from peers import dist_version, load_flashinfer, median_us, read_cutlass_pth  # noqa: E402
 
 EPS = 1e-6
 
@@ -34,6 +41,22 @@ EPS = 1e-6
 def unfused_torch(x, r, w):
     h = x + r
     return F.rms_norm(h, h.shape[-1:], w, EPS), h
+
+
+class InPlace:
+    """A provider that writes y over x and h over the residual (FlashInfer's fused_add_rmsnorm):
+    fn(x, r, w) returns nothing. Forward only."""
+
+    def __init__(self, fn, impl):
+        self.fn, self.impl = fn, impl
+
+    def check(self, x, r, w):
+        xc, rc = x.clone(), r.clone()
+        self.fn(xc, rc, w)
+        return xc, rc  # y, h
+
+
+PEERS = ("liger", "quack", "flashinfer", "flashinfer.cuda", "torch.compile", "torch.eager")
 
 
 def providers(names):
@@ -81,6 +104,19 @@ def providers(names):
             print(f"quack {dist_version('quack-kernels')}")
         except Exception as e:  # noqa: BLE001
             print(f"skip quack: {type(e).__name__}: {e}"[:200])
+    if "flashinfer" in names or "flashinfer.cuda" in names:
+        try:
+            fi = load_flashinfer()
+            if "flashinfer" in names:
+                out["flashinfer"] = InPlace(lambda x, r, w: fi.norm.fused_add_rmsnorm(x, r, w, EPS),
+                                            f"flashinfer.norm.fused_add_rmsnorm ({fi.backend}, enable_pdl={fi.pdl})")
+            if "flashinfer.cuda" in names:
+                mod = fi.cuda()
+                out["flashinfer.cuda"] = InPlace(lambda x, r, w: mod.fused_add_rmsnorm(x, r, w, EPS, fi.pdl),
+                                                 f"get_norm_module().fused_add_rmsnorm (CUDA, enable_pdl={fi.pdl})")
+            print(f"flashinfer {fi.version}; in place: y over x, h over residual")
+        except Exception as e:  # noqa: BLE001
+            print(f"skip flashinfer: {type(e).__name__}: {e}"[:200])
     return out
 
 
@@ -95,7 +131,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ns", default="1024,2880,4096,5120,7168,8192,12288,16384")
     ap.add_argument("--rows", type=int, default=32768)
-    ap.add_argument("--providers", default="normjit,normjit.unfused,torch.eager,torch.compile,liger,quack")
+    ap.add_argument("--providers",
+                    default="normjit,normjit.unfused,torch.eager,torch.compile,liger,quack,flashinfer,flashinfer.cuda")
     ap.add_argument("--phases", default="fwd,bwd")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -124,18 +161,31 @@ def main():
             if f == "compile":
                 torch._dynamo.reset()
                 f = torch.compile(unfused_torch, dynamic=False)
+            inplace = isinstance(f, InPlace)
             try:
                 with torch.no_grad():
-                    y, h = f(xs[0], rs[0], w)
+                    y, h = f.check(xs[0], rs[0], w) if inplace else f(xs[0], rs[0], w)
                 err_y = ((y.double() - y_ref).abs() / (1 + y_ref.abs())).max().item()
                 h_exact = torch.equal(h, h_ref)
                 entry = {"y_err": err_y, "h_exact": h_exact}
+                if inplace:
+                    entry["impl"] = f.impl
+                del y, h
                 if "fwd" in phases:
                     with torch.no_grad():
-                        us = median_us(lambda i: f(xs[i], rs[i], w), sets)
+                        if inplace:
+                            # Its own copies: its outputs overwrite its inputs (values drift from call
+                            # to call, the work per call does not).
+                            own = [(xi.clone(), ri.clone()) for xi, ri in zip(xs, rs)]
+                            us = median_us(lambda i: f.fn(own[i][0], own[i][1], w), sets)
+                            del own
+                        else:
+                            us = median_us(lambda i: f(xs[i], rs[i], w), sets)
                     gbs = (4 * elem + 2 * n) / us / 1e3
                     entry.update(fwd_us=us, fwd_gbs=gbs, fwd_pct=100 * gbs / copy_gbs)
-                if "bwd" in phases:
+                if "bwd" in phases and inplace:
+                    entry["bwd"] = "n/a"  # inference only: no backward
+                elif "bwd" in phases:
                     graphs = []
                     for i in range(sets):
                         xi, ri, wi = (t.detach().requires_grad_() for t in (xs[i], rs[i], w))
@@ -173,10 +223,10 @@ def main():
                 e = row.get(p, {})
                 if f"{ph}_pct" in e:
                     cells.append(f"{e[f'{ph}_pct']:.1f} ({e[f'{ph}_gbs']:.0f})")
-                    if p in ("liger", "quack", "torch.compile", "torch.eager"):
+                    if p in PEERS:
                         peers.append(e[f"{ph}_gbs"])
                 else:
-                    cells.append("–")
+                    cells.append(e.get(ph, "–"))
             nj = row.get("normjit", {}).get(f"{ph}_gbs")
             un = row.get("normjit.unfused", {}).get(f"{ph}_gbs")
             speedup = f"{nj / un:.2f}x" if nj and un else "–"

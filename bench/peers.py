@@ -12,7 +12,8 @@ LayerNormBackward setting: bf16 x, fp32 weights, M = 32768.
 
 Providers (--providers): torch.eager, torch.compile, normjit.torch (this project's PyTorch ops, through
 autograd in the backward, as a model calls them), and the peer libraries liger (liger-kernel's
-Triton kernels), cudnn (nvidia-cudnn-frontend graph API) and quack (quack-kernels, CuTe DSL). Every
+Triton kernels), cudnn (nvidia-cudnn-frontend graph API), quack (quack-kernels, CuTe DSL) and
+flashinfer (flashinfer.norm, forward only: FlashInfer has no norm backward). Every
 provider sees the same buffers, byte counts, timing and fp64 error check. A peer whose import fails
 is skipped once with the reason; a failure at one shape prints `skip <provider> <norm> N=<n>: <why>`
 and the run goes on. Each result's `impl` field says which call was timed and any adaptation.
@@ -29,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-PROVIDERS = ("torch.eager", "torch.compile", "normjit.torch", "liger", "cudnn", "quack", "quack.alloc")
+PROVIDERS = ("torch.eager", "torch.compile", "normjit.torch", "liger", "cudnn", "quack", "quack.alloc", "flashinfer")
 
 
 def median_us(fn, sets, warmup=5, reps=25, batch=10):
@@ -552,6 +553,59 @@ def quack_bwd_candidates(api, norm, n, eps, xs, dys, ys, w, b):
              + mixed_note(xs, w, "kernel compiled for that dtype pair"), build)]
 
 
+def load_flashinfer():
+    """flashinfer.norm, from the carried slim package (scripts/flashinfer_slim.sh, .whl/fi/) or any
+    install. Also used by bench/fusions.py and bench/quant.py. Its norm CUDA module comes prebuilt
+    (data/aot/norm/norm.so) in the slim package; any module it still JIT-compiles (nvcc, on all
+    cores) lands under FLASHINFER_WORKSPACE_BASE, kept between calls on a warm machine. On sm_90 its
+    public calls run its CuTe-DSL kernels when nvidia-cutlass-dsl imports (the carried cu13 libs
+    staged), else its CUDA kernels; `backend` says which, `cuda` is the CUDA module itself."""
+    os.environ.setdefault("FLASHINFER_WORKSPACE_BASE", "/tmp/flashinfer-ws")
+    os.environ.setdefault("TVM_FFI_CACHE_DIR", "/tmp/tvm-ffi-cache")
+    os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
+    os.environ.setdefault("CUDA_HOME", "/usr/local/cuda")
+    try:
+        read_cutlass_pth()  # the DSL's `cutlass`, not the image's, for the CuTe-DSL kernels
+    except Exception:  # noqa: BLE001 - no cutlass-dsl: FlashInfer falls back to its CUDA kernels
+        pass
+    import flashinfer
+    import flashinfer.norm as fn
+    dev = torch.device("cuda", torch.cuda.current_device())
+    backend = "CUDA (nvcc JIT/AOT module)" if fn._use_cuda_norm(dev) else "CuTe DSL"
+    pdl = fn.device_support_pdl(dev)
+    return SimpleNamespace(norm=fn, backend=backend, pdl=pdl, cuda=fn.get_norm_module,
+                           version=f"{dist_version('flashinfer-python', flashinfer)} (norm: {backend})")
+
+
+def flashinfer_fwd_candidates(api, norm, n, eps, xs, ys, w, b):
+    """FlashInfer's forward into the rotating outputs. RMSNorm: flashinfer.norm.rmsnorm(out=).
+    LayerNorm: its public layernorm allocates y and takes bf16 x with fp32 gamma/beta only; the same
+    dispatch it makes is called with out= first (CuTe-DSL layernorm_cute or the CUDA module's
+    layernorm), the public call as is second. PDL is on where FlashInfer turns it on (sm_90+)."""
+    fn, note = api.norm, f" [{api.backend}, enable_pdl={api.pdl}]"
+
+    def rms():
+        ys[0].fill_(float("nan"))  # the checked y must come from FlashInfer
+        return lambda i: fn.rmsnorm(xs[i], w, eps, out=ys[i])
+    if norm == "rmsnorm":
+        return [("flashinfer.norm.rmsnorm(out=rotating y)" + note, rms)]
+    wq, bq = w.float(), b.float()
+    up = "" if w.dtype == torch.float32 else " (gamma/beta upcast to fp32 once outside timing: it takes fp32 only)"
+
+    def ln_out():
+        ys[0].fill_(float("nan"))
+        if api.backend.startswith("CUDA"):
+            mod = api.cuda()
+            return lambda i: mod.layernorm(ys[i], xs[i], wq, bq, eps) or ys[i]
+        from flashinfer.norm.kernels import layernorm_cute
+        return lambda i: layernorm_cute(ys[i], xs[i], wq, bq, eps) or ys[i]
+
+    def ln_public():
+        return lambda i: fn.layernorm(xs[i], wq, bq, eps)
+    return [("flashinfer layernorm (out=rotating y)" + up + note, ln_out),
+            ("flashinfer.norm.layernorm (allocates y)" + up + note, ln_public)]
+
+
 def load_normjit_torch():
     import normjit
     import normjit.torch as njt
@@ -585,6 +639,7 @@ PEER_CANDIDATES = {
     "cudnn": dict(load=load_cudnn, fwd=cudnn_fwd_candidates, bwd=cudnn_bwd_candidates),
     "quack": dict(load=load_quack, fwd=quack_fwd_candidates, bwd=quack_bwd_candidates),
     "quack.alloc": dict(load=load_quack, fwd=quack_alloc_fwd_candidates, bwd=quack_bwd_candidates),
+    "flashinfer": dict(load=load_flashinfer, fwd=flashinfer_fwd_candidates, bwd=None),  # no backward
 }
 _peer_apis = {}  # provider -> namespace, or None once its import failed
 
@@ -678,6 +733,7 @@ def run_bwd(args):
     item = torch.tensor([], dtype=dtype).element_size()
     witem = torch.tensor([], dtype=wdtype).element_size()
     results = []
+    no_bwd = set()  # (provider, norm) already reported as having no backward
     for norm in args.norms.split(","):
         n_wgrads = 2 if norm == "layernorm" else 1  # dgamma, dbeta / dgamma
         for n in map(int, args.ns.split(",")):
@@ -711,6 +767,11 @@ def run_bwd(args):
                     torch._dynamo.reset()
                     candidates = compile_candidates(norm, n, eps, xs, dys, w, b)
                 else:
+                    if PEER_CANDIDATES[provider]["bwd"] is None:
+                        if (provider, norm) not in no_bwd:
+                            no_bwd.add((provider, norm))
+                            print(f"skip {provider} {norm} (every shape): n/a, it has no backward", flush=True)
+                        continue
                     api = peer_api(provider)
                     if api is None:
                         continue  # import failure, reported once

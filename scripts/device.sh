@@ -9,13 +9,14 @@ usage() {
 usage: scripts/device.sh JOB [ARGS...]
   test                  build; every ctest test, GPU tests included; compute-sanitizer memcheck
   bench                 normjit at the standard sizes (per-N table), launch-bound shapes, compile and load times
-  peers                 normjit, then torch eager, torch.compile, Liger, cuDNN, QuACK: tables and plots
+  peers                 normjit, then torch eager, torch.compile, Liger, cuDNN, QuACK, FlashInfer: tables and plots
   sweep [FROM TO STEP]  LN / RMS forward and backward every STEP from FROM to TO (16384 65536 1024)
   tune SPEC...          normjit-tune over the specs, then the bench reading the database it wrote
   profile SPEC...       Nsight Compute over each spec's kernels
   specs SPEC...         the specs, pinned (.cfg_...) or not, timed in one process: any A/B
   fusions               normjit-bench over the residual-add and zero-centred specs beside the plain ones;
-                        bench/fusions.py: add + RMSNorm fused, unfused, torch eager/compile, Liger, QuACK
+                        bench/fusions.py: add + RMSNorm fused, unfused, torch eager/compile, Liger, QuACK,
+                        FlashInfer; with QUANT=1 also bench/quant.py (add + RMSNorm + FP8/int8, FlashInfer too)
   python                pip install . into the image's Python; pytest (GPU tests included); normjit.torch's
                         host time, graph replay, and its cost against normjit-bench and torch eager
 env: OUT (results, default ./.out), M (rows; default 32768, 4096 past N = 65536, sweep 16384),
@@ -25,7 +26,9 @@ env: OUT (results, default ./.out), M (rows; default 32768, 4096 past N = 65536,
   peers: PEER_NS, PEER_NORMS, PEER_PROVIDERS, PEER_PHASES (fwd bwd), PEER_S (seconds per phase's peers)
   sweep: FROM, TO, STEP, PHASES (fwd bwd)   tune: TUNE_BUDGET_S, TUNE_CANDIDATES
   profile: KERNEL (kernel-name regex, default normjit_), NCU_ARGS (default: a set of sections)
-  fusions: FUSION_NS (sizes), FUSION_PROVIDERS (bench/fusions.py --providers)
+  fusions: FUSION_NS (sizes), FUSION_PROVIDERS (bench/fusions.py --providers), QUANT=1 (bench/quant.py too),
+    QUANT_NS, QUANT_PROVIDERS (its --ns / --providers, space-separated)
+  peers, fusions: FlashInfer needs .whl/fi carried (scripts/flashinfer_slim.sh; peers_setup.sh stages it)
   python: PYTEST_ARGS (more pytest options, e.g. -k), PY_NS (wrapper-cost sizes), PY_BENCH=0 (tests only),
   PYTEST_S (pytest's time limit, default 420)
 Each job leaves OUT/JOB.md (its tables, also printed) and OUT/JOB.tgz (logs, JSON); peers adds PNGs.
@@ -258,7 +261,7 @@ job_peers() {
     # peers.py rewrites its JSON after every shape: a phase cut at its limit keeps what it timed.
     limit=${PEER_S:-$([[ $ph == fwd ]] && echo 200 || echo 260)}
     PYTHONUNBUFFERED=1 timeout "$limit" python3 bench/peers.py --phase "$ph" --rows "$rows" --ns "${ns// /,}" \
-      --norms "${PEER_NORMS:-layernorm,rmsnorm}" --providers "${PEER_PROVIDERS:-torch.eager,torch.compile,normjit.torch,liger,cudnn,quack}" --json "$WORK/peers_$ph.json" \
+      --norms "${PEER_NORMS:-layernorm,rmsnorm}" --providers "${PEER_PROVIDERS:-torch.eager,torch.compile,normjit.torch,liger,cudnn,quack,flashinfer}" --json "$WORK/peers_$ph.json" \
       >"$WORK/peers_$ph.txt" 2>&1
     grep -hE "^skip|fell|Error" "$WORK/peers_$ph.txt" | cut -c1-160 | head -20 | md
     [[ -s $WORK/peers_$ph.json ]] || { say "peers $ph: no results (peers_$ph.txt)"; STATUS=1; continue; }
@@ -392,6 +395,13 @@ job_fusions() {
     ${FUSION_PROVIDERS:+--providers "$FUSION_PROVIDERS"} --json "$WORK/fusions_torch.json" \
     2>"$WORK/fusions_torch.err" | md || STATUS=1
   tail -5 "$WORK/fusions_torch.err"
+  [[ ${QUANT:-0} == 1 ]] || return 0
+  say "## add + RMSNorm + quantization through normjit.torch against the unfused work and FlashInfer"
+  # shellcheck disable=SC2086  # QUANT_NS and QUANT_PROVIDERS are word lists
+  env "$pp" PYTHONUNBUFFERED=1 python3 bench/quant.py ${QUANT_NS:+--ns $QUANT_NS} \
+    ${QUANT_PROVIDERS:+--providers $QUANT_PROVIDERS} --json "$WORK/quant.json" 2>"$WORK/quant.err" |
+    tee "$WORK/quant.txt" | grep -v '^{' | md || STATUS=1
+  tail -5 "$WORK/quant.err"
 }
 
 "job_$JOB" "$@"

@@ -385,6 +385,7 @@ int main(int argc, char** argv) {
           NORMJIT_CU(cuMemcpyDtoH(hg.data(), gamma.ptr + w_row * n * ws, hg.size()));
           if (spec.has_bias) NORMJIT_CU(cuMemcpyDtoH(hb.data(), beta.ptr + w_row * n * ws, hb.size()));
           NORMJIT_CU(cuMemcpyDtoH(hx.data(), x.ptr + x_off, hx.size()));
+          std::vector<char> hin = hx;  // what the kernel normalized: x, or h of a residual forward
           // Row r of a residual stream's tensor (x's dtype, or f32) in this set.
           const size_t r_off = size_t(set) * r_bytes + size_t(r) * n * rs;
           if (residual && (!backward || stream_f32)) {
@@ -399,7 +400,7 @@ int main(int argc, char** argv) {
               nj::reference::store(sum.data(), stream_dtype, i, v + nj::reference::load(hres.data(), stream_dtype, i));
               if (std::memcmp(sum.data() + i * rs, hh.data() + i * rs, rs) != 0) note(INFINITY);
             }
-            hx = sum;
+            hin = sum;
           }
           NORMJIT_CU(cuMemcpyDtoH(hout.data(), y.ptr + x_off, hout.size()));
           float stat_mean = 0, stat_rstd = 0;
@@ -420,7 +421,7 @@ int main(int argc, char** argv) {
                                                     spec.has_bias ? hb.data() : nullptr, &stat_rstd, 1, n)
                          .dx;
             } else {
-              want = nj::reference::backward(one, hdy.data(), hx.data(), hg.data(),
+              want = nj::reference::backward(one, hdy.data(), hin.data(), hg.data(),
                                              spec.has_bias ? hb.data() : nullptr, &stat_mean, &stat_rstd,
                                              hmask.data(), 1, n)
                          .dx;
@@ -440,7 +441,7 @@ int main(int argc, char** argv) {
           } else {
             nj::Spec one = spec;
             one.norm = nj::base_norm(spec.norm);
-            const auto ref = nj::reference::forward(one, hx.data(), hg.data(), spec.has_bias ? hb.data() : nullptr, 1,
+            const auto ref = nj::reference::forward(one, hin.data(), hg.data(), spec.has_bias ? hb.data() : nullptr, 1,
                                                     n, 1e-5, 0, 0.0, 6.0);
             want = ref.y;
             if (training) note(std::abs(stat_rstd - ref.rstd[0]) / (1e-6 + 1e-4 * ref.rstd[0]));

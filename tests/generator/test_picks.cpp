@@ -180,11 +180,14 @@ TEST_CASE("every block of every table row compiles without local memory at the t
         for (Norm norm : norms)
           for (Epilogue ep : {Epilogue::kGelu, Epilogue::kReluBitmask})
             for (int64_t n = r.n_to; n >= r.n_from; n -= r.vec) {
+              // An fp32 residual stream's rows (x4) hold f16 x beside its fp32 h.
               Spec s = Spec::make(norm, r.backward ? Phase::kBackward : Phase::kForwardTraining,
-                                  r.x_bytes == 2 ? DType::kF16 : DType::kF32, n, r.has_bias.value_or(true));
+                                  r.x_bytes == 2 || r.stream_f32_only ? DType::kF16 : DType::kF32, n,
+                                  r.has_bias.value_or(true));
               s.w_dtype = DType::kF32;
               s.epilogue = ep;
-              s.residual = r.residual_only;
+              s.residual = r.residual_only || r.stream_f32_only;
+              s.residual_f32 = r.stream_f32_only;
               if (const auto b = detail::apply_pick_block(tb, s, kMaxCluster)) {
                 s.block = b;
                 if (seen.insert(s.str() + " sm_" + std::to_string(sm)).second) jobs.push_back({s, sm});

@@ -401,7 +401,6 @@ def test_add_norm_f32_stream_against_float64(gpu, norm, dt, n, lead, strided, wi
     bias_in = torch.randn(n, device=gpu).to(w_dtype) if with_bias_in else None
     eps = 1e-5
     leaves = [t.requires_grad_(True) for t in (x, r, w, b, bias_in) if t is not None]
-    call = nt.add_layer_norm if norm == "layernorm" else nt.add_rms_norm
     if norm == "layernorm":
         y, h = nt.add_layer_norm(x, r, w, b, eps, bias_in=bias_in)
     else:
@@ -436,10 +435,13 @@ def test_add_norm_f32_stream_against_float64(gpu, norm, dt, n, lead, strided, wi
         assert g.dtype == bias_in.dtype and g.shape == (n,)
         close(g, dh64.reshape(-1, n).sum(0), 2 * TOL[g.dtype], "dbias_in")
     # The same through torch.compile (the custom ops, their fake implementations).
-    compiled = torch.compile(lambda *a: call(*a, bias_in=bias_in), fullgraph=True)
-    args = (x.detach(), r.detach(), w.detach(), b.detach(), eps) if b is not None else (
-        x.detach(), r.detach(), w.detach(), eps)
-    yc, hc_ = compiled(*args)
+    torch._dynamo.reset()
+    if norm == "layernorm":
+        compiled = torch.compile(lambda x, r, w, b: nt.add_layer_norm(x, r, w, b, 1e-5, bias_in=bias_in),
+                                 fullgraph=True)
+    else:
+        compiled = torch.compile(lambda x, r, w, b: nt.add_rms_norm(x, r, w, 1e-5, bias_in=bias_in), fullgraph=True)
+    yc, hc_ = compiled(x.detach(), r.detach(), w.detach(), b.detach() if b is not None else None)
     assert torch.equal(hc_, h.detach()) and torch.equal(yc, y.detach())
 
 
