@@ -363,7 +363,8 @@ void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
                      std::string("launching ") + what + " of " + spec_string_);
       return;
     }
-    // The backward's second and third kernels, and its first where first_dependent_: they may start
+    // The backward's second and third kernels, and the first (forward or backward) where
+    // first_dependent_: they may start
     // once every CTA of the kernel before has begun (griddepcontrol.launch_dependents; a kernel
     // that never says so, at its end) and wait for its results themselves (griddepcontrol.wait),
     // so the launch latency hides behind that kernel's tail.
@@ -601,11 +602,10 @@ const Kernel& Runtime::get_resolved(const Spec& resolved) {
   kernel->threads_per_cta_ = binary.threads_per_cta;
   kernel->rows_per_cta_ = binary.rows_per_cta;
   kernel->sm_count_ = device_.sm_count;
-  // Clusters and the forward keep the plain launch for the first kernel: only the backward's
-  // unclustered first kernels wait (griddepcontrol.wait) before any global access.
+  // Clusters keep the plain launch for the first kernel: the unclustered first kernels (forward
+  // and backward) wait (griddepcontrol.wait) before any global access.
   kernel->dependent_launch_ = target_.arch >= 90;
-  kernel->first_dependent_ = kernel->dependent_launch_ && resolved.phase == Phase::kBackward &&
-                             resolved.block->cluster == 1;
+  kernel->first_dependent_ = kernel->dependent_launch_ && resolved.block->cluster == 1;
   if (in_shared_memory(resolved.block->cache)) {
     const int64_t bytes = shared_row_bytes(resolved, *resolved.block);
     int optin = 0;

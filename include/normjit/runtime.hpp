@@ -102,9 +102,9 @@ class Kernel {
   const Spec& spec() const { return spec_; }
   const std::string& name() const { return spec_string_; }
   // Validates every argument against the spec (naming the field and value), then launches:
-  // one kernel forward, two or three backward (the last reduces dgamma/dbeta in fixed order; on
-  // sm_90+ the backward's kernels, a clustered first one aside, are programmatic dependents of
-  // the kernel before them in the stream).
+  // one kernel forward, two or three backward (the last reduces dgamma/dbeta in fixed order). On
+  // sm_90+ every kernel, a clustered first one aside, is a programmatic dependent of the kernel
+  // before it in the stream: it may launch during that kernel's tail and waits for it on the device.
   // A thread with no current context gets the runtime's; another context is an error.
   void launch(const LaunchArgs& args, CUstream stream = nullptr) const;
   // Checks only; throws Error(kInvalidArgument) naming the field.
@@ -151,7 +151,8 @@ class Kernel {
   // sm_90+: the backward's later kernels are launched as programmatic dependents of the one
   // before, so their launch overlaps its tail; they wait for its results on the device.
   bool dependent_launch_ = false;
-  // The backward's first kernel (unclustered) too, as a dependent of the stream's previous kernel.
+  // The first kernel (forward or backward, unclustered) too, as a dependent of the stream's
+  // previous kernel.
   bool first_dependent_ = false;
   int local_memory_bytes_ = 0;
 };

@@ -320,6 +320,13 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
 
 template <class Cfg>
 __device__ __forceinline__ void norm_fwd(const NormParams& p) {
+  // Unclustered kernels are programmatic dependents of the stream's previous kernel (the host
+  // launches them so): the next kernel may begin launching once every CTA of this one has started,
+  // and nothing here touches global memory before the previous kernel has finished.
+  if constexpr (FwdShape<Cfg>::kCluster == 1) {
+    allow_dependent_launch();
+    wait_for_prerequisites();
+  }
   if constexpr (Cfg::kCache == RowCache::kSharedPipelined)
     norm_fwd_pipelined<Cfg>(p);
   else

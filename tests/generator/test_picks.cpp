@@ -126,7 +126,7 @@ TEST_CASE("a bad pick table names the table, the line and the problem") {
   };
   const Bad bad[] = {
       {"fwd layernorm * x2 v8 1 8", "expected: phase norm bias x vec n_from n_to block"},
-      {"mid layernorm * x2 v8 1 8 t32_r1_v8_reg", "phase must be fwd, bwd or bwd+residual, not 'mid'"},
+      {"mid layernorm * x2 v8 1 8 t32_r1_v8_reg", "phase must be fwd, bwd, bwd+residual, fwd+residual_f32 or bwd+residual_f32, not 'mid'"},
       {"fwd groupnorm * x2 v8 1 8 t32_r1_v8_reg", "norm must be layernorm, rmsnorm or *"},
       {"fwd * yes x2 v8 1 8 t32_r1_v8_reg", "bias must be bias, - or *"},
       {"fwd * * x3 v8 1 8 t32_r1_v8_reg", "x must be x2 or x4"},

@@ -401,3 +401,74 @@ TEST_CASE("tune on a miss: the winner is recorded, never slower than the heurist
   std::filesystem::remove(db);
   std::filesystem::remove(db.string() + ".lock");
 }
+
+TEST_CASE("back-to-back forward launches that feed each other: each waits for the one before") {
+  // The unclustered forward kernels are programmatic dependents of the stream's previous kernel:
+  // a chain where each launch reads the last one's y, with no synchronization between them, must
+  // give what the host gets applying the norm (and the rounding to x's dtype) as many times.
+  constexpr int kSteps = 12;
+  for (const char* text : {"rmsnorm.fwd_infer.bf16.w_bf16.n4096", "layernorm.fwd_train.bf16.w_f32.n2880.bias",
+                           "rmsnorm.fwd_infer.bf16.w_bf16.n768.residual", "layernorm.fwd_infer.f16.w_f16.n18432.bias"}) {
+    const Spec s = resolve(Spec::parse(text));
+    CAPTURE(text);
+    const int64_t rows = 2048, n = s.n, xs = dtype_size(s.x_dtype), ws = dtype_size(s.w_dtype);
+    const std::vector<char> x0 = random_tensor(s.x_dtype, rows * n, 0.0, 1.0);
+    const std::vector<char> g = random_tensor(s.w_dtype, n, 1.0, 0.2), b = random_tensor(s.w_dtype, n, 0.0, 0.2);
+    const std::vector<char> r = random_tensor(s.x_dtype, rows * n, 0.0, 0.1);
+    DeviceMem ping(rows * n * xs), pong(rows * n * xs), gamma(n * ws), beta(n * ws), stats(8 * rows),
+        residual(rows * n * xs), h(rows * n * xs);
+    ping.upload(x0.data(), x0.size());
+    gamma.upload(g.data(), g.size());
+    beta.upload(b.data(), b.size());
+    residual.upload(r.data(), r.size());
+    const Kernel& k = runtime().get(s);
+    for (int step = 0; step < kSteps; ++step) {
+      LaunchArgs a;
+      a.x = (step % 2 ? pong : ping).get();
+      a.y = (step % 2 ? ping : pong).get();
+      a.gamma = gamma.get();
+      a.beta = s.has_bias ? beta.get() : nullptr;
+      if (s.phase == Phase::kForwardTraining) {
+        a.rstd = reinterpret_cast<float*>(stats.get());
+        if (subtracts_mean(s.norm)) a.mean = reinterpret_cast<float*>(stats.get() + 4 * rows);
+      }
+      if (s.residual) {  // h = x + residual each step; the chain carries y
+        a.residual = residual.get();
+        a.h = h.get();
+      }
+      a.rows = rows;
+      a.row_stride = n;
+      a.eps = 1e-5f;
+      k.launch(a);
+    }
+    NORMJIT_CU(cuCtxSynchronize());
+    std::vector<char> got(rows * n * xs);
+    (kSteps % 2 ? pong : ping).download(got.data(), got.size());
+    // The host chain: fp64 norm of the fp32-rounded input, stored in x's dtype, step after step.
+    std::vector<char> cur = x0;
+    Spec host = s;
+    host.residual = false;
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<char> in = cur;
+      if (s.residual)
+        for (int64_t e = 0; e < rows * n; ++e)
+          reference::store(in.data(), s.x_dtype, e,
+                           reference::load(cur.data(), s.x_dtype, e) + reference::load(r.data(), s.x_dtype, e));
+      const auto ref = reference::forward(host, in.data(), g.data(), s.has_bias ? b.data() : nullptr, rows, n, 1e-5);
+      for (int64_t e = 0; e < rows * n; ++e) reference::store(cur.data(), s.x_dtype, e, float(ref.y[e]));
+    }
+    // The GPU's and the host's roundings may part near a tie and the steps carry that on: compare
+    // within a few of x's tolerances (a launch that read its input early would be far off), and
+    // count exact matches (most elements).
+    int64_t exact = 0, far = 0;
+    const reference::Tolerance tol = reference::tolerance(s.x_dtype);
+    for (int64_t e = 0; e < rows * n; ++e) {
+      const double want = reference::load(cur.data(), s.x_dtype, e), have = reference::load(got.data(), s.x_dtype, e);
+      exact += std::memcmp(cur.data() + e * xs, got.data() + e * xs, xs) == 0;
+      if (!(std::abs(have - want) <= 8 * (tol.atol + tol.rtol * std::abs(want)))) ++far;
+    }
+    CHECK(far == 0);
+    CHECK(exact > rows * n / 2);
+    MESSAGE(std::string(text) << ": " << kSteps << " chained launches, " << exact << " of " << rows * n << " elements exact");
+  }
+}
