@@ -123,6 +123,14 @@ GeneratedSource generate(const Spec& spec) {
     values["FUSED"] = b.cache != RowCache::kGlobal ? "1" : "0";
     values["DBETA_SHARED"] = dbeta_sums_in_shared(spec, b) ? "true" : "false";
     values["XHAT_FROM_Y"] = spec.memory_efficient ? "true" : "false";
+    // memory_efficient specs only: one more binding line each, so the other specs' source stays as it was.
+    values["XHAT_TABLE"] = "";
+    if (spec.memory_efficient) {
+      const XhatTable t = xhat_table(spec, b);
+      values["XHAT_TABLE"] = std::string("\n  static constexpr bool kReciprocalTable = ") +
+                             (t.reciprocal ? "true" : "false") + ";  // 1/gamma' per column in shared memory" +
+                             "\n  static constexpr bool kBetaTable = " + (t.beta ? "true" : "false") + ";  // beta too";
+    }
   } else {
     values["TRAINING"] = spec.phase == Phase::kForwardTraining ? "true" : "false";
     // A 512-thread row in registers or one CTA's shared memory asks for two CTAs per SM (64

@@ -98,16 +98,53 @@ bool dbeta_sums_in_shared(const Spec& s, const BlockConfig& b) {
   const int64_t packs = s.n / b.vec / b.cluster;
   const int64_t values = (packs + b.threads_per_row - 1) / b.threads_per_row * b.vec;
   // The residual's dh_out, read as dx is written, and a memory_efficient row's beta, read to recover
-  // x̂, need registers too: 8 fewer values each before the move (both spilled at 768-1024 threads).
+  // x̂, need registers too: 8 fewer values each before the move (both spilled at 768-1024 threads;
+  // memory_efficient rows with beta in the xhat table spilled without it too).
   return values > (b.threads_per_row > 768 ? 16 : 24) - (s.residual ? 8 : 0) - (s.memory_efficient ? 8 : 0);
+}
+
+namespace {
+// Row buffers and dbeta sums of a backward shared-memory row.
+int64_t backward_row_bytes(const Spec& s, const BlockConfig& b) {
+  const int64_t buffers = b.cache == RowCache::kSharedPipelined ? b.stages : 1;
+  // An fp32 residual stream's backward keeps dy in a slot of x's (f32) size.
+  return s.n / b.cluster * (buffers * 2 * dtype_size(row_dtype(s)) + (dbeta_sums_in_shared(s, b) ? 4 : 0));
+}
+}  // namespace
+
+XhatTable xhat_table(const Spec& s, const BlockConfig& b) {
+  XhatTable t;
+  if (!s.memory_efficient || s.phase != Phase::kBackward || b.cache == RowCache::kGlobal || b.threads_per_row < 1 ||
+      b.rows_per_cta < 1 || b.vec < 1 || b.cluster < 1)
+    return t;
+  const int64_t segment = s.n / b.cluster;
+  const int64_t threads = int64_t{b.threads_per_row} * b.rows_per_cta;
+  // CTAs per SM as the registers allow: the fused rows take up to about 80 a thread with beta, 64
+  // without. A table that cost one (LN 4096 t256 with fp32 beta: 3 to 2, RMS 8192 t512: 2 to 1)
+  // would cost more than it saves.
+  const int64_t registers = s.has_bias ? 80 : 64;
+  const int64_t ctas = std::clamp<int64_t>(65536 / (registers * threads), 1, std::max<int64_t>(1, 2048 / threads));
+  constexpr int64_t kSharedPerSm = 228 * 1024, kPerCtaReserve = 2048;  // the driver's 1 KB, static scratch
+  const int64_t budget = std::min(kMaxSharedRowBytes, kSharedPerSm / ctas - kPerCtaReserve);
+  int64_t bytes = (in_shared_memory(b.cache) ? backward_row_bytes(s, b) : 0) + segment * 4;
+  // Sub-warp and warp rows fold their sums through static shared memory at the end.
+  if (b.rows_per_cta > 1) bytes += threads / 32 * segment * 4;
+  t.reciprocal = bytes <= budget;
+  t.beta = t.reciprocal && s.has_bias && bytes + segment * dtype_size(s.w_dtype) <= budget;
+  return t;
+}
+
+int64_t xhat_table_bytes(const Spec& s, const BlockConfig& b) {
+  const XhatTable t = xhat_table(s, b);
+  const int64_t segment = b.cluster < 1 ? 0 : s.n / b.cluster;
+  return (t.reciprocal ? segment * 4 : 0) + (t.beta ? segment * dtype_size(s.w_dtype) : 0);
 }
 
 int64_t shared_row_bytes(const Spec& s, const BlockConfig& b) {
   const int64_t segment = s.n / b.cluster;
   const int64_t buffers = b.cache == RowCache::kSharedPipelined ? b.stages : 1;
   if (s.phase != Phase::kBackward) return buffers * segment * dtype_size(row_dtype(s));
-  // An fp32 residual stream's backward keeps dy in a slot of x's (f32) size.
-  return segment * (buffers * 2 * dtype_size(row_dtype(s)) + (dbeta_sums_in_shared(s, b) ? 4 : 0));
+  return backward_row_bytes(s, b) + (in_shared_memory(b.cache) ? xhat_table_bytes(s, b) : 0);
 }
 
 Spec Spec::make(Norm norm, Phase phase, DType x, int64_t n, bool has_bias) {

@@ -606,8 +606,10 @@ const Kernel& Runtime::get_resolved(const Spec& resolved) {
   // and backward) wait (griddepcontrol.wait) before any global access.
   kernel->dependent_launch_ = target_.arch >= 90;
   kernel->first_dependent_ = kernel->dependent_launch_ && resolved.block->cluster == 1;
-  if (in_shared_memory(resolved.block->cache)) {
-    const int64_t bytes = shared_row_bytes(resolved, *resolved.block);
+  // Shared-memory rows, and memory_efficient rows in registers with an xhat table.
+  if (const int64_t bytes = in_shared_memory(resolved.block->cache) ? shared_row_bytes(resolved, *resolved.block)
+                                                                      : xhat_table_bytes(resolved, *resolved.block);
+      bytes > 0) {
     int optin = 0;
     NORMJIT_CU(cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, cu_device_));
     // The kernel's static shared memory (reduction scratch) shares the same limit.

@@ -145,7 +145,8 @@ class Kernel {
   CUcontext context_ = nullptr;    // the device's primary context, where the module lives
   int threads_per_cta_ = 0;
   int rows_per_cta_ = 0;
-  unsigned dynamic_smem_bytes_ = 0;  // smem and pipe rows: shared_row_bytes()
+  // smem and pipe rows: shared_row_bytes(); memory_efficient rows in registers: xhat_table_bytes()
+  unsigned dynamic_smem_bytes_ = 0;
   int resident_ctas_ = 0;          // function_'s CTAs (clusters, when clustered) resident on the GPU at once
   int sm_count_ = 0;
   // sm_90+: the backward's later kernels are launched as programmatic dependents of the one

@@ -184,9 +184,22 @@ inline DType row_dtype(const Spec& s) { return s.residual_f32 ? DType::kF32 : s.
 // in shared memory too;
 // the dgamma sums stay in registers.
 bool dbeta_sums_in_shared(const Spec& s, const BlockConfig& b);
+// A memory_efficient fused backward (reg, smem, pipe) keeps per-column values of x̂ = (y - beta) / gamma'
+// for its columns in shared memory, written once per CTA instead of read per row: 1/gamma' (fp32,
+// reciprocal), then beta (weight dtype, beta) where room is left. Each part only where it leaves
+// every CTA an SM holds (as its registers allow, estimated) its share of sm_90's 228 KB, within
+// kMaxSharedRowBytes; otherwise x̂ comes from gamma and beta in global memory, divided per row.
+struct XhatTable {
+  bool reciprocal = false;
+  bool beta = false;
+};
+XhatTable xhat_table(const Spec& s, const BlockConfig& b);
+// Its bytes per CTA (0 without one): after the row buffers and dbeta sums of a shared-memory row,
+// alone for a row in registers.
+int64_t xhat_table_bytes(const Spec& s, const BlockConfig& b);
 // Dynamic shared memory per CTA of a shared-memory row (smem or pipe) split over b.cluster
-// CTAs: the row's segment of x; in the backward, of dy too (both once per buffer for pipe), and fp32 dbeta
-// sums where dbeta_sums_in_shared().
+// CTAs: the row's segment of x; in the backward, of dy too (both once per buffer for pipe), fp32 dbeta
+// sums where dbeta_sums_in_shared(), and the xhat_table.
 int64_t shared_row_bytes(const Spec& s, const BlockConfig& b);
 
 constexpr int64_t kMaxHiddenSize = 262144;

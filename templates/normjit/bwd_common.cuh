@@ -31,6 +31,52 @@ __device__ __forceinline__ float2* bwd_row_sums(const NormParams& p) {
   return reinterpret_cast<float2*>(p.workspace + 2 * bwd_groups<Cfg>(p) * p.partial_slots * Cfg::kN);
 }
 
+// memory_efficient fused rows: the per-column values of x̂ = (y - beta) / gamma' the CTA keeps in
+// shared memory, as the host's xhat_table() bound them (kReciprocalTable, kBetaTable); specs that
+// bind neither keep none.
+template <class Cfg, class = void>
+struct XhatTableOf {
+  static constexpr bool kReciprocal = false;
+  static constexpr bool kBeta = false;
+};
+template <class Cfg>
+struct XhatTableOf<Cfg, decltype(void(Cfg::kReciprocalTable))> {
+  static constexpr bool kReciprocal = Cfg::kReciprocalTable;
+  static constexpr bool kBeta = Cfg::kBetaTable;
+};
+
+// Where a CTA's table is: 1/gamma' (fp32) and beta at its segment's columns.
+template <class WT>
+struct XhatColumns {
+  const float* reciprocal = nullptr;
+  const WT* beta = nullptr;
+};
+
+// This thread's columns of the table, once per CTA. __fdividef(a, b) is a * rcp(b), with a and b
+// scaled by 2^24 where |b| < 2^-126; a times __fdividef(1, b) is the same exact product rounded
+// once, so x̂ keeps its bits (short of |y - beta| > 2^104 over a subnormal gamma'), and the row
+// loop loses the division's six instructions per element for one multiply.
+template <class Cfg, class WT>
+__device__ __forceinline__ void fill_xhat_table(float* reciprocal, WT* beta_table, const WT* gamma, const WT* beta,
+                                                int lane) {
+  using S = RowShape<Cfg>;
+  constexpr int kVec = Cfg::kVec;
+#pragma unroll
+  for (int i = 0; i < S::kIters; ++i) {
+    const int pack = i * S::kThreads + lane;
+    if (pack < S::kVecs) {
+      float gf[kVec];
+      unpack_scale<Cfg>(load_pack<WT, kVec>(gamma + pack * kVec), gf);
+      Pack<float, kVec> r;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) r.v[j] = __fdividef(1.f, gf[j]);
+      store_pack<float, kVec>(reciprocal + pack * kVec, r);
+      if constexpr (XhatTableOf<Cfg>::kBeta)
+        store_pack<WT, kVec>(beta_table + pack * kVec, load_pack<WT, kVec>(beta + pack * kVec));
+    }
+  }
+}
+
 // xhat and d (dy through the epilogue's backward) for one pack.
 template <class Cfg, class XT, class YT, class WT, int kVec>
 __device__ __forceinline__ void pack_xhat_grad(const Pack<XT, kVec>& x, const Pack<YT, kVec>& dy,
@@ -69,6 +115,34 @@ __device__ __forceinline__ void pack_xhat_grad(const Pack<XT, kVec>& x, const Pa
     }
   }
   // col is relative to the CTA's segment (as beta is); the mask is indexed by the row's column.
+  Cfg::Epilogue::template backward<kVec>(d, pre, true, p, row, segment_col + col);
+}
+
+// pack_xhat_grad of a memory_efficient row with a table (XhatTableOf<Cfg>::kReciprocal): x̂ =
+// (y - beta) * (1/gamma'), the bits of pack_xhat_grad's division (fill_xhat_table), beta from the
+// table or from global memory. A function of its own: a table argument to pack_xhat_grad changed
+// the split route's SASS.
+template <class Cfg, class XT, class YT, class WT, int kVec>
+__device__ __forceinline__ void pack_xhat_grad_from_table(const Pack<XT, kVec>& x, const Pack<YT, kVec>& dy,
+                                                          const XhatColumns<WT>& table, const WT* beta,
+                                                          const NormParams& p, long long row, int col,
+                                                          int segment_col, float (&xhat)[kVec], float (&d)[kVec]) {
+  static_assert(Cfg::kXhatFromY && XhatTableOf<Cfg>::kReciprocal && !Cfg::Epilogue::kNeedsPreActivation,
+                "memory_efficient rows with a table, whose epilogue (none) needs no pre-activation");
+  float xf[kVec], r[kVec];
+  unpack(x, xf);
+  unpack(dy, d);
+  unpack(load_pack<float, kVec>(table.reciprocal + col), r);
+  constexpr int kPart = 16 / static_cast<int>(sizeof(WT)) < kVec ? 16 / static_cast<int>(sizeof(WT)) : kVec;
+#pragma unroll
+  for (int k = 0; k < kVec; k += kPart) {
+    float bf[kPart];
+    if constexpr (Cfg::kHasBias)
+      unpack(load_pack<WT, kPart>((XhatTableOf<Cfg>::kBeta ? table.beta : beta) + col + k), bf);
+#pragma unroll
+    for (int j = 0; j < kPart; ++j) xhat[k + j] = (Cfg::kHasBias ? xf[k + j] - bf[j] : xf[k + j]) * r[k + j];
+  }
+  float pre[kVec];
   Cfg::Epilogue::template backward<kVec>(d, pre, true, p, row, segment_col + col);
 }
 

@@ -6,18 +6,21 @@
 // threads with at most 64 bytes of it, and fp32 weights of at most 16 values per thread (not
 // LayerNorm rows of more than 896 threads, which need the registers for the dbeta sums; 16-bit
 // weights spilled). cp.async rows measured slower holding it. AdaLayerNorm's gamma changes with
-// the group: never held.
+// the group: never held. memory_efficient rows with 1/gamma' in their xhat table hold it only from
+// 512 threads: below, it took the registers of a CTA per SM (LN 4096 t256 fp32: 80 -> 99, t384
+// 76 -> 95, t448 72 -> 87).
 #pragma once
-#include "normjit/common.cuh"
+#include "normjit/bwd_common.cuh"
 
 namespace normjit {
 
 template <class Cfg, bool kBulk, class S = RowShape<Cfg>, int kWeightBytes = sizeof(typename Cfg::WT)>
 constexpr bool kBwdHoldsGamma =
-    (kBulk && Cfg::kHasBias && !Cfg::kPerGroupWeights && S::kThreads >= 384 && S::kThreads <= 512 &&
-     S::kIters * Cfg::kVec * kWeightBytes <= 64) ||
-    (kBulk && kWeightBytes == 4 && !Cfg::kPerGroupWeights && !(Cfg::kHasBias && S::kThreads > 896) &&
-     S::kIters * Cfg::kVec <= 16);
+    ((kBulk && Cfg::kHasBias && !Cfg::kPerGroupWeights && S::kThreads >= 384 && S::kThreads <= 512 &&
+      S::kIters * Cfg::kVec * kWeightBytes <= 64) ||
+     (kBulk && kWeightBytes == 4 && !Cfg::kPerGroupWeights && !(Cfg::kHasBias && S::kThreads > 896) &&
+      S::kIters * Cfg::kVec <= 16)) &&
+    (!XhatTableOf<Cfg>::kReciprocal || S::kThreads >= 512);
 
 // This thread's packs of gamma into `held` (kIters of them), from the CTA's segment at `gamma`.
 template <class Cfg, class WT, int kVec, int kPacks>

@@ -52,6 +52,12 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
   extern __shared__ __align__(16) unsigned char dynamic_shared[];
   XT* const shared_rows = reinterpret_cast<XT*>(dynamic_shared);
   float* const shared_b = reinterpret_cast<float*>(shared_rows + 2 * Source::kBuffers * S::kSegment);
+  // memory_efficient: the xhat table (XhatTableOf<Cfg>) after those, or alone for rows in registers.
+  using Table = XhatTableOf<Cfg>;
+  float* const table_reciprocal = Source::kInRegisters ? reinterpret_cast<float*>(dynamic_shared)
+                                                       : shared_b + (kDbetaShared ? S::kSegment : 0);
+  WT* const table_beta = reinterpret_cast<WT*>(table_reciprocal + S::kSegment);
+  const XhatColumns<WT> table{table_reciprocal, table_beta};
 
   allow_dependent_launch();  // the reduction waits for this kernel's partials itself
   BwdWalk w;
@@ -99,6 +105,12 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
   if constexpr (kHoldGamma) load_held_gamma<Cfg>(held_gamma, gamma, w.lane);
   float next_mean = 0.f, next_rstd = 0.f;  // pipelined rows: the next row's statistics
   Source::start(p, w, shared_rows, row_ready, next_mean, next_rstd);
+  // The table, while the first rows are copied in. Rows of one CTA share its columns; a CTA row's
+  // threads read back only their own.
+  if constexpr (Table::kReciprocal) {
+    if (kRows == 1 || w.row_in_cta == 0) fill_xhat_table<Cfg>(table_reciprocal, table_beta, gamma, beta, w.lane);
+    if constexpr (kRows > 1) __syncthreads();
+  }
   int parity = 0;             // alternates per row: the cluster slot
   int buffer = 0;             // pipelined rows: this row's buffer
   unsigned ready_phases = 0;  // bulk copies: see row_pipeline.cuh
@@ -149,7 +161,10 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
         Pack<YT, kVec> dyv;
         held(i, xv, dyv);
         float xhat[kVec], d[kVec];
-        pack_xhat_grad<Cfg>(xv, dyv, g, beta, p, row, col, w.segment_col, mean, rstd, xhat, d);
+        if constexpr (Table::kReciprocal)
+          pack_xhat_grad_from_table<Cfg>(xv, dyv, table, beta, p, row, col, w.segment_col, xhat, d);
+        else
+          pack_xhat_grad<Cfg>(xv, dyv, g, beta, p, row, col, w.segment_col, mean, rstd, xhat, d);
         if constexpr (kDbetaShared) {
           Pack<float, kVec> b = load_pack<float, kVec>(shared_b + col);
 #pragma unroll
@@ -197,7 +212,10 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
           const int col = pack * kVec;
           const Pack<WT, kVec> g = gamma_pack<kHoldGamma>(held_gamma, gamma, i, col);
           float xhat[kVec], d[kVec];
-          pack_xhat_grad<Cfg>(xv, dyv, g, beta, p, row, col, w.segment_col, mean, rstd, xhat, d);
+          if constexpr (Table::kReciprocal)
+            pack_xhat_grad_from_table<Cfg>(xv, dyv, table, beta, p, row, col, w.segment_col, xhat, d);
+          else
+            pack_xhat_grad<Cfg>(xv, dyv, g, beta, p, row, col, w.segment_col, mean, rstd, xhat, d);
           float gf[kVec];
           unpack_scale<Cfg>(g, gf);
 #pragma unroll

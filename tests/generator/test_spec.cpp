@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <tuple>
+
 #include "normjit/normjit.hpp"
 
 using namespace normjit;
@@ -185,7 +187,7 @@ TEST_CASE("canonical form is stable and human readable") {
   CHECK(Spec::parse(b.str()) == b);
 }
 
-TEST_CASE("an fp32 residual stream's rows are f32: the f32 picks, never bulk copies") {
+TEST_CASE("an fp32 residual stream's rows are f32: the f32 picks or its own rows, never bulk copies") {
   for (int64_t n : {int64_t(1), int64_t(7), int64_t(768), int64_t(2880), int64_t(4096), int64_t(7168), int64_t(12288),
                     int64_t(18432), int64_t(28672), int64_t(65536), int64_t(131072), int64_t(262144)})
     for (Phase phase : {Phase::kForwardTraining, Phase::kForwardInference, Phase::kBackward})
@@ -199,10 +201,21 @@ TEST_CASE("an fp32 residual stream's rows are f32: the f32 picks, never bulk cop
         const std::string name = a.str();
         CAPTURE(name);
         CHECK(a.block->vec == want.block->vec);
-        CHECK(a.block->threads_per_row == want.block->threads_per_row);
-        CHECK(a.block->cache == want.block->cache);
-        CHECK(a.block->cluster == want.block->cluster);
         CHECK(!a.block->bulk_copy);
+        // sm90.txt's bwd+residual_f32 rows (4100..18432) and fwd+residual_f32 rows (16388..18432)
+        // hold the row in shared memory (LN forward: a 2-CTA cluster's registers); the f32 rows elsewhere.
+        const bool own_bwd = phase == Phase::kBackward && n >= 4100 && n <= 18432;
+        const bool own_fwd = phase != Phase::kBackward && n >= 16388 && n <= 18432;
+        if (own_bwd || (own_fwd && norm == Norm::kRMSNorm)) {
+          CHECK(a.block->cache == RowCache::kShared);
+        } else if (own_fwd) {
+          CHECK(a.block->cluster == 2);
+          CHECK(a.block->cache == RowCache::kRegisters);
+        } else {
+          CHECK(a.block->threads_per_row == want.block->threads_per_row);
+          CHECK(a.block->cache == want.block->cache);
+          CHECK(a.block->cluster == want.block->cluster);
+        }
         CHECK_NOTHROW(validate(a));
         CHECK_NOTHROW(generate(a));
       }
@@ -607,4 +620,38 @@ TEST_CASE("shared memory per CTA of a shared-memory row: x, dy in the backward, 
   // Past 227 KB the spec is rejected, naming the bytes.
   CHECK_THROWS_WITH_AS(Spec::parse("layernorm.bwd.bf16.w_f32.n32768.bias.cfg_t1024_r1_v8_smem"),
                        doctest::Contains("262144 bytes of shared memory"), Error);
+}
+
+TEST_CASE("memory_efficient fused rows: 1/gamma' and beta in shared memory where the CTAs per SM keep room") {
+  auto table = [](const char* text) {
+    const Spec s = Spec::parse(text);
+    const XhatTable t = xhat_table(s, *s.block);
+    return std::make_tuple(t.reciprocal, t.beta, xhat_table_bytes(s, *s.block),
+                           in_shared_memory(s.block->cache) ? shared_row_bytes(s, *s.block) : int64_t(0));
+  };
+  // Three CTAs of 256 threads: 72 KB each. bf16 beta fits beside the reciprocals, fp32 beta does not.
+  CHECK(table("layernorm.bwd.bf16.w_bf16.n4096.bias.memory_efficient.cfg_t256_r1_v8_tma3") ==
+        std::make_tuple(true, true, int64_t(4096 * 6), int64_t(49152 + 4096 * 6)));
+  CHECK(table("layernorm.bwd.bf16.w_f32.n4096.bias.memory_efficient.cfg_t256_r1_v8_tma3") ==
+        std::make_tuple(true, false, int64_t(4096 * 4), int64_t(49152 + 4096 * 4)));
+  // RMSNorm's 64 registers leave room for four CTAs' row buffers only.
+  CHECK(table("rmsnorm.bwd.bf16.w_f32.n4096.memory_efficient.cfg_t256_r1_v8_tma3") ==
+        std::make_tuple(false, false, int64_t(0), int64_t(49152)));
+  // One CTA per SM: after the row buffers (and shared dbeta sums), up to 227 KB less scratch.
+  CHECK(table("layernorm.bwd.bf16.w_f32.n8192.bias.memory_efficient.cfg_t512_r1_v8_tma3") ==
+        std::make_tuple(true, true, int64_t(8192 * 8), int64_t(98304 + 8192 * 8)));
+  CHECK(table("layernorm.bwd.bf16.w_bf16.n18432.bias.memory_efficient.cfg_t768_r1_v8_smem") ==
+        std::make_tuple(true, false, int64_t(18432 * 4), int64_t(18432 * 8 + 18432 * 4)));
+  CHECK(table("layernorm.bwd.bf16.w_f32.n16384.bias.memory_efficient.cfg_t1024_r1_v8_tma") ==
+        std::make_tuple(false, false, int64_t(0), int64_t(196608)));
+  // Rows in registers: the table alone; a cluster's CTA: its segment.
+  CHECK(table("layernorm.bwd.bf16.w_bf16.n1024.bias.memory_efficient.cfg_t32_r8_v8_reg") ==
+        std::make_tuple(true, true, int64_t(1024 * 6), int64_t(0)));
+  CHECK(table("layernorm.bwd.bf16.w_f32.n24576.bias.memory_efficient.cfg_t768_r1_v8_c2_tma") ==
+        std::make_tuple(true, true, int64_t(12288 * 8), int64_t(98304 + 12288 * 8)));
+  // None for the split route or a plain backward.
+  CHECK(table("layernorm.bwd.bf16.w_f32.n4096.bias.memory_efficient.cfg_t512_r1_v8_gmem") ==
+        std::make_tuple(false, false, int64_t(0), int64_t(0)));
+  CHECK(table("layernorm.bwd.bf16.w_bf16.n4096.bias.cfg_t256_r1_v8_tma3") ==
+        std::make_tuple(false, false, int64_t(0), int64_t(49152)));
 }

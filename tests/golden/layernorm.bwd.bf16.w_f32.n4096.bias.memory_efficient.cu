@@ -24,6 +24,8 @@ struct Cfg {
   static constexpr normjit::RowCache kCache = normjit::RowCache::kSharedPipelined;
   static constexpr bool kDbetaShared = false;
   static constexpr bool kXhatFromY = true;  // memory_efficient: x is the forward's y
+  static constexpr bool kReciprocalTable = true;  // 1/gamma' per column in shared memory
+  static constexpr bool kBetaTable = false;  // beta too
 };
 }  // namespace
 

@@ -260,7 +260,13 @@ TEST_CASE("memory_efficient backward: x̂ recovered from y matches the reference
                            "rmsnorm.bwd.f16.w_f16.n8192.bias.memory_efficient.cfg_t64_r1_v8_c16_smem",
                            "layernorm.bwd.bf16.w_bf16.n1024.bias.memory_efficient.cfg_t128_r1_v8_reg",
                            "rmsnorm.bwd.bf16.w_bf16.n256.bias.memory_efficient.cfg_t32_r4_v8_reg",
-                           "layernorm.bwd.f32.w_f32.n20001.bias.zero_centered.memory_efficient.cfg_t1024_r1_v1_gmem"})
+                           "layernorm.bwd.f32.w_f32.n20001.bias.zero_centered.memory_efficient.cfg_t1024_r1_v1_gmem",
+                           // 1/gamma' and beta from the CTA's table (xhat_table): bulk and cp.async
+                           // rows, held gamma, a cluster's per-group weights
+                           "layernorm.bwd.bf16.w_bf16.n4096.bias.memory_efficient.cfg_t256_r1_v8_tma3",
+                           "layernorm.bwd.bf16.w_f32.n8192.bias.zero_centered.memory_efficient.cfg_t512_r1_v8_tma3",
+                           "layernorm.bwd.bf16.w_f32.n8192.bias.memory_efficient.cfg_t512_r1_v8_pipe",
+                           "adalayernorm.bwd.bf16.w_bf16.n24576.bias.memory_efficient.cfg_t768_r1_v8_c2_tma"})
     cases.push_back(pinned_case(text, 3.0));
   for (Case& c : cases) c.min_abs_scale = 0.25;
   warm_cases(cases);
