@@ -22,21 +22,13 @@ struct EpilogueMx {
   template <class YT, int kVec, int kThreadsPerRow>
   static __device__ __forceinline__ void forward(float (&v)[kVec], bool valid, const NormParams& p, long long row,
                                                  int col, int) {
-    constexpr int kLanesPerBlock = 32 / kVec;
-    static_assert(kThreadsPerRow % kLanesPerBlock == 0, "a scale block must lie within one row's lanes");
-    float amax = 0.f;
-    if (valid) {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) amax = fmaxf(amax, fabsf(v[j]));  // fmaxf drops NaN
-    }
-    // The block's lanes are consecutive and aligned; every lane of the warp takes part.
-    amax = group_max<kLanesPerBlock>(amax);
+    const float amax = block_amax<32, kVec, kThreadsPerRow>(v, valid);
     if (!valid) return;
     const int exponent = amax > 0.f ? ilogbf(amax) - kElementEmax : -127;
     const int clamped = exponent < -127 ? -127 : exponent > 127 ? 127 : exponent;
     const unsigned char scale_code = static_cast<unsigned char>(clamped + 127);
     const float inv = ldexpf(1.f, -clamped);  // 1 / X, exact: a power of two
-    if (col % 32 == 0) store_block_scale(p, row, col / 32, scale_code);
+    store_block_scale_of<32>(p, row, col, scale_code);
     unsigned char q[kVec];
     to_fp8<kE5M2, kVec>(v, inv, q);
     store_codes<kVec>(p.y_quant + row * p.row_stride + col, q);

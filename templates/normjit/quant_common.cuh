@@ -60,24 +60,62 @@ __device__ __forceinline__ void to_fp8(const float (&v)[kVec], float scale, unsi
   }
 }
 
-// The value of a non-negative e4m3 (E4M3FN) code; code 0x7F is NaN. Exact: 3 mantissa bits.
+// The value of a non-negative e4m3 (E4M3FN) code; code 0x7F is NaN. Exact: cvt to f16 (sm_89+),
+// then to fp32.
 __device__ __forceinline__ float e4m3_value(unsigned code) {
-  const unsigned e = code >> 3, m = code & 7u;
-  if (code == 0x7Fu) return __uint_as_float(0x7fc00000u);
-  return e == 0 ? static_cast<float>(m) * 0.001953125f  // subnormal: m * 2^-9
-                : __uint_as_float(((e + 120u) << 23) | (m << 20));
+  unsigned pair;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(pair) : "h"(static_cast<unsigned short>(code & 0xffu)));
+  float v;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(v) : "h"(static_cast<unsigned short>(pair & 0xffffu)));
+  return v;
 }
 
-// kVec floats (kVec even) to kVec / 2 bytes of e2m1 codes, each scaled by `scale` first.
-template <int kVec>
-__device__ __forceinline__ void to_e2m1(const float (&v)[kVec], float scale, unsigned char (&q)[kVec / 2]) {
-#pragma unroll
-  for (int j = 0; j < kVec; j += 2) q[j / 2] = e2m1x2(v[j] * scale, v[j + 1] * scale);
+// The e2m1 codes of 2 half_of(j), j < kVec (kVec even; e2m1_pack_of), two a byte as y_quant holds
+// them (the first value in the low nibble), with one kVec / 2-byte store at a kVec / 2-aligned
+// address; all +0 where zero is set.
+template <int kVec, class HalfOf>
+__device__ __forceinline__ void store_e2m1(unsigned char* dst, HalfOf half_of, bool zero) {
+  static_assert(kVec % 2 == 0 && kVec <= 16, "two to sixteen values");
+  if constexpr (kVec == 16) {
+    uint2 w;
+    w.x = zero ? 0u : e2m1_pack_of<8>(half_of);
+    w.y = zero ? 0u : e2m1_pack_of<8>([&](int j) { return half_of(j + 8); });
+    *reinterpret_cast<uint2*>(dst) = w;
+  } else if constexpr (kVec == 8) {
+    *reinterpret_cast<unsigned*>(dst) = zero ? 0u : e2m1_pack_of<8>(half_of);
+  } else if constexpr (kVec == 4) {
+    *reinterpret_cast<unsigned short*>(dst) = static_cast<unsigned short>(zero ? 0u : e2m1_pack_of<4>(half_of));
+  } else {
+    dst[0] = static_cast<unsigned char>(zero ? 0u : e2m1_pack_of<2>(half_of));
+  }
 }
 
 // A block scale code at (row, block) of the scale matrix, in the launch's layout.
 __device__ __forceinline__ void store_block_scale(const NormParams& p, long long row, int block, unsigned char code) {
   p.block_scales[block_scale_offset(row, block, p.block_scale_stride, p.block_scale_layout)] = code;
+}
+
+// What the block-scaled epilogues (EpilogueMx, EpilogueFp4) share. A scale block is kBlock
+// consecutive values of a row held as kBlock / kVec consecutive, aligned lanes' packs of one pass
+// (the spec's threads_per_row * vec is a multiple of kBlock).
+// The block's largest |v|, in every lane of the block: each lane's max over its pack (0 for a lane
+// past the row; fmaxf leaves NaN out), reduced by shuffles. Every lane of the warp calls it.
+template <int kBlock, int kVec, int kThreadsPerRow>
+__device__ __forceinline__ float block_amax(const float (&v)[kVec], bool valid) {
+  constexpr int kLanesPerBlock = kBlock / kVec;
+  static_assert(kThreadsPerRow % kLanesPerBlock == 0, "a scale block must lie within one row's lanes");
+  float amax = 0.f;
+  if (valid) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) amax = fmaxf(amax, fabsf(v[j]));
+  }
+  return group_max<kLanesPerBlock>(amax);
+}
+
+// The block's scale code, stored by the lane that holds the block's first value (column col).
+template <int kBlock>
+__device__ __forceinline__ void store_block_scale_of(const NormParams& p, long long row, int col, unsigned char code) {
+  if (col % kBlock == 0) store_block_scale(p, row, col / kBlock, code);
 }
 
 // Round half to even, clamped to [-128, 127]; NaN gives 0 (cvt.rni's rule).
