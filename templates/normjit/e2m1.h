@@ -159,13 +159,24 @@ NORMJIT_HOST_DEVICE inline unsigned char e2m1x2(float lo, float hi) {
   return static_cast<unsigned char>(e2m1_pack<2>(v, 0.5f));
 }
 
-// OCP MXFP4's scale of a block whose largest magnitude is amax (>= 0, not NaN): the E8M0 code of
-// X = 2^(floor(log2 amax) - 2), the exponent clamped to [-127, 127] (reference::mx_scale_code):
-// amax's biased exponent - 2, 0 for zeros and subnormals (and exponents 1-2), 254 for infinity.
-NORMJIT_HOST_DEVICE inline unsigned e2m1_mx_scale_code(float amax) {
+// OCP MX scale of a block whose largest magnitude is amax (>= 0, not NaN), for elements whose
+// largest finite value has exponent kEmax (e2m1 2, e4m3 8, e5m2 15): the E8M0 code of
+// X = 2^(floor(log2 amax) - kEmax), the exponent clamped to [-127, 127] (reference::mx_scale_code):
+// amax's biased exponent - kEmax, 0 for zeros and subnormals (and exponents up to kEmax), 254 for
+// infinity.
+template <unsigned kEmax>
+NORMJIT_HOST_DEVICE inline unsigned mx_scale_code(float amax) {
   const unsigned e = e2m1_detail::bits_of(amax) >> 23;
-  return e == 255u ? 254u : e > 2u ? e - 2u : 0u;
+  return e == 255u ? 254u : e > kEmax ? e - kEmax : 0u;
 }
+
+// 1 / X for a code of mx_scale_code, exact: 2^(127 - code); code 254 (infinity) gives the
+// subnormal 2^-127. Codes above 246 other than 254 do not occur for kEmax >= 8.
+NORMJIT_HOST_DEVICE inline float mx_inverse_scale(unsigned code) {
+  return e2m1_detail::float_of(code < 254u ? (254u - code) << 23 : 0x00400000u);
+}
+
+NORMJIT_HOST_DEVICE inline unsigned e2m1_mx_scale_code(float amax) { return mx_scale_code<2>(amax); }
 
 // Half of 1 / X for a code of e2m1_mx_scale_code (0-252 or 254), exact: 2^(126 - code), whose
 // biased exponent 253 - code is positive up to code 252; code 254 gives the subnormal 2^-128

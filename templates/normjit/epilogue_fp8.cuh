@@ -25,12 +25,11 @@ struct EpilogueFp8 {
   static __device__ __forceinline__ void forward(float (&v)[kVec], bool valid, const NormParams& p, long long row,
                                                  int col, int, State& state) {
     if (!valid) return;
-    const float scale = *p.quant_scale;
-    unsigned char q[kVec];
+    // Read-only load: a plain one is repeated for every pack (the code stores could alias it).
+    const float scale = __ldg(p.quant_scale);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) state.amax = fmaxf(state.amax, fabsf(v[j]));  // fmaxf drops NaN
-    to_fp8<kE5M2, kVec>(v, scale, q);
-    store_codes<kVec>(p.y_quant + row * p.row_stride + col, q);
+    store_codes<kVec>(p.y_quant + row * p.row_stride + col, to_fp8<kE5M2, kVec>(v, scale));
   }
 
   // Every thread of the CTA calls it (its block is whole warps): a warp's max by shuffles, the

@@ -17,21 +17,17 @@ template <bool kE5M2>
 struct EpilogueMx {
   static constexpr bool kAlwaysStoresY = false;
   static constexpr bool kNeedsPreActivation = false;
-  static constexpr int kElementEmax = kE5M2 ? 15 : 8;
+  static constexpr unsigned kElementEmax = kE5M2 ? 15 : 8;
 
   template <class YT, int kVec, int kThreadsPerRow>
   static __device__ __forceinline__ void forward(float (&v)[kVec], bool valid, const NormParams& p, long long row,
                                                  int col, int) {
     const float amax = block_amax<32, kVec, kThreadsPerRow>(v, valid);
     if (!valid) return;
-    const int exponent = amax > 0.f ? ilogbf(amax) - kElementEmax : -127;
-    const int clamped = exponent < -127 ? -127 : exponent > 127 ? 127 : exponent;
-    const unsigned char scale_code = static_cast<unsigned char>(clamped + 127);
-    const float inv = ldexpf(1.f, -clamped);  // 1 / X, exact: a power of two
-    store_block_scale_of<32>(p, row, col, scale_code);
-    unsigned char q[kVec];
-    to_fp8<kE5M2, kVec>(v, inv, q);
-    store_codes<kVec>(p.y_quant + row * p.row_stride + col, q);
+    // From amax's exponent bits (e2m1.h), as ilogbf and ldexpf give them without their branches.
+    const unsigned scale_code = mx_scale_code<kElementEmax>(amax);
+    store_block_scale_of<32>(p, row, col, static_cast<unsigned char>(scale_code));
+    store_codes<kVec>(p.y_quant + row * p.row_stride + col, to_fp8<kE5M2, kVec>(v, mx_inverse_scale(scale_code)));
   }
 
   template <int kVec>

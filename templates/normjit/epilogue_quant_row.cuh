@@ -29,14 +29,11 @@ struct EpilogueRowQuant {
     const float scale = row_amax > 0.f ? row_amax / kQMax : 1.f;
     if (col == 0) p.row_scales[row] = scale;
     const float inv = 1.f / scale;
-    unsigned char q[kVec];
-    if constexpr (kFormat == RowQuantFormat::kInt8) {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) q[j] = to_int8(v[j] * inv);
-    } else {
-      to_fp8<kFormat == RowQuantFormat::kE5M2, kVec>(v, inv, q);
-    }
-    store_codes<kVec>(p.y_quant + row * p.row_stride + col, q);
+    unsigned char* const dst = p.y_quant + row * p.row_stride + col;
+    if constexpr (kFormat == RowQuantFormat::kInt8)
+      store_codes<kVec>(dst, to_int8<kVec>(v, inv));
+    else
+      store_codes<kVec>(dst, to_fp8<kFormat == RowQuantFormat::kE5M2, kVec>(v, inv));
   }
 
   template <int kVec>

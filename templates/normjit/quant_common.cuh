@@ -6,27 +6,26 @@
 
 namespace normjit {
 
+// kVec one-byte codes as they lie in memory: four to a 32-bit word, the first code in the low
+// byte. Built a word at a time, so the conversions' 16-bit results need no byte shuffling.
+template <int kVec>
+struct Codes {
+  unsigned w[(kVec + 3) / 4];
+};
+
 // kVec one-byte codes at a kVec-aligned address (max_vec_for checks y_quant and row_stride).
 template <int kVec>
-__device__ __forceinline__ void store_codes(unsigned char* dst, const unsigned char (&q)[kVec]) {
+__device__ __forceinline__ void store_codes(unsigned char* dst, const Codes<kVec>& q) {
   if constexpr (kVec == 16) {
-    uint4 w;
-    memcpy(&w, q, 16);
-    *reinterpret_cast<uint4*>(dst) = w;
+    *reinterpret_cast<uint4*>(dst) = make_uint4(q.w[0], q.w[1], q.w[2], q.w[3]);
   } else if constexpr (kVec == 8) {
-    uint2 w;
-    memcpy(&w, q, 8);
-    *reinterpret_cast<uint2*>(dst) = w;
+    *reinterpret_cast<uint2*>(dst) = make_uint2(q.w[0], q.w[1]);
   } else if constexpr (kVec == 4) {
-    unsigned w;
-    memcpy(&w, q, 4);
-    *reinterpret_cast<unsigned*>(dst) = w;
+    *reinterpret_cast<unsigned*>(dst) = q.w[0];
   } else if constexpr (kVec == 2) {
-    unsigned short w;
-    memcpy(&w, q, 2);
-    *reinterpret_cast<unsigned short*>(dst) = w;
+    *reinterpret_cast<unsigned short*>(dst) = static_cast<unsigned short>(q.w[0]);
   } else {
-    dst[0] = q[0];
+    dst[0] = static_cast<unsigned char>(q.w[0]);
   }
 }
 
@@ -45,19 +44,45 @@ __device__ __forceinline__ unsigned short to_fp8x2(float lo, float hi) {
   return d;
 }
 
-// kVec floats to kVec FP8 codes.
+// kVec floats times scale to kVec FP8 codes.
 template <bool kE5M2, int kVec>
-__device__ __forceinline__ void to_fp8(const float (&v)[kVec], float scale, unsigned char (&q)[kVec]) {
+__device__ __forceinline__ Codes<kVec> to_fp8(const float (&v)[kVec], float scale) {
+  Codes<kVec> q;
   if constexpr (kVec == 1) {
-    q[0] = static_cast<unsigned char>(to_fp8x2<kE5M2>(v[0] * scale, 0.f) & 0xff);
+    q.w[0] = to_fp8x2<kE5M2>(v[0] * scale, 0.f);
   } else {
 #pragma unroll
     for (int j = 0; j < kVec; j += 2) {
-      const unsigned short d = to_fp8x2<kE5M2>(v[j] * scale, v[j + 1] * scale);
-      q[j] = static_cast<unsigned char>(d & 0xff);
-      q[j + 1] = static_cast<unsigned char>(d >> 8);
+      const unsigned d = to_fp8x2<kE5M2>(v[j] * scale, v[j + 1] * scale);
+      if (j % 4 == 0)
+        q.w[j / 4] = d;
+      else
+        q.w[j / 4] |= d << 16;
     }
   }
+  return q;
+}
+
+// kVec floats times scale to kVec int8 codes: round half to even, clamped to [-128, 127], NaN
+// gives 0 (cvt.rni's rule; cvt.pack.sat clamps to the byte and packs two a step).
+template <int kVec>
+__device__ __forceinline__ Codes<kVec> to_int8(const float (&v)[kVec], float scale) {
+  int r[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) r[j] = __float2int_rn(v[j] * scale);
+  Codes<kVec> q;
+  if constexpr (kVec == 1) {
+    q.w[0] = static_cast<unsigned char>(static_cast<signed char>(r[0] < -128 ? -128 : r[0] > 127 ? 127 : r[0]));
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; j += 4) {
+      // d[7:0] = b, d[15:8] = a, d[31:16] = c[15:0].
+      unsigned high = 0;
+      if (j + 2 < kVec) asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, 0;" : "=r"(high) : "r"(r[j + 3]), "r"(r[j + 2]));
+      asm("cvt.pack.sat.s8.s32.b32 %0, %1, %2, %3;" : "=r"(q.w[j / 4]) : "r"(r[j + 1]), "r"(r[j]), "r"(high));
+    }
+  }
+  return q;
 }
 
 // The value of a non-negative e4m3 (E4M3FN) code; code 0x7F is NaN. Exact: cvt to f16 (sm_89+),
@@ -116,12 +141,6 @@ __device__ __forceinline__ float block_amax(const float (&v)[kVec], bool valid) 
 template <int kBlock>
 __device__ __forceinline__ void store_block_scale_of(const NormParams& p, long long row, int col, unsigned char code) {
   if (col % kBlock == 0) store_block_scale(p, row, col / kBlock, code);
-}
-
-// Round half to even, clamped to [-128, 127]; NaN gives 0 (cvt.rni's rule).
-__device__ __forceinline__ unsigned char to_int8(float v) {
-  const int q = __float2int_rn(v);
-  return static_cast<unsigned char>(static_cast<signed char>(q < -128 ? -128 : q > 127 ? 127 : q));
 }
 
 }  // namespace normjit

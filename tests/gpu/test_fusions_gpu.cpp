@@ -13,6 +13,29 @@ struct Fusion {
 };
 constexpr Fusion kFusions[] = {{false, true}, {true, false}, {true, true}};
 
+// Strided and unaligned rows (narrower vectors), then the epilogues: LayerNorm and RMSNorm, bf16
+// x, three sizes, each spec given its fusions by fuse.
+void add_layout_cases(std::vector<Case>& cases, Phase phase, void (*fuse)(Spec&)) {
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm})
+    for (int64_t n : {int64_t(768), int64_t(4096), int64_t(18432)}) {
+      Case c;
+      c.spec = Spec::make(norm, phase, DType::kBF16, n, true);
+      fuse(c.spec);
+      c.rows = 41;
+      c.row_stride = n + 24;
+      cases.push_back(c);
+      c.x_offset = 1;
+      cases.push_back(c);
+      c.x_offset = 0;
+      c.row_stride = 0;
+      c.clip_upper = 1.5f;
+      for (Epilogue e : {Epilogue::kReluBitmask, Epilogue::kGelu}) {
+        c.spec.epilogue = e;
+        cases.push_back(c);
+      }
+    }
+}
+
 std::vector<Case> fusion_cases(Phase phase) {
   const std::vector<int64_t> ns =
       grid_ns({1, 7, 127, 768, 1000, 4097, 7168, 12289, 18432, 20001, 32768, 65536, 100000, 131072, 262144});
@@ -37,26 +60,11 @@ std::vector<Case> fusion_cases(Phase phase) {
             cases.push_back(c);
           }
         }
-  // Strided and unaligned rows (narrower vectors), and the epilogues, with the residual.
-  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm})
-    for (int64_t n : {int64_t(768), int64_t(4096), int64_t(18432)}) {
-      Case c;
-      c.spec = Spec::make(norm, phase, DType::kBF16, n, true);
-      c.spec.residual = true;
-      c.spec.zero_centered = norm == Norm::kRMSNorm;
-      c.rows = 41;
-      c.row_stride = n + 24;
-      cases.push_back(c);
-      c.x_offset = 1;
-      cases.push_back(c);
-      c.x_offset = 0;
-      c.row_stride = 0;
-      c.clip_upper = 1.5f;
-      for (Epilogue e : {Epilogue::kReluBitmask, Epilogue::kGelu}) {
-        c.spec.epilogue = e;
-        cases.push_back(c);
-      }
-    }
+  // Strided and unaligned rows and the epilogues, with the residual.
+  add_layout_cases(cases, phase, [](Spec& s) {
+    s.residual = true;
+    s.zero_centered = s.norm == Norm::kRMSNorm;
+  });
   return cases;
 }
 
@@ -71,6 +79,20 @@ void warm_cases(const std::vector<Case>& cases) {
     specs.push_back(f);
   }
   warm(specs);
+}
+
+// One forward case against the reference (y, mean and rstd within tolerance, h bit for bit, the
+// mask exact), its spec and layout in any failure's context.
+void check_forward_case(const Case& c) {
+  const std::string name = c.spec.str();
+  CAPTURE(name);
+  CAPTURE(c.rows);
+  CAPTURE(c.row_stride);
+  CAPTURE(c.x_offset);
+  const ForwardRun r = run_forward(c);
+  CHECK(r.worst <= 1.0);
+  CHECK(r.h_mismatches == 0);
+  CHECK(r.mask_mismatches == 0);
 }
 
 // One backward case against the reference, its spec and layout in any failure's context; a
@@ -108,15 +130,7 @@ TEST_CASE("fusions forward: residual add and zero-centred weights match the refe
   warm_cases(cases);
   int64_t h_checked = 0;
   for (const Case& c : cases) {
-    const std::string name = c.spec.str();
-    CAPTURE(name);
-    CAPTURE(c.rows);
-    CAPTURE(c.row_stride);
-    CAPTURE(c.x_offset);
-    const ForwardRun r = run_forward(c);
-    CHECK(r.worst <= 1.0);
-    CHECK(r.h_mismatches == 0);
-    CHECK(r.mask_mismatches == 0);
+    check_forward_case(c);
     if (c.spec.residual) h_checked += c.rows * c.spec.n;
   }
   CHECK(h_checked > 0);
@@ -166,25 +180,11 @@ static std::vector<Case> stream_cases(Phase phase) {
             cases.push_back(c);
           }
         }
-  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm})
-    for (int64_t n : {int64_t(768), int64_t(4096), int64_t(18432)}) {
-      Case c;
-      c.spec = Spec::make(norm, phase, DType::kBF16, n, true);
-      c.spec.residual = c.spec.residual_f32 = true;
-      c.spec.bias_in = phase != Phase::kBackward;
-      c.rows = 41;
-      c.row_stride = n + 24;
-      cases.push_back(c);
-      c.x_offset = 1;
-      cases.push_back(c);
-      c.x_offset = 0;
-      c.row_stride = 0;
-      c.clip_upper = 1.5f;
-      for (Epilogue e : {Epilogue::kReluBitmask, Epilogue::kGelu}) {
-        c.spec.epilogue = e;
-        cases.push_back(c);
-      }
-    }
+  // Strided and unaligned rows and the epilogues, with the fp32 stream and (forward) bias_in.
+  add_layout_cases(cases, phase, [](Spec& s) {
+    s.residual = s.residual_f32 = true;
+    s.bias_in = s.phase != Phase::kBackward;
+  });
   return cases;
 }
 
@@ -203,15 +203,7 @@ TEST_CASE("fp32 residual stream and bias_in forward: h bit for bit, y against th
   warm_cases(cases);
   int64_t h_checked = 0;
   for (const Case& c : cases) {
-    const std::string name = c.spec.str();
-    CAPTURE(name);
-    CAPTURE(c.rows);
-    CAPTURE(c.row_stride);
-    CAPTURE(c.x_offset);
-    const ForwardRun r = run_forward(c);
-    CHECK(r.worst <= 1.0);
-    CHECK(r.h_mismatches == 0);
-    CHECK(r.mask_mismatches == 0);
+    check_forward_case(c);
     h_checked += c.rows * c.spec.n;
   }
   MESSAGE(cases.size() << " fp32-stream / bias_in forward cases checked on " << runtime().device().name << "; "

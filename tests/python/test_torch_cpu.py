@@ -3,6 +3,7 @@ reference, modules, swap_norms, the CPU fallback, argument errors, and the launc
 CUDA path builds (against a stub kernel)."""
 import contextlib
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -327,16 +328,22 @@ class StubKernel:
         self.spec = spec.resolve(max_vec)
         self.name = str(self.spec)
         self.launches = []
+        self.keywords = []
 
     def workspace_bytes(self, rows, rows_per_batch=0):
         return 4096
 
-    def launch(self, *args):
-        # 20 positional arguments, then residual, h, dh_out for residual specs, then y_quant,
-        # quant_scale, amax, row_scales, block_scales, block_scale_layout for the quantizing ones,
-        # then dresidual (residual_f32 backward) and bias_in (bias_in forward).
-        assert len(args) in (20, 23, 29, 30, 31) and all(isinstance(a, (int, float)) for a in args)
-        self.launches.append(args)
+    def launch(self, *args, **fused):
+        # As the binding: 20 positional arguments (x ... stream), then residual, h, dh_out for
+        # residual specs, y_quant, quant_scale, amax, row_scales, block_scales, block_scale_layout
+        # for the quantizing ones, dresidual (residual_f32 backward) and bias_in (bias_in forward),
+        # each 0 unless given. _launch passes those by name: recorded as all 31 in FIELDS' order,
+        # the names it gave in self.keywords.
+        assert len(args) == 20 and set(fused) <= set(FIELDS[20:]), (len(args), sorted(fused))
+        full = args + tuple(fused.get(name, 0) for name in FIELDS[20:])
+        assert all(isinstance(a, (int, float)) for a in full)
+        self.launches.append(full)
+        self.keywords.append(fused)
 
 
 class StubRuntime:
@@ -693,7 +700,7 @@ def test_launch_fused_arguments(stub_gpu):
     # Without dh_out (h unused downstream), the plain backward kernel.
     _launch.backward_fused(dy, None, h, w, None, rstd, None, "rmsnorm", True, "none", False)
     assert stub_gpu.kernels[-1].name.startswith("rmsnorm.bwd.bf16.w_f32.n768.zero_centered.cfg_")
-    assert len(stub_gpu.kernels[-1].launches[-1]) == 20
+    assert stub_gpu.kernels[-1].keywords[-1] == {}  # no fused arguments
 
 
 def test_launch_f32_stream_and_bias_in_arguments(stub_gpu):
@@ -1108,8 +1115,10 @@ def test_launch_quantized_arguments(stub_gpu):
     a = k.launches[-1]
     assert a[FIELDS.index("x")] == x.data_ptr() and a[FIELDS.index("y")] == 0
     assert a[FIELDS.index("row_stride")] == 1000 and a[FIELDS.index("rows")] == 4
-    # residual, h, dh_out, y_quant, quant_scale, amax, row_scales, block_scales, block_scale_layout
-    assert a[20:] == (0, 0, 0, y_q.data_ptr(), 0, 0, scales.data_ptr(), 0, 0)
+    # residual, h, dh_out, y_quant, quant_scale, amax, row_scales, block_scales, block_scale_layout,
+    # dresidual, bias_in; passed by name, only those the kernel reads
+    assert a[20:] == (0, 0, 0, y_q.data_ptr(), 0, 0, scales.data_ptr(), 0, 0, 0, 0)
+    assert set(k.keywords[-1]) == {"y_quant", "row_scales"}
     assert y_q.dtype == torch.float8_e4m3fn and y_q.stride() == (1000, 1) and scales.shape == (4, 1)
     assert y is None and h is None
 
@@ -1121,8 +1130,9 @@ def test_launch_mxfp8_arguments(stub_gpu):
     (k,) = stub_gpu.kernels
     assert k.name.startswith("rmsnorm.fwd_infer.bf16.w_bf16.n100.mxfp8_e4m3.cfg_")
     a = k.launches[-1]
-    # residual, h, dh_out, y_quant, quant_scale, amax, row_scales, block_scales, block_scale_layout
-    assert a[20:] == (0, 0, 0, y_q.data_ptr(), 0, 0, 0, scales.data_ptr(), 0)
+    # residual, h, dh_out, y_quant, quant_scale, amax, row_scales, block_scales, block_scale_layout,
+    # dresidual, bias_in
+    assert a[20:] == (0, 0, 0, y_q.data_ptr(), 0, 0, 0, scales.data_ptr(), 0, 0, 0)
     assert a[FIELDS.index("y")] == y.data_ptr() and scales.shape == (4, 4) and scales.dtype == _launch.E8M0
     # The GEMMs' layout: one 128x4 tile of zeros where no scale goes.
     y_q, scales, y, h = _launch.forward_quant(x, None, None, None, "rmsnorm", 1e-6, False, "mxfp8_e4m3", None, None,
@@ -1141,13 +1151,14 @@ def test_launch_fp4_arguments(stub_gpu):
     assert k.name.startswith("rmsnorm.fwd_infer.bf16.w_bf16.n96.residual.nvfp4.cfg_")
     a = k.launches[-1]
     assert a[FIELDS.index("row_stride")] == 1000 and a[FIELDS.index("rows")] == 12
-    assert a[20:] == (r.data_ptr(), h.data_ptr(), 0, y_q.data_ptr(), s_enc.data_ptr(), 0, 0, scales.data_ptr(), 1)
+    assert a[20:] == (r.data_ptr(), h.data_ptr(), 0, y_q.data_ptr(), s_enc.data_ptr(), 0, 0, scales.data_ptr(), 1, 0,
+                      0)
     assert y_q.dtype == _launch.FP4 and y_q.shape == (4, 3, 48) and y_q.stride() == (1500, 500, 1)
     assert scales.dtype == torch.float8_e4m3fn and scales.shape == (128, 8)  # 12 rows, 6 scales: padded
     y_q, scales, y, h = _launch.forward_quant(x, None, None, None, "layernorm", 1e-5, False, "mxfp4", None, None,
                                               True)
     a = stub_gpu.kernels[-1].launches[-1]
-    assert a[20:] == (0, 0, 0, y_q.data_ptr(), 0, 0, 0, scales.data_ptr(), 0)
+    assert a[20:] == (0, 0, 0, y_q.data_ptr(), 0, 0, 0, scales.data_ptr(), 0, 0, 0)
     assert scales.shape == (4, 3, 3) and scales.dtype == _launch.E8M0 and y.stride() == (3000, 1000, 1)
     # An odd row stride: x is made contiguous first (the codes' rows must lie whole bytes apart).
     odd = torch.randn(5, 101, dtype=BF16)[:, :64]
@@ -1156,6 +1167,176 @@ def test_launch_fp4_arguments(stub_gpu):
     a = stub_gpu.kernels[-1].launches[-1]
     assert a[FIELDS.index("row_stride")] == 64 and a[FIELDS.index("x")] != odd.data_ptr()
     assert y_q.shape == (5, 32) and y_q.stride() == (32, 1)
+
+
+def test_stub_kernel_takes_the_bindings_arguments():
+    """The stub's fields are Kernel.launch's parameters, in order: _launch passes the fused ones by
+    these names."""
+    for fn, first in ((normjit._normjit.Kernel.launch, "x"), (normjit._normjit.max_vec_for, "x")):
+        names = re.findall(r"(\w+): ", fn.__doc__.splitlines()[0])
+        names = names[names.index(first):]
+        if fn is normjit._normjit.Kernel.launch:
+            assert names == list(FIELDS)
+        else:  # max_vec_for: the pointers, row_stride, then the fused pointers by name
+            assert set(names) <= set(FIELDS) and names[-6:] == ["residual", "h", "dh_out", "y_quant", "dresidual",
+                                                                 "bias_in"]
+
+
+# ---- quantized outputs on an fp32 residual stream ---------------------------------------------
+
+# quant -> (the add_* function with its format's arguments, the op's quant_scale): eps 1e-6 given,
+# as eps=None would take x's dtype's.
+ADD_QUANT_CALLS = {
+    "fp8_e4m3": (lambda x, r, w, **kw: nt.add_rms_norm_fp8(x, r, w, 1e-6, quant_scale=torch.tensor([16.0]), **kw),
+                 torch.tensor([16.0])),
+    "fp8_e5m2_row": (lambda x, r, w, **kw: nt.add_rms_norm_fp8(x, r, w, 1e-6, fp8_dtype=torch.float8_e5m2, **kw),
+                     None),
+    "int8_row": (lambda x, r, w, **kw: nt.add_rms_norm_int8(x, r, w, 1e-6, **kw), None),
+    "mxfp8_e4m3": (lambda x, r, w, **kw: nt.add_rms_norm_mxfp8(x, r, w, 1e-6, **kw), None),
+    "mxfp4": (lambda x, r, w, **kw: nt.add_rms_norm_mxfp4(x, r, w, 1e-6, **kw), None),
+    "nvfp4": (lambda x, r, w, **kw: nt.add_rms_norm_nvfp4(x, r, w, 1e-6, global_scale=torch.tensor([200.0]), **kw),
+              torch.tensor([200.0])),
+}
+
+
+def _bits(t):
+    """t as comparable bits: its bytes for the 1-byte (fp8, e8m0, e2m1) dtypes."""
+    return t.view(torch.uint8) if t.element_size() == 1 and t.dtype != torch.int8 else t
+
+
+@pytest.mark.parametrize("quant", list(ADD_QUANT_CALLS))
+@pytest.mark.parametrize("x_dtype", [BF16, F16], ids=["bf16", "f16"])
+def test_add_quantized_f32_stream_cpu(quant, x_dtype):
+    """A float32 residual beside a bf16 / f16 x in the add_* quantized calls: h = x + residual
+    summed in fp32 and kept float32 (not rounded to x's dtype); codes, scales and y are those of
+    the same format on h itself (the unrounded sum is what is normalized); y in x's dtype."""
+    torch.manual_seed(5)
+    x = torch.randn(2, 3, 64).to(x_dtype)
+    r = 4 * torch.randn(2, 3, 64)
+    w = torch.randn(64).to(x_dtype)
+    fn, scale = ADD_QUANT_CALLS[quant]
+    with torch.no_grad():
+        q, s, y, h = fn(x, r, w, return_y=True)
+        assert h.dtype == F32 and h.shape == x.shape and y.dtype == x_dtype and y.shape == x.shape
+        assert torch.equal(h, x.float() + r)
+        assert not torch.equal(h, h.to(x_dtype).float())  # what a residual in x's dtype would round
+        want_q, want_s, want_y, _ = torch.ops.normjit.quant_norm_fwd(h, None, w, None, "rmsnorm", 1e-6, False, quant,
+                                                                     scale, None, True)
+        q2, s2, h2 = fn(x, r, w)  # without y
+    assert q.dtype == want_q.dtype and q.shape == want_q.shape and torch.equal(_bits(q), _bits(want_q))
+    if scale is None or quant == "nvfp4":  # per row or per block: the kernel's scales
+        assert torch.equal(_bits(s), _bits(want_s))
+    assert torch.equal(y, want_y.to(x_dtype))
+    assert torch.equal(_bits(q2), _bits(q)) and torch.equal(h2, h)
+    if quant in ("fp8_e5m2_row", "int8_row"):  # against float64 from h too
+        y64 = ref64(h.double(), w.double(), None, "rmsnorm", 1e-6)
+        torch.testing.assert_close(q.double() * s.double(), y64, rtol=2.0 ** -3, atol=float(s.max()))
+
+
+def test_add_quantized_residual_dtype_errors():
+    x, x32 = torch.randn(2, 8, dtype=BF16), torch.randn(2, 8)
+    stream = (r"residual \(\[2, 8\], torch.float64, cpu\) must match x "
+              r"\(\[2, 8\], torch.bfloat16 \(or float32: an fp32 residual stream\), cpu\)")
+    for fn, _ in ADD_QUANT_CALLS.values():
+        with pytest.raises(ValueError, match=stream):
+            fn(x, x32.double(), None)
+    with pytest.raises(ValueError, match=r"residual \(\[2, 8\], torch.float16, cpu\) must match x"):
+        nt.add_rms_norm_int8(x, x32.half())
+    # Beside a float32 x, a float32 residual is the plain residual (h float32 as x; no stream), and
+    # a float64 one is refused without the stream's alternative.
+    with torch.no_grad():
+        q, s, h = nt.add_rms_norm_int8(x32, 2 * x32)
+    assert h.dtype == F32 and torch.equal(h, 3 * x32)
+    with pytest.raises(ValueError, match=r"torch.float64, cpu\) must match x \(\[2, 8\], torch.float32, cpu\)"):
+        nt.add_rms_norm_fp8(x32, x32.double())
+    # The op refuses the same, eagerly and in its fake (its CUDA path reads the residual as x's
+    # dtype or as float32).
+    for dev in ("cpu", "meta"):
+        xd = x.to(dev)
+        with pytest.raises(ValueError, match=r"residual.dtype=torch.float64: the residual must be in x's dtype "
+                                             r"\(torch.bfloat16\) or float32 \(an fp32 residual stream\)"):
+            torch.ops.normjit.quant_norm_fwd(xd, xd.double(), None, None, "rmsnorm", 1e-5, False, "int8_row", None,
+                                             None, False)
+    with pytest.raises(ValueError, match=r"residual.dtype=torch.float64: the residual must be in x's dtype "
+                                         r"\(torch.float32\)$"):
+        torch.ops.normjit.quant_norm_fwd(x32, x32.double(), None, None, "rmsnorm", 1e-5, False, "int8_row", None,
+                                         None, False)
+
+
+def test_add_quantized_f32_stream_fake_shapes_and_opcheck():
+    # h float32 in the layout x and the residual share (rows 100 elements apart); codes and y as
+    # without a residual.
+    for device in ("meta", "fake-cuda"):
+        ctx = FakeTensorMode() if device == "fake-cuda" else contextlib.nullcontext()
+        with ctx:
+            dev = "cuda" if device == "fake-cuda" else "meta"
+            x = torch.empty(4, 6, 100, dtype=BF16, device=dev)[..., :96]
+            r = torch.empty(4, 6, 100, dtype=F32, device=dev)[..., :96]
+            y_q, s, y, h = torch.ops.normjit.quant_norm_fwd(x, r, None, None, "rmsnorm", 1e-5, False, "fp8_e4m3_row",
+                                                             None, None, True)
+            assert (h.dtype, h.shape, h.stride()) == (F32, (4, 6, 96), (600, 100, 1))
+            assert (y.dtype, y.stride(), y_q.dtype, y_q.stride()) == (BF16, (600, 100, 1), torch.float8_e4m3fn,
+                                                                      (600, 100, 1))
+            y_q, s, _, h = torch.ops.normjit.quant_norm_fwd(x, r, None, None, "rmsnorm", 1e-5, False, "nvfp4",
+                                                             torch.empty(1, device=dev), None, False, "swizzled")
+            assert (h.dtype, h.stride()) == (F32, (600, 100, 1))
+            assert (y_q.dtype, y_q.shape, y_q.stride(), s.shape) == (_launch.FP4, (4, 6, 48), (300, 50, 1), (128, 8))
+            # Strided unlike x: both taken contiguous, h too.
+            _, _, _, h = torch.ops.normjit.quant_norm_fwd(x, torch.empty(4, 6, 96, dtype=F32, device=dev), None,
+                                                          None, "rmsnorm", 1e-5, False, "int8_row", None, None, False)
+            assert (h.dtype, h.stride()) == (F32, (576, 96, 1))
+    torch.manual_seed(6)
+    x, r, w = torch.randn(3, 64, dtype=BF16), torch.randn(3, 64), torch.randn(64, dtype=BF16)
+    for quant, scale, amax, layout in (("fp8_e4m3", torch.tensor([4.0]), torch.zeros(1), "row_major"),
+                                       ("int8_row", None, None, "row_major"),
+                                       ("mxfp8_e5m2", None, None, "swizzled"),
+                                       ("nvfp4", torch.tensor([100.0]), None, "row_major")):
+        torch.library.opcheck(torch.ops.normjit.quant_norm_fwd.default,
+                              (x, r, w, None, "rmsnorm", 1e-5, False, quant, scale, amax, True, layout))
+
+
+def test_compile_add_quantized_f32_stream_cpu():
+    torch.manual_seed(7)
+    x, r, w = torch.randn(4, 64, dtype=F16), torch.randn(4, 64), torch.randn(64, dtype=F16)
+
+    def block(x, r, w):
+        q, s, h = nt.add_rms_norm_mxfp8(x, r, w, 1e-6)
+        q8, s8, y8, h8 = nt.add_rms_norm_int8(x, r, w, 1e-6, return_y=True)
+        return q.view(torch.uint8), s.view(torch.uint8), h * 2, q8, s8, y8, h8
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = block(x, r, w)
+        got = torch.compile(block, backend="aot_eager", fullgraph=True)(x, r, w)
+    assert got[2].dtype == got[6].dtype == F32 and got[5].dtype == F16
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_launch_quantized_f32_stream_arguments(stub_gpu):
+    x = torch.randn(4, 1000, dtype=BF16)[:, :768]
+    r = torch.randn(4, 1000)[:, :768]
+    w = torch.randn(768, dtype=BF16)
+    y_q, scales, y, h = _launch.forward_quant(x, r, w, None, "rmsnorm", 1e-6, False, "fp8_e4m3_row", None, None,
+                                              True)
+    (k,) = stub_gpu.kernels
+    assert k.name.startswith("rmsnorm.fwd_infer.bf16.w_bf16.n768.residual_f32.fp8_e4m3_row.cfg_")
+    a = _args(k)
+    assert h.dtype == F32 and h.stride() == (1000, 1) and y.dtype == BF16 and y_q.dtype == torch.float8_e4m3fn
+    assert (a["x"], a["residual"], a["h"], a["y"], a["y_quant"], a["row_scales"], a["row_stride"]) == (
+        x.data_ptr(), r.data_ptr(), h.data_ptr(), y.data_ptr(), y_q.data_ptr(), scales.data_ptr(), 1000)
+    assert set(k.keywords[-1]) == {"residual", "h", "y_quant", "row_scales"}
+    s_enc = torch.tensor([300.0])
+    y_q, scales, _, h = _launch.forward_quant(x.contiguous(), r.contiguous(), w, None, "rmsnorm", 1e-6, False,
+                                              "nvfp4", s_enc, None, False, "swizzled")
+    k = stub_gpu.kernels[-1]
+    assert k.name.startswith("rmsnorm.fwd_infer.bf16.w_bf16.n768.residual_f32.nvfp4.cfg_")
+    a = _args(k)
+    assert h.dtype == F32 and (a["h"], a["quant_scale"], a["block_scales"], a["block_scale_layout"]) == (
+        h.data_ptr(), s_enc.data_ptr(), scales.data_ptr(), 1)
+    # A float32 residual beside a float32 x is the plain residual.
+    _launch.forward_quant(torch.randn(4, 768), torch.randn(4, 768), None, None, "rmsnorm", 1e-6, False, "int8_row",
+                          None, None, False)
+    assert stub_gpu.kernels[-1].name.startswith("rmsnorm.fwd_infer.f32.w_f32.n768.residual.int8_row.cfg_")
 
 
 # ---- memory_efficient: the backward from y ----------------------------------------------------

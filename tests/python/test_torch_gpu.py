@@ -25,6 +25,7 @@ inf = math.inf
 # dtype the result is stored in.
 DTYPES = {"bf16": (BF16, BF16), "f16": (F16, F16), "f32": (F32, F32), "bf16_wf32": (BF16, F32)}
 TOL = {BF16: 1.6e-2, F16: 2e-3, F32: 2e-5}
+DT_NAMES = {BF16: "bf16", F16: "f16", F32: "f32"}
 
 
 def close(got, want, tol, what, scale=None):
@@ -341,6 +342,25 @@ for i, n in enumerate((7, 768, 4097, 5120, 18432)):
                                       + ("-strided" if (i + j) % 2 else "")))
 
 
+def _add_norm_reference64(h, w, b, norm, eps, zero_centered, dy, dh):
+    """The float64 reference of an add_* call from its h: y = norm(h) (scale w, or 1 + w
+    zero-centred; bias b or None) and the gradients for dy on y and dh on h. Returns (y64, dh64,
+    [dweight64(, dbias64)], terms): dh64 = dnorm(dy) + dh, the gradient of x and the residual;
+    terms, the magnitude dx's rounding error follows (rstd * |dy| * |scale| + |dh|: dnorm's terms
+    cancel)."""
+    h64 = h.detach().double().requires_grad_(True)
+    w64 = w.detach().double().requires_grad_(True)
+    b64 = b.detach().double().requires_grad_(True) if b is not None else None
+    y64 = ref64(h64, w64 + 1 if zero_centered else w64, b64, norm, eps)
+    grads64 = torch.autograd.grad(y64, [t for t in (h64, w64, b64) if t is not None], dy.double())
+    hd = h64.detach()
+    hc = hd - hd.mean(-1, keepdim=True) if norm == "layernorm" else hd
+    rstd = torch.rsqrt(hc.square().mean(-1) + eps).max().item()
+    scale = (w64.detach() + (1 if zero_centered else 0)).abs().max().item()
+    terms = rstd * dy.abs().max().item() * scale + dh.abs().max().item()
+    return y64.detach(), grads64[0] + dh.double(), list(grads64[1:]), terms
+
+
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
 @pytest.mark.parametrize("zero_centered", [False, True], ids=["gamma", "zero_centered"])
 @pytest.mark.parametrize("dt,n,lead,strided", ADD_CASES)
@@ -361,24 +381,14 @@ def test_add_norm_against_float64(gpu, norm, zero_centered, dt, n, lead, strided
         y, h = nt.add_rms_norm(x, r, w, eps, zero_centered=zero_centered)
     assert y.dtype == h.dtype == x_dtype and y.shape == h.shape == x.shape
     assert torch.equal(h, x.detach() + r.detach()), "h differs from x + residual"
-    h64 = h.detach().double().requires_grad_(True)
-    w64 = w.detach().double().requires_grad_(True)
-    b64 = b.detach().double().requires_grad_(True) if b is not None else None
-    want = ref64(h64, w64 + 1 if zero_centered else w64, b64, norm, eps)
-    close(y, want.detach(), TOL[x_dtype], "y")
     dy, dh = torch.randn_like(y), torch.randn_like(h)
+    want, dx64, wgrads64, terms = _add_norm_reference64(h, w, b, norm, eps, zero_centered, dy, dh)
+    close(y, want, TOL[x_dtype], "y")
     grads = torch.autograd.grad((y, h), leaves, (dy, dh))
-    grads64 = torch.autograd.grad(want, [t for t in (h64, w64, b64) if t is not None], dy.double())
-    dx64 = grads64[0] + dh.double()
-    hd = h.detach().double()
-    hc = hd - hd.mean(-1, keepdim=True) if norm == "layernorm" else hd
-    rstd = torch.rsqrt(hc.square().mean(-1) + eps).max().item()
-    scale = (w.detach().double() + (1 if zero_centered else 0)).abs().max().item()
-    terms = rstd * dy.abs().max().item() * scale + dh.abs().max().item()
     dx, dres = grads[0], grads[1]
     assert torch.equal(dx, dres), "dx and dresidual differ"
     close(dx, dx64, 2 * TOL[x_dtype], "dx", scale=terms)
-    for name, g, g64, t in zip(("dweight", "dbias"), grads[2:], grads64[1:], leaves[2:]):
+    for name, g, g64, t in zip(("dweight", "dbias"), grads[2:], wgrads64, leaves[2:]):
         assert g.dtype == t.dtype and g.shape == t.shape, name
         close(g, g64, 2 * TOL[g.dtype], name)
 
@@ -408,26 +418,17 @@ def test_add_norm_f32_stream_against_float64(gpu, norm, dt, n, lead, strided, wi
     assert y.dtype == x_dtype and h.dtype == F32 and y.shape == h.shape == x.shape
     h_want = x.detach().float() + (bias_in.detach().float() if with_bias_in else 0) + r.detach()
     assert torch.equal(h, h_want), "h differs from (x + bias_in) + residual in fp32"
-    h64 = h.detach().double().requires_grad_(True)
-    w64 = w.detach().double().requires_grad_(True)
-    b64 = b.detach().double().requires_grad_(True) if b is not None else None
-    want = ref64(h64, w64, b64, norm, eps)
-    close(y, want.detach(), TOL[x_dtype], "y")
     dy, dh = torch.randn_like(y), torch.randn_like(h)
+    want, dh64, wgrads64, terms = _add_norm_reference64(h, w, b, norm, eps, False, dy, dh)
+    close(y, want, TOL[x_dtype], "y")
     grads = torch.autograd.grad((y, h), leaves, (dy, dh))
-    grads64 = torch.autograd.grad(want, [t for t in (h64, w64, b64) if t is not None], dy.double())
-    dh64 = grads64[0] + dh.double()
-    hd = h.detach().double()
-    hc = hd - hd.mean(-1, keepdim=True) if norm == "layernorm" else hd
-    rstd = torch.rsqrt(hc.square().mean(-1) + eps).max().item()
-    terms = rstd * dy.abs().max().item() * w.detach().double().abs().max().item() + dh.abs().max().item()
     dx, dres = grads[0], grads[1]
     assert dx.dtype == x_dtype and dres.dtype == F32
     assert torch.equal(dx, dres.to(x_dtype)), "dx is not dresidual rounded to x's dtype"
     close(dres, dh64, 2 * TOL[F32], "dresidual", scale=terms)
     close(dx, dh64, 2 * TOL[x_dtype], "dx", scale=terms)
     names = ["dweight", "dbias"][: 1 + (b is not None)]
-    for name, g, g64, t in zip(names, grads[2:], grads64[1:], leaves[2:]):
+    for name, g, g64, t in zip(names, grads[2:], wgrads64, leaves[2:]):
         assert g.dtype == t.dtype and g.shape == t.shape, name
         close(g, g64, 2 * TOL[g.dtype], name)
     if with_bias_in:
@@ -654,7 +655,6 @@ def _launch_dtypes():
 @pytest.mark.parametrize("n,strided,residual", [(7, False, False), (4096, True, True), (5120, False, True),
                                                 (20001, True, False)])
 def test_quantized_against_float64(gpu, quant, norm, dt, n, strided, residual):
-    from test_torch_cpu import _quant64
     torch.manual_seed(n)
     x = make_x((3, 5), n, dt, strided, "cuda")
     r = make_x((3, 5), n, dt, strided, "cuda") if residual else None
@@ -669,31 +669,40 @@ def test_quantized_against_float64(gpu, quant, norm, dt, n, strided, residual):
     src = (x.float() + r.float()).to(dt) if residual else x
     if residual:
         assert torch.equal(h, src)
-    x64 = src.double().cpu()
-    want, want_scale = _quant64(x64, w.double().cpu(), None if b is None else b.double().cpu(), norm, 1e-5, quant,
-                                448.0 / 8)
+    assert y_q.shape == x.shape and y_q.stride() == x.stride()  # x's row layout, strided or not
+    _check_quant_codes(quant, y_q, scales, amax, y, src.double().cpu(), w, b, norm, dt, n)
+
+
+def _check_quant_codes(quant, y_q, scales, amax, y, x64, w, b, norm, dt, n):
+    """The codes (FP8, int8, MXFP8) and scales of one eps = 1e-5 call that normalized the rows x64
+    (x, or h = x + residual; float64 on the CPU), and its y, against float64; per-tensor formats
+    with quant_scale 448 / 8 (amax its max |y|)."""
+    from test_torch_cpu import _quant64
+    per_row = quant.endswith("_row")
+    per_block = quant.startswith("mx")
+    w64, b64 = w.double().cpu(), None if b is None else b.double().cpu()
+    want, want_scale = _quant64(x64, w64, b64, norm, 1e-5, quant, 448.0 / 8)
     if per_block:
         # The block scales equal the float64 ones but where a block's amax sits on a power of two
         # within fp32's error; the codes against the kernel's own X.
         got_x = torch.exp2(scales.view(torch.uint8).double().cpu() - 127)
         ratio = got_x / want_scale
         assert ((ratio == 1) | (ratio == 2) | (ratio == 0.5)).all() and (ratio == 1).double().mean() >= 0.999
-        y64 = ref64(x64, w.double().cpu(), None if b is None else b.double().cpu(), norm, 1e-5)
+        y64 = ref64(x64, w64, b64, norm, 1e-5)
         qmax = 448.0 if "e4m3" in quant else 57344.0
         blocks = F.pad(y64, (0, (-n) % 32)).reshape(y64.shape[:-1] + (-1, 32)) / got_x.unsqueeze(-1)
         want = blocks.reshape(y64.shape[:-1] + (-1,))[..., :n].clamp(-qmax, qmax)
     elif per_row:
         torch.testing.assert_close(scales.double().cpu(), want_scale, rtol=2e-5, atol=0)
         # The codes against the kernel's own scale: one ulp of the scale moves no code.
-        want = (ref64(x64, w.double().cpu(), None if b is None else b.double().cpu(), norm, 1e-5) /
+        want = (ref64(x64, w64, b64, norm, 1e-5) /
                 scales.double().cpu()).clamp(-448.0 if "e4m3" in quant else -57344.0 if "e5m2" in quant else -127.0,
                                              448.0 if "e4m3" in quant else 57344.0 if "e5m2" in quant else 127.0)
     else:
-        y64 = ref64(x64, w.double().cpu(), None if b is None else b.double().cpu(), norm, 1e-5)
+        y64 = ref64(x64, w64, b64, norm, 1e-5)
         torch.testing.assert_close(amax.double().cpu(), y64.abs().max().reshape(1), rtol=1e-5, atol=0)
-    assert y_q.shape == x.shape and y_q.stride() == x.stride()  # x's row layout, strided or not
     _codes_close(y_q, want, quant)
-    close(y, ref64(x64, w.double().cpu(), None if b is None else b.double().cpu(), norm, 1e-5).cuda(), TOL[dt], "y")
+    close(y, ref64(x64, w64, b64, norm, 1e-5).cuda(), TOL[dt], "y")
 
 
 def test_quantized_functions_compile_and_graph_replay(gpu):
@@ -732,8 +741,7 @@ def test_block_scaled_fp4_against_float64_both_layouts(gpu, quant, norm, dt, n, 
     """e2m1 codes (two a byte, first element low) and their scales against float64 y with the
     kernel's own scales; the swizzled layout holds the same scales at the 128x4 tiles' places
     (padding zero) and leaves the codes unchanged."""
-    from normjit.torch import _launch, _reference
-    from test_torch_cpu import _e2m1_values
+    from normjit.torch import _reference
     torch.manual_seed(n)
     x = make_x((3, 5), n, dt, strided, "cuda")
     r = make_x((3, 5), n, dt, strided, "cuda") if residual else None
@@ -753,10 +761,19 @@ def test_block_scaled_fp4_against_float64_both_layouts(gpu, quant, norm, dt, n, 
                        _reference.swizzle_block_scales(scales.reshape(rows, -1).cpu()).view(torch.uint8))
     if quant == "mxfp8_e4m3":
         return  # its codes: test_quantized_against_float64
+    _check_fp4_codes(quant, y_q, scales, s_enc, y, y64, dt, n)
+
+
+def _check_fp4_codes(quant, y_q, scales, s_enc, y, y64, dt, n):
+    """e2m1 codes (mxfp4, nvfp4 with its S_enc s_enc) and their row-major block scales of one call,
+    and its y, against y64 (its float64 y, on the CPU) with the kernel's own scales."""
+    from normjit.torch import _launch
+    from test_torch_cpu import _e2m1_values
+    lead = tuple(y64.shape[:-1])
     block = 16 if quant == "nvfp4" else 32
-    assert y_q.dtype == _launch.FP4 and y_q.shape == (3, 5, n // 2)
+    assert y_q.dtype == _launch.FP4 and y_q.shape == lead + (n // 2,)
     pad = (-n) % block
-    blocks = F.pad(y64, (0, pad)).reshape(3, 5, -1, block)
+    blocks = F.pad(y64, (0, pad)).reshape(*lead, -1, block)
     if quant == "nvfp4":
         s = scales.double().cpu()
         want_s = (blocks.abs().amax(-1) / 6 * s_enc.item()).clamp(max=448.0)
@@ -767,7 +784,7 @@ def test_block_scaled_fp4_against_float64_both_layouts(gpu, quant, norm, dt, n, 
         amax = blocks.abs().amax(-1)
         ratio = dequant / torch.exp2(torch.floor(torch.log2(amax)) - 2)
         assert ((ratio == 1) | (ratio == 2) | (ratio == 0.5)).all() and (ratio == 1).double().mean() >= 0.99
-    got = F.pad(_e2m1_values(y_q.cpu()), (0, pad)).reshape(3, 5, -1, block) * dequant.unsqueeze(-1)
+    got = F.pad(_e2m1_values(y_q.cpu()), (0, pad)).reshape(*lead, -1, block) * dequant.unsqueeze(-1)
     lim = 6 * dequant.unsqueeze(-1)
     want = torch.maximum(torch.minimum(blocks, lim), -lim)
     # Half a step of e2m1 (relative 2^-2; 0.25 of the scale near zero), plus y's fp32 error.
@@ -797,6 +814,98 @@ def test_fp4_functions_compile_and_graph_replay(gpu):
         x.copy_(torch.randn_like(x))
         graph.replay()
         assert all(torch.equal(a, b) for a, b in zip(captured, block(x, r, w)))
+
+
+# ---- quantized outputs on an fp32 residual stream ----------------------------------------------
+
+_FP8_DTYPE = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def _add_rms_norm_quant(quant, x, r, w, scale, amax, **kw):
+    """The add_rms_norm_* function of a format, eps 1e-5: (codes, scales, [y,] h); scale: fp8's
+    quant_scale (None: per row) or nvfp4's global_scale."""
+    if quant.startswith("fp8"):
+        return nt.add_rms_norm_fp8(x, r, w, 1e-5, quant_scale=scale, amax=amax, fp8_dtype=_FP8_DTYPE[quant[4:8]], **kw)
+    if quant == "int8_row":
+        return nt.add_rms_norm_int8(x, r, w, 1e-5, **kw)
+    if quant.startswith("mxfp8"):
+        return nt.add_rms_norm_mxfp8(x, r, w, 1e-5, fp8_dtype=_FP8_DTYPE[quant[6:]], **kw)
+    if quant == "mxfp4":
+        return nt.add_rms_norm_mxfp4(x, r, w, 1e-5, **kw)
+    return nt.add_rms_norm_nvfp4(x, r, w, 1e-5, global_scale=scale, **kw)
+
+
+@pytest.mark.parametrize("quant", ["fp8_e4m3", "fp8_e5m2_row", "int8_row", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp4",
+                                   "nvfp4"])
+@pytest.mark.parametrize("norm", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("dt,n,strided", [(BF16, 8, False), (BF16, 4096, True), (F16, 5120, False)],
+                         ids=["bf16-n8", "bf16-n4096-strided", "f16-n5120"])
+def test_add_quantized_f32_stream_against_float64(gpu, quant, norm, dt, n, strided):
+    """A float32 residual beside a bf16 / f16 x with a quantized output (.residual_f32 with the
+    quantizing epilogue): h = x + residual in fp32, bit-exact and kept float32 (not rounded to x's
+    dtype); the codes and scales against float64 from h, checked as test_quantized_against_float64
+    and test_block_scaled_fp4_against_float64_both_layouts check them; y in x's dtype. rmsnorm through
+    the add_rms_norm_* functions (the eager launch path), layernorm through the op."""
+    torch.manual_seed(n + 17 * strided)
+    x = make_x((3, 5), n, dt, strided, gpu)
+    r = make_x((3, 5), n, F32, strided, gpu)  # strided as x: one shared row layout
+    w = torch.randn(n, device=gpu, dtype=dt)
+    b = torch.randn(n, device=gpu, dtype=dt) if norm == "layernorm" else None
+    h_want = x.float() + r
+    y64 = ref64(h_want.double().cpu(), w.double().cpu(), None if b is None else b.double().cpu(), norm, 1e-5)
+    fp4 = quant in ("mxfp4", "nvfp4")
+    if quant == "nvfp4":
+        scale = torch.tensor([448.0 * 6 / y64.abs().max().item()], device=gpu)
+    elif quant == "fp8_e4m3":
+        scale = torch.tensor([448.0 / 8], device=gpu)
+    else:
+        scale = None
+    amax = torch.zeros(1, device=gpu) if quant == "fp8_e4m3" else None
+    with torch.no_grad():
+        if norm == "rmsnorm":
+            y_q, scales, y, h = _add_rms_norm_quant(quant, x, r, w, scale, amax, return_y=True)
+        else:
+            y_q, scales, y, h = torch.ops.normjit.quant_norm_fwd(x, r, w, b, norm, 1e-5, False, quant, scale, amax,
+                                                                 True)
+    assert h.dtype == F32 and h.shape == x.shape and h.stride() == x.stride() and y.dtype == dt
+    assert torch.equal(h, h_want), "h differs from x + residual in fp32"
+    bias = ".bias" if b is not None else ""
+    spec = f"{norm}.fwd_infer.{DT_NAMES[dt]}.w_{DT_NAMES[dt]}.n{n}{bias}.residual_f32.{quant}"
+    assert any(k.startswith(spec + ".") for k in nt.loaded_kernels()[0]), spec
+    if fp4:
+        assert y_q.stride()[:-1] == tuple(st // 2 for st in x.stride()[:-1])  # two codes a byte, x's rows
+        _check_fp4_codes(quant, y_q, scales, scale, y, y64, dt, n)
+    else:
+        assert y_q.shape == x.shape and y_q.stride() == x.stride()
+        _check_quant_codes(quant, y_q, scales, amax, y, h.double().cpu(), w, b, norm, dt, n)
+
+
+def test_add_quantized_f32_stream_compile_and_graph_replay(gpu):
+    """The fp32-stream quantized calls through torch.compile (the op's fake gives h float32) and
+    in a captured CUDA graph: the same bits as eagerly."""
+    x = torch.randn(64, 4096, device=gpu, dtype=BF16)
+    r = 4 * torch.randn(64, 4096, device=gpu)
+    w = torch.randn(4096, device=gpu, dtype=BF16)
+    g = torch.tensor([100.0], device=gpu)
+
+    def block(x, r, w):
+        q, s, h = nt.add_rms_norm_fp8(x, r, w, 1e-5)
+        q4, s4, h4 = nt.add_rms_norm_nvfp4(x, r, w, 1e-5, global_scale=g, scale_layout="swizzled")
+        return q.view(torch.uint8), s, h, q4.view(torch.uint8), s4.view(torch.uint8), h4
+
+    with torch.no_grad():
+        want = block(x, r, w)
+        assert want[2].dtype == want[5].dtype == F32
+        got = torch.compile(block, fullgraph=True)(x, r, w)
+        assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = block(x, r, w)
+        r.copy_(4 * torch.randn_like(r))
+        graph.replay()
+        again = block(x, r, w)
+        assert torch.equal(again[2], x.float() + r)
+        assert all(torch.equal(a, b) for a, b in zip(captured, again))
 
 
 # ---- memory_efficient: the backward from y ----------------------------------------------------

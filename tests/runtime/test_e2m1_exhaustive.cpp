@@ -152,6 +152,33 @@ TEST_CASE("the MXFP4 scale from the amax bits equals reference::mx_scale_code, i
   }
 }
 
+TEST_CASE("the MXFP8 scales from the amax bits equal reference::mx_scale_code, their inverses are exact") {
+  auto check_format = [](MiniFloat element, auto scale_code) {
+    auto matches = [&](uint32_t u) {
+      const float amax = float_of(u);
+      return scale_code(amax) == mx_scale_code(static_cast<double>(amax), element);
+    };
+    uint32_t first = 0;
+    CHECK(sweep(0, 0x00800000u, matches, &first) == 0);  // zero and every subnormal
+    CAPTURE(first);
+    int64_t bad = 0;
+    for (uint32_t e = 1; e < 255; ++e)
+      for (uint32_t k = 0; k < 1024; ++k) bad += !matches((e << 23) | ((k * 8191u) & 0x7FFFFFu));
+    bad += !matches(0x7F800000u);  // infinity: code 254
+    CHECK(bad == 0);
+  };
+  check_format(MiniFloat::kE4M3, [](float a) { return mx_scale_code<8>(a); });
+  check_format(MiniFloat::kE5M2, [](float a) { return mx_scale_code<15>(a); });
+  CHECK(mx_scale_code<8>(448.f) == 127);  // 2^(8 - 8)
+  CHECK(mx_scale_code<15>(57344.f) == 127);
+  // Every code the MXFP8 scales take: 0-246 (finite amax), 254 (infinity).
+  for (unsigned code = 0; code <= 254; ++code) {
+    if (code > 246 && code != 254) continue;
+    CAPTURE(code);
+    CHECK(static_cast<double>(mx_inverse_scale(code)) == 1.0 / decode_e8m0(static_cast<uint8_t>(code)));
+  }
+}
+
 TEST_CASE("e2m1_pack: eight codes a word, the first value in the low nibble, as the per-value codes") {
   std::mt19937_64 rng(7);
   std::normal_distribution<float> normal(0.f, 1.f);

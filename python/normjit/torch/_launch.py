@@ -93,14 +93,14 @@ def _load(device, spec, max_vec, by_vec):
     return kernel
 
 
-def _kernel(key, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride, residual=0, h=0, dh_out=0, y_quant=0,
+def _kernel(key, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride, *, residual=0, h=0, dh_out=0, y_quant=0,
             dresidual=0, bias_in=0):
     entry = _entries.get(key)
     if entry is None:
         entry = _entries.setdefault(key, (_spec_of(key), {}))
     spec, by_vec = entry
-    vec = _normjit.max_vec_for(spec, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride, residual, h, dh_out,
-                               y_quant, dresidual, bias_in)
+    vec = _normjit.max_vec_for(spec, x, gamma, beta, y, dy, dx, dgamma, dbeta, mask, row_stride, residual=residual, h=h,
+                               dh_out=dh_out, y_quant=y_quant, dresidual=dresidual, bias_in=bias_in)
     kernel = by_vec.get(vec)
     if kernel is None:
         kernel = _load(key[0], spec, vec, by_vec)
@@ -183,13 +183,16 @@ def like_rows(x, rs, dtype=None):
     return torch.empty_strided(x.shape, row_strides(x.shape, rs), dtype=dtype, device=x.device)
 
 
-def _launch(device, kernel, args, fused=()):
+def _launch(device, kernel, args, fused):
+    """Kernel.launch with its 20 leading arguments (args, the stream last) and the fused ones by
+    name (residual=, h=, dh_out=, y_quant=, ..., dresidual=, bias_in=: the binding's keywords; those
+    not given are 0)."""
     if device != _current_device():
         # The runtime launches in the current context: make it the tensor's device.
         with torch.cuda.device(device):
-            kernel.launch(*args[:-1], _raw_stream(device), *fused)
+            kernel.launch(*args[:-1], _raw_stream(device), **fused)
     else:
-        kernel.launch(*args, *fused)
+        kernel.launch(*args, **fused)
 
 
 def _kernel_params(weight, bias, dev, dtype, n):
@@ -274,11 +277,13 @@ def forward_fused(x, residual, weight, bias, norm, eps, training, zero_centered,
     gp = weight.data_ptr()
     bp = 0 if bias is None else bias.data_ptr()
     mp = 0 if mask is None else mask.data_ptr()
-    fused = () if residual is None else (residual.data_ptr(), h.data_ptr(), 0)
+    fused = {}
+    if residual is not None:
+        fused["residual"] = residual.data_ptr()
+        fused["h"] = h.data_ptr()
     if bias_in is not None:
-        fused += (0, 0, 0, 0, 0, 0, 0, bias_in.data_ptr())
-    kernel = _kernel(key, xp, gp, bp, yp, 0, 0, 0, 0, mp, rs, *fused[:3],
-                     bias_in=0 if bias_in is None else bias_in.data_ptr())
+        fused["bias_in"] = bias_in.data_ptr()
+    kernel = _kernel(key, xp, gp, bp, yp, 0, 0, 0, 0, mp, rs, **fused)
     _launch(device, kernel, (
         xp, gp, bp, 0 if mean is None else mean.data_ptr(), 0 if rstd is None else rstd.data_ptr(), yp,
         0, 0, 0, 0, 0, 0, mp, clip_lower, clip_upper, rows, rs, rpb, eps, _raw_stream(device)), fused)
@@ -342,13 +347,14 @@ def backward_fused(dy, dh_out, x, weight, mean, rstd, mask, norm, zero_centered,
         dgp = dgamma.data_ptr()
         dbp = 0 if scratch_dbeta is None else scratch_dbeta.data_ptr()
         mp = 0 if mask is None else mask.data_ptr()
-        fused = () if dh_out is None else (0, 0, dh_out.data_ptr())
-        drp = 0 if dresidual is None else dresidual.data_ptr()
+        fused = {}
+        if dh_out is not None:
+            fused["dh_out"] = dh_out.data_ptr()
         if stream_f32:
-            fused += (0, 0, 0, 0, 0, 0, drp)
+            fused["dresidual"] = dresidual.data_ptr()
         # The kernel's input x is y for memory_efficient: it goes in y's place.
         x_arg, y_arg = (0, xp) if memory_efficient else (xp, 0)
-        kernel = _kernel(key, x_arg, gp, bp, y_arg, dyp, dxp, dgp, dbp, mp, rs, *fused[:3], dresidual=drp)
+        kernel = _kernel(key, x_arg, gp, bp, y_arg, dyp, dxp, dgp, dbp, mp, rs, **fused)
         ws_bytes = kernel.workspace_bytes(rows, rpb)
         workspace = torch.empty(max(ws_bytes, 16), dtype=torch.uint8, device=dev)
         _launch(device, kernel, (
@@ -419,7 +425,8 @@ def packed_rows(x, rs, dtype):
 
 def quant_layout(x, residual, quant):
     """(x, residual, row stride, h) as forward_quant lays them out: e2m1 codes take an even row
-    stride (their rows lie rs / 2 bytes apart), else x (and residual) are made contiguous."""
+    stride (their rows lie rs / 2 bytes apart), else x (and residual) are made contiguous. h (x's
+    layout) is in the residual's dtype: x's, or float32 for an fp32 residual stream."""
     h = None
     if residual is not None:
         x, residual, rs = _shared_layout(x, residual)
@@ -429,7 +436,7 @@ def quant_layout(x, residual, quant):
         x, rs = x.contiguous(), x.shape[-1]
         residual = residual.contiguous() if residual is not None else None
     if residual is not None:
-        h = like_rows(x, rs)
+        h = like_rows(x, rs, residual.dtype)
     return x, residual, rs, h
 
 
@@ -444,7 +451,9 @@ def forward_quant(x, residual, weight, bias, norm, eps, zero_centered, quant, qu
     per 16 values, quant_scale its fp32 S_enc, y ~ y_quant * s / S_enc. Block scales are
     [..., ceil(n / block)] (scale_layout "row_major") or the GEMMs' swizzled 128x4 tiles
     ("swizzled": [roundup(rows, 128), roundup(cols, 4)], padding zero). y (x's dtype) only when
-    want_y; h (x + residual) only with a residual."""
+    want_y; h (x + residual) only with a residual, in the residual's dtype: x's, or float32 beside
+    a bf16 / f16 x (an fp32 residual stream, .residual_f32: h summed in fp32 and not rounded, y and
+    the codes from it)."""
     n = x.shape[-1]
     x, residual, rs, h = quant_layout(x, residual, quant)
     fp4 = quant in FP4_QUANTS
@@ -464,20 +473,29 @@ def forward_quant(x, residual, weight, bias, norm, eps, zero_centered, quant, qu
         return y_quant, scales, y, h
     rpb = rows // weight.shape[0] if norm in ADAPTIVE_NORMS else 0
     device = dev.index
-    key = (device, norm, "fwd_infer", x.dtype, weight.dtype, n, bias is not None, quant, zero_centered,
-           residual is not None)
+    stream = False
+    if residual is not None:
+        stream = "f32" if is_f32_stream(x.dtype, residual.dtype) else True
+    key = (device, norm, "fwd_infer", x.dtype, weight.dtype, n, bias is not None, quant, zero_centered, stream)
     xp = x.data_ptr()
     yp = 0 if y is None else y.data_ptr()
     qp = y_quant.data_ptr()
     gp = weight.data_ptr()
     bp = 0 if bias is None else bias.data_ptr()
-    rp = 0 if residual is None else residual.data_ptr()
-    hp = 0 if h is None else h.data_ptr()
-    kernel = _kernel(key, xp, gp, bp, yp, 0, 0, 0, 0, 0, rs, rp, hp, 0, qp)
-    reads_scale = not per_row and (not per_block or quant == "nvfp4")
-    extra = (rp, hp, 0, qp, quant_scale.data_ptr() if reads_scale else 0, 0 if amax is None else amax.data_ptr(),
-             scales.data_ptr() if per_row else 0, scales.data_ptr() if per_block else 0,
-             SCALE_LAYOUTS[scale_layout] if per_block else 0)
+    fused = {"y_quant": qp}
+    if residual is not None:
+        fused["residual"] = residual.data_ptr()
+        fused["h"] = h.data_ptr()
+    kernel = _kernel(key, xp, gp, bp, yp, 0, 0, 0, 0, 0, rs, **fused)
+    if not per_row and (not per_block or quant == "nvfp4"):
+        fused["quant_scale"] = quant_scale.data_ptr()
+    if amax is not None:
+        fused["amax"] = amax.data_ptr()
+    if per_row:
+        fused["row_scales"] = scales.data_ptr()
+    if per_block:
+        fused["block_scales"] = scales.data_ptr()
+        fused["block_scale_layout"] = SCALE_LAYOUTS[scale_layout]
     _launch(device, kernel, (xp, gp, bp, 0, 0, yp, 0, 0, 0, 0, 0, 0, 0, 0.0, math.inf, rows, rs, rpb, eps,
-                             _raw_stream(device)), extra)
+                             _raw_stream(device)), fused)
     return y_quant, scales, y, h

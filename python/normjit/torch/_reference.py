@@ -235,6 +235,7 @@ def quantize(yf, quant, quant_scale):
 def forward_quant(x, residual, weight, bias, norm, eps, zero_centered, quant, quant_scale, amax, want_y,
                   scale_layout="row_major"):
     """As _launch.forward_quant."""
+    y_dtype = x.dtype  # x's, also where h (which x becomes) is an fp32 residual stream
     x, residual, _, _ = _launch.quant_layout(x, residual, quant)
     x, rs, h, yf, _, _ = _normalized(x, residual, weight, bias, norm, eps, zero_centered)
     codes, scales = quantize(yf, quant, quant_scale)
@@ -250,6 +251,6 @@ def forward_quant(x, residual, weight, bias, norm, eps, zero_centered, quant, qu
         amax.copy_(torch.maximum(amax, torch.nan_to_num(yf, nan=0.0).abs().amax().reshape(amax.shape)))
     y = None
     if want_y:
-        y = _launch.like_rows(x, rs)
+        y = _launch.like_rows(x, rs, y_dtype)
         y.copy_(yf)
     return y_quant, scales, y, h

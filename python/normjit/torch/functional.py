@@ -353,12 +353,13 @@ def rms_norm_relu(x, normalized_shape, weight=None, eps=None, bias=None, clip_lo
 
 def _quant_norm(name, x, residual, normalized_shape, weight, bias, eps, zero_centered, quant, quant_scale, amax,
                 return_y, norm, scale_layout="row_major"):
-    """The quantized-output functions below; returns (codes, scales[, y][, h])."""
+    """The quantized-output functions below; returns (codes, scales[, y][, h]). residual: x's
+    dtype, or float32 beside a bf16 / f16 x (an fp32 residual stream: h float32)."""
     _check_x(x)
     if scale_layout not in _launch.SCALE_LAYOUTS:
         raise ValueError(f"{name}: scale_layout={scale_layout!r} is not 'row_major' or 'swizzled'")
     if residual is not None:
-        _check_residual(x, residual)
+        _check_residual(x, residual, stream_f32_ok=True)
     x2, w, b, restore = _prepare(x, normalized_shape, weight, bias, zero_centered)
     if norm == "rmsnorm":
         eps = _rms_eps(x, eps)
@@ -456,7 +457,10 @@ def layer_norm_fp8(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, qua
 def add_rms_norm_fp8(x, residual, weight=None, eps=None, bias=None, *, quant_scale=None, amax=None,
                      fp8_dtype=torch.float8_e4m3fn, zero_centered=False, return_y=False):
     """add_rms_norm with an FP8 output (vLLM's fused add + RMSNorm + quant): h = x + residual,
-    y = rms_norm(h). Returns (y_fp8, scale[, y], h); scaling as rms_norm_fp8."""
+    y = rms_norm(h). Returns (y_fp8, scale[, y], h); scaling as rms_norm_fp8. residual as
+    add_rms_norm's: in x's dtype, or float32 beside a bf16 / f16 x, an fp32 residual stream (h
+    float32, summed in fp32 and not rounded; y and the codes from it). The other add_*_{int8,
+    mxfp8, mxfp4, nvfp4} functions take the residual alike."""
     quant = _fp8_quant("add_rms_norm_fp8", fp8_dtype, quant_scale)
     return _quant_norm("add_rms_norm_fp8", x, residual, x.shape[-1:] if isinstance(x, torch.Tensor) and x.dim() else (),
                        weight, bias, eps, zero_centered, quant, quant_scale, amax, return_y, "rmsnorm")
@@ -471,7 +475,8 @@ def rms_norm_int8(x, normalized_shape, weight=None, eps=None, bias=None, *, zero
 
 
 def add_rms_norm_int8(x, residual, weight=None, eps=None, bias=None, *, zero_centered=False, return_y=False):
-    """add_rms_norm with a per-row int8 output: returns (y_int8, scale[, y], h)."""
+    """add_rms_norm with a per-row int8 output: returns (y_int8, scale[, y], h); a float32 residual
+    beside a bf16 / f16 x as add_rms_norm_fp8's."""
     return _quant_norm("add_rms_norm_int8", x, residual, x.shape[-1:] if isinstance(x, torch.Tensor) and x.dim() else (),
                        weight, bias, eps, zero_centered, "int8_row", None, None, return_y, "rmsnorm")
 
@@ -506,7 +511,8 @@ def layer_norm_mxfp8(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, f
 
 def add_rms_norm_mxfp8(x, residual, weight=None, eps=None, bias=None, *, fp8_dtype=torch.float8_e4m3fn,
                        zero_centered=False, return_y=False, scale_layout="row_major"):
-    """add_rms_norm with an MXFP8 output: returns (y_fp8, scales[, y], h); as rms_norm_mxfp8."""
+    """add_rms_norm with an MXFP8 output: returns (y_fp8, scales[, y], h); as rms_norm_mxfp8, a
+    float32 residual beside a bf16 / f16 x as add_rms_norm_fp8's."""
     return _quant_norm("add_rms_norm_mxfp8", x, residual, x.shape[-1:] if isinstance(x, torch.Tensor) and x.dim()
                        else (), weight, bias, eps, zero_centered, _mx_quant("add_rms_norm_mxfp8", fp8_dtype), None,
                        None, return_y, "rmsnorm", scale_layout)
@@ -535,7 +541,8 @@ def layer_norm_mxfp4(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, z
 
 def add_rms_norm_mxfp4(x, residual, weight=None, eps=None, bias=None, *, zero_centered=False, return_y=False,
                        scale_layout="row_major"):
-    """add_rms_norm with an MXFP4 output: returns (y_fp4, scales[, y], h); as rms_norm_mxfp4."""
+    """add_rms_norm with an MXFP4 output: returns (y_fp4, scales[, y], h); as rms_norm_mxfp4, a
+    float32 residual beside a bf16 / f16 x as add_rms_norm_fp8's."""
     return _quant_norm("add_rms_norm_mxfp4", x, residual, x.shape[-1:] if isinstance(x, torch.Tensor) and x.dim()
                        else (), weight, bias, eps, zero_centered, "mxfp4", None, None, return_y, "rmsnorm",
                        scale_layout)
@@ -562,7 +569,8 @@ def layer_norm_nvfp4(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, g
 
 def add_rms_norm_nvfp4(x, residual, weight=None, eps=None, bias=None, *, global_scale, zero_centered=False,
                        return_y=False, scale_layout="row_major"):
-    """add_rms_norm with an NVFP4 output: returns (y_fp4, scales[, y], h); as rms_norm_nvfp4."""
+    """add_rms_norm with an NVFP4 output: returns (y_fp4, scales[, y], h); as rms_norm_nvfp4, a
+    float32 residual beside a bf16 / f16 x as add_rms_norm_fp8's."""
     return _quant_norm("add_rms_norm_nvfp4", x, residual, x.shape[-1:] if isinstance(x, torch.Tensor) and x.dim()
                        else (), weight, bias, eps, zero_centered, "nvfp4", global_scale, None, return_y, "rmsnorm",
                        scale_layout)

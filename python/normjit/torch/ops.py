@@ -395,11 +395,17 @@ def call_fused(x, residual, weight, bias, norm, eps, zero_centered, epilogue="no
 # element in the low nibble. Block scales are [..., ceil(n / block)] with scale_layout "row_major",
 # or the GEMMs' 128x4 tiles with "swizzled": [roundup(rows, 128), roundup(cols, 4)], padding zero.
 # Outputs not produced (scales per tensor, y without want_y, h without residual) are empty [0].
+# residual (x's shape) is in x's dtype, or float32 beside a bf16 / f16 x: an fp32 residual stream
+# (.residual_f32), where h = x + residual is summed in fp32 and kept float32, and y and the codes
+# come from it; h is in the residual's dtype.
 _QUANTS = tuple(_launch.QUANT_DTYPES)
 
 
-def _check_quant(norm, quant, scale_layout="row_major"):
+def _check_quant(norm, quant, scale_layout="row_major", x=None, residual=None):
     _check_names(norm, "none")
+    if residual is not None and residual.dtype != x.dtype and not _launch.is_f32_stream(x.dtype, residual.dtype):
+        also = " or float32 (an fp32 residual stream)" if x.dtype != torch.float32 else ""
+        raise ValueError(f"residual.dtype={residual.dtype}: the residual must be in x's dtype ({x.dtype}){also}")
     if quant not in _QUANTS:
         raise ValueError(f"quant={quant!r} is not one of {', '.join(_QUANTS)}")
     if scale_layout not in _launch.SCALE_LAYOUTS:
@@ -420,7 +426,7 @@ def _op_scales_dtype(quant):
 def quant_norm_fwd(x: Tensor, residual: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], norm: str,
                    eps: float, zero_centered: bool, quant: str, quant_scale: Optional[Tensor], amax: Optional[Tensor],
                    want_y: bool, scale_layout: str = "row_major") -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    _check_quant(norm, quant, scale_layout)
+    _check_quant(norm, quant, scale_layout, x, residual)
     impl = _launch.forward_quant if x.is_cuda else _reference.forward_quant
     y_quant, scales, y, h = impl(x, residual, weight, bias, norm, eps, zero_centered, quant, quant_scale, amax, want_y,
                                  scale_layout)
@@ -434,8 +440,8 @@ def quant_norm_fwd(x: Tensor, residual: Optional[Tensor], weight: Optional[Tenso
 @quant_norm_fwd.register_fake
 def _quant_norm_fwd_fake(x, residual, weight, bias, norm, eps, zero_centered, quant, quant_scale, amax, want_y,
                          scale_layout="row_major"):
-    _check_quant(norm, quant, scale_layout)
-    x, residual, rs, _ = _launch.quant_layout(x, residual, quant)
+    _check_quant(norm, quant, scale_layout, x, residual)
+    x, residual, rs, h = _launch.quant_layout(x, residual, quant)
     if quant in _launch.FP4_QUANTS:
         y_quant = _launch.packed_rows(x, rs, _launch.QUANT_DTYPES[quant])
     else:
@@ -447,5 +453,5 @@ def _quant_norm_fwd_fake(x, residual, weight, bias, norm, eps, zero_centered, qu
     else:
         scales = x.new_empty((0,), dtype=torch.float32)
     y = _launch.like_rows(x, rs) if want_y else x.new_empty((0,))
-    h = _launch.like_rows(x, rs) if residual is not None else x.new_empty((0,))
+    h = h if h is not None else x.new_empty((0,))  # the residual's dtype
     return y_quant, scales, y, h
