@@ -17,9 +17,25 @@ Per N (bf16 x, residual and weight, M rows), forward and backward:
                    and is checked on fresh copies of set 0.
   flashinfer.cuda  the same through FlashInfer's CUDA module (get_norm_module().fused_add_rmsnorm),
                    whichever kernel the public call picks
+--residual-dtype f32: an fp32 residual stream (Megatron's fp32_residual_connection): the residual
+float32 beside bf16 x and weight, h = x + residual summed in fp32 and kept float32, y from it in
+bf16; gradients dx in bf16 and dresidual in fp32. Providers then:
+  normjit          normjit.torch.add_rms_norm with the float32 residual (its .residual_f32 kernels)
+  normjit.unfused  h = x + r (type promotion: x.float() + r in one kernel), then
+                   normjit.torch.rms_norm(h) in fp32 and .to(bf16)
+  torch.eager      h = x + r as above, F.rms_norm(h, w.float()).to(bf16), computed in fp32
+  torch.compile    that composition, compiled
+  quack            rmsnorm_fwd(residual=fp32 r): h (residual_out) float32; its backward takes the
+                   fp32 h as its x, so it writes dx in fp32 and autograd casts x's gradient to bf16
+                   (as QuACK's own RMSNormFunction does)
+  liger            n/a: LigerFusedAddRMSNormFunction writes h in x's dtype
+  flashinfer       n/a, and flashinfer.cuda: fused_add_rmsnorm reads the residual as x's dtype
+                   (its CUDA entry casts the pointer) and writes h over it
 Bytes, each input read once and each output written once: forward x, residual, weight read and
 y, h written; backward dy, dh, h, weight read and dx (= dresidual), dweight written (the saved fp32
-rstd is not counted). "% copy" divides by a device-to-device copy of M·N bf16 elements in the same
+rstd is not counted). With --residual-dtype f32 the residual, h, dh and dresidual are 4 bytes an
+element, and dx (bf16) and dresidual (fp32) are two outputs: forward 12 bytes an element, backward
+16 (bf16: 8 each way). "% copy" divides by a device-to-device copy of M·N bf16 elements in the same
 process. Backward times are of torch.autograd.grad over the graph one forward left (retained), so
 each provider's backward runs as a model would run it. Outputs are checked against float64.
 """
@@ -43,6 +59,13 @@ def unfused_torch(x, r, w):
     return F.rms_norm(h, h.shape[-1:], w, EPS), h
 
 
+def unfused_torch_f32(x, r, w):
+    """The fp32 residual stream: h = x + r promoted to fp32 (x.float() + r in one kernel), y in fp32
+    with the weight upcast (F.rms_norm's fused kernel wants one dtype), rounded once to x's dtype."""
+    h = x + r
+    return F.rms_norm(h, h.shape[-1:], w.float(), EPS).to(x.dtype), h
+
+
 class InPlace:
     """A provider that writes y over x and h over the residual (FlashInfer's fused_add_rmsnorm):
     fn(x, r, w) returns nothing. Forward only."""
@@ -57,9 +80,12 @@ class InPlace:
 
 
 PEERS = ("liger", "quack", "flashinfer", "flashinfer.cuda", "torch.compile", "torch.eager")
+NO_F32_RESIDUAL = ("liger", "flashinfer", "flashinfer.cuda")  # h (and FlashInfer's residual) in x's dtype only
+NA = "n/a"  # a provider that cannot run this configuration
 
 
-def providers(names):
+def providers(names, f32=False):
+    """name -> fn(x, r, w) returning (y, h), "compile", an InPlace, or NA. f32: the fp32 residual stream."""
     out = {}
     if "normjit" in names or "normjit.unfused" in names:
         import normjit.torch as nt
@@ -67,13 +93,19 @@ def providers(names):
             out["normjit"] = lambda x, r, w: nt.add_rms_norm(x, r, w, EPS)
         if "normjit.unfused" in names:
             def normjit_unfused(x, r, w):
-                h = x + r
-                return nt.rms_norm(h, h.shape[-1:], w, EPS), h
+                h = x + r  # fp32 stream: promoted, x.float() + r in one kernel
+                y = nt.rms_norm(h, h.shape[-1:], w, EPS)
+                return (y.to(x.dtype) if y.dtype != x.dtype else y), h
             out["normjit.unfused"] = normjit_unfused
     if "torch.eager" in names:
-        out["torch.eager"] = unfused_torch
+        out["torch.eager"] = unfused_torch_f32 if f32 else unfused_torch
     if "torch.compile" in names:
         out["torch.compile"] = "compile"  # built per shape
+    if f32:
+        for name in NO_F32_RESIDUAL:
+            if name in names:
+                out[name] = NA
+        names = [name for name in names if name not in NO_F32_RESIDUAL]
     if "liger" in names:
         try:
             from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction as Liger
@@ -121,7 +153,7 @@ def providers(names):
 
 
 def reference(x, r, w):
-    h = (x.float() + r.float()).to(x.dtype)
+    h = (x.float() + r.float()).to(r.dtype)  # x's dtype, or float32 (fp32 stream: not rounded)
     hd = h.double()
     y = hd * torch.rsqrt(hd.square().mean(-1, keepdim=True) + EPS) * w.double()
     return y, h
@@ -134,13 +166,19 @@ def main():
     ap.add_argument("--providers",
                     default="normjit,normjit.unfused,torch.eager,torch.compile,liger,quack,flashinfer,flashinfer.cuda")
     ap.add_argument("--phases", default="fwd,bwd")
+    ap.add_argument("--residual-dtype", choices=("bf16", "f32"), default="bf16",
+                    help="f32: an fp32 residual stream (residual and h float32 beside bf16 x and weight); "
+                         "liger and flashinfer n/a")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
-    print(f"Device: {props.name}, torch {torch.__version__}; bf16 x, residual and weight; M={args.rows}")
+    f32 = args.residual_dtype == "f32"
+    r_dtype, rb = (torch.float32, 4) if f32 else (torch.bfloat16, 2)
+    what = "bf16 x and weight, fp32 residual stream (residual and h float32)" if f32 else "bf16 x, residual and weight"
+    print(f"Device: {props.name}, torch {torch.__version__}; {what}; M={args.rows}")
     names = args.providers.split(",")
-    provs = providers(names)
+    provs = providers(names, f32)
     phases = args.phases.split(",")
     results = []
     for n in (int(v) for v in args.ns.split(",")):
@@ -149,18 +187,27 @@ def main():
         # Enough buffer sets that one pass over them exceeds 4x L2 (the backward touches 4 M·N tensors).
         sets = max(2, math.ceil(4 * props.L2_cache_size / (4 * elem)))
         xs = [torch.randn(m, n, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
-        rs = [torch.randn(m, n, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
+        rs = [torch.randn(m, n, device=dev, dtype=r_dtype) for _ in range(sets)]
         w = (1 + 0.1 * torch.randn(n, device=dev)).to(torch.bfloat16)
         src = torch.empty(sets, m * n, device=dev, dtype=torch.bfloat16).normal_()
         dst = torch.empty_like(src)
         copy_us = median_us(lambda i: dst[i].copy_(src[i]), sets)
         copy_gbs = 2 * elem / copy_us / 1e3
         row = {"n": n, "rows": m, "copy_gbs": copy_gbs}
+        if f32:
+            row["residual_dtype"] = "f32"
         y_ref, h_ref = reference(xs[0], rs[0], w)
+        # Bytes an element: x, y, dy, dx 2; residual, h, dh (and dresidual, f32 only) rb.
+        fwd_bytes = m * n * (2 + rb + 2 + rb) + 2 * n
+        bwd_bytes = m * n * (2 + rb + rb + 2 + (rb if f32 else 0)) + 2 * 2 * n
         for name, f in provs.items():
+            if f is NA:
+                row[name] = {ph: "n/a" for ph in phases}
+                print(f"N={n} {name}: n/a (no fp32 residual stream)", flush=True)
+                continue
             if f == "compile":
                 torch._dynamo.reset()
-                f = torch.compile(unfused_torch, dynamic=False)
+                f = torch.compile(unfused_torch_f32 if f32 else unfused_torch, dynamic=False)
             inplace = isinstance(f, InPlace)
             try:
                 with torch.no_grad():
@@ -181,7 +228,7 @@ def main():
                             del own
                         else:
                             us = median_us(lambda i: f(xs[i], rs[i], w), sets)
-                    gbs = (4 * elem + 2 * n) / us / 1e3
+                    gbs = fwd_bytes / us / 1e3
                     entry.update(fwd_us=us, fwd_gbs=gbs, fwd_pct=100 * gbs / copy_gbs)
                 if "bwd" in phases and inplace:
                     entry["bwd"] = "n/a"  # inference only: no backward
@@ -197,7 +244,7 @@ def main():
                         return torch.autograd.grad(outs, ins, grads, retain_graph=True)
 
                     us = median_us(bwd, sets)
-                    gbs = (4 * elem + 2 * 2 * n) / us / 1e3
+                    gbs = bwd_bytes / us / 1e3
                     entry.update(bwd_us=us, bwd_gbs=gbs, bwd_pct=100 * gbs / copy_gbs)
                     del graphs
                 row[name] = entry

@@ -10,8 +10,9 @@ of the same bytes measured in the same process.
 from dy, x, the saved statistics and gamma. Defaults follow PyTorch genai_layers'
 LayerNormBackward setting: bf16 x, fp32 weights, M = 32768.
 
-Providers (--providers): torch.eager, torch.compile, normjit.torch (this project's PyTorch ops, through
-autograd in the backward, as a model calls them), and the peer libraries liger (liger-kernel's
+Providers (--providers): torch.eager, torch.compile, normjit.torch (this project's PyTorch ops; in
+the backward its op called with the saved statistics, as torch eager's aten backward and cuDNN's
+graph are, else through autograd as a model calls it), and the peer libraries liger (liger-kernel's
 Triton kernels), cudnn (nvidia-cudnn-frontend graph API), quack (quack-kernels, CuTe DSL) and
 flashinfer (flashinfer.norm, forward only: FlashInfer has no norm backward). Every
 provider sees the same buffers, byte counts, timing and fp64 error check. A peer whose import fails
@@ -630,7 +631,22 @@ def normjit_fwd_candidates(api, norm, n, eps, xs, ys, w, b):
 
 
 def normjit_bwd_candidates(api, norm, n, eps, xs, dys, ys, w, b):
-    return [("normjit.torch + autograd", lambda: autograd_grads(norm, normjit_fn(api, norm, n, eps), xs, dys, w, b))]
+    """The backward op called directly with the statistics a training forward saved (as torch
+    eager's aten backward and cuDNN's graph are timed), then through autograd as a model runs it."""
+    ops = torch.ops.normjit
+
+    def direct():
+        bias = b if norm == "layernorm" else None
+        stats = [ops.norm_fwd(x, w, bias, norm, eps, True, "none", 0.0, 0.0)[1:3] for x in xs]
+        no_mask = xs[0].new_empty((0,), dtype=torch.uint8)
+
+        def call(i):
+            dx, dw, db = ops.norm_bwd(dys[i], xs[i], w, stats[i][0], stats[i][1], no_mask, norm, "none",
+                                      bias is not None)
+            return (dx, dw, db) if bias is not None else (dx, dw)
+        return call
+    return [("torch.ops.normjit.norm_bwd (saved statistics)", direct),
+            ("normjit.torch + autograd", lambda: autograd_grads(norm, normjit_fn(api, norm, n, eps), xs, dys, w, b))]
 
 
 PEER_CANDIDATES = {

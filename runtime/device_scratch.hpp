@@ -1,6 +1,6 @@
 #pragma once
-// Scratch device buffers, random fills and event timing: what normjit-bench and the runtime's
-// tune-on-a-miss share to time kernels on random data. Internal (not installed).
+// Scratch device buffers, random fills, event timing and a backward's inputs: what normjit-bench
+// and the runtime's tune-on-a-miss share to time kernels on random data. Internal (not installed).
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -9,6 +9,7 @@
 #include "normjit/compiler.hpp"
 #include "normjit/driver.hpp"
 #include "normjit/error.hpp"
+#include "normjit/runtime.hpp"
 #include "runtime/fill_source.hpp"
 
 namespace normjit::detail {
@@ -95,6 +96,20 @@ double time_median_us(int warmup, int reps, int batch, Fn&& fn, CUstream stream 
     per_call.push_back(1000.0 * ms / batch);
   }
   return median_of(std::move(per_call));
+}
+
+// Turns the LaunchArgs of the forward that fed a backward (x, mean, beta, y) into the backward's
+// inputs: no y, and beta only where the backward reads it (a bias, with a gelu epilogue or
+// memory_efficient). A memory_efficient backward reads `forward_y`, the forward's y kept where dx
+// will not overwrite it, in place of x, and no mean; other backwards ignore forward_y.
+inline void set_backward_inputs(const Spec& spec, LaunchArgs& a, const void* beta, void* forward_y) {
+  a.y = nullptr;
+  a.beta = spec.has_bias && (spec.epilogue == Epilogue::kGelu || spec.memory_efficient) ? beta : nullptr;
+  if (spec.memory_efficient) {
+    a.x = nullptr;
+    a.mean = nullptr;
+    a.y = forward_y;
+  }
 }
 
 }  // namespace normjit::detail

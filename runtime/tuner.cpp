@@ -102,9 +102,14 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   const bool ada = is_adaptive(spec.norm);
   const int xs = dtype_size(spec.x_dtype), ws = dtype_size(spec.w_dtype);
   const size_t x_bytes = size_t(rows) * n * xs;
+  // The residual stream's tensors (residual, h, dh_out, dresidual): x's dtype, or f32 (residual_f32).
+  const size_t r_bytes = size_t(rows) * n * dtype_size(row_dtype(spec));
   Spec fwd = spec;
   fwd.phase = Phase::kForwardTraining;
-  fwd.residual = false;  // a residual backward's x is h: its statistics come from the plain forward
+  // A residual backward's x is h: its statistics come from the plain forward. An fp32 stream's
+  // backward reads h in fp32: the residual forward writes it (and its statistics).
+  fwd.residual = spec.residual_f32;
+  fwd.bias_in = false;
   fwd.memory_efficient = false;
   const std::vector<BlockConfig> candidates = candidate_configs(spec, target_.arch, 16, limit);
   size_t workspace = 0;
@@ -118,7 +123,8 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   using detail::DeviceBuffer;
   DeviceBuffer x(x_bytes), y(x_bytes), dy(backward ? x_bytes : 0), gamma(n * ws), beta(n * ws), mean(rows * 4),
       rstd(rows * 4), mask(size_t(rows) * mask_row_bytes(n)), dgamma(n * ws), dbeta(n * ws), work(workspace),
-      residual(spec.residual ? x_bytes : 0), h(spec.residual && !backward ? x_bytes : 0),
+      residual(spec.residual ? r_bytes : 0), h(spec.residual && (!backward || spec.residual_f32) ? r_bytes : 0),
+      dresidual(backward && spec.residual_f32 ? r_bytes : 0), bias_in(spec.bias_in ? n * ws : 0),
       quant_scale(reads_quant_scale(spec.epilogue) ? 4 : 0), amax(scales_per_tensor(spec.epilogue) ? 4 : 0),
       row_scales(scales_per_row(spec.epilogue) ? rows * 4 : 0),
       block_scales(rows * block_scale_row_bytes(n, spec.epilogue));
@@ -129,7 +135,8 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
     fill.run(gamma.get(), spec.w_dtype, n, seed + 1, 0.5f, 1.0f);
     fill.run(beta.get(), spec.w_dtype, n, seed + 2, 0.5f, 0.0f);
     if (backward) fill.run(dy.get(), spec.x_dtype, rows * n, seed + 3, 1.0f, 0.0f);
-    if (spec.residual) fill.run(residual.get(), spec.x_dtype, rows * n, seed + 4, 1.0f, 0.0f);
+    if (spec.residual) fill.run(residual.get(), row_dtype(spec), rows * n, seed + 4, 1.0f, 0.0f);
+    if (spec.bias_in) fill.run(bias_in.get(), spec.w_dtype, n, seed + 6, 0.5f, 0.0f);
     if (reads_quant_scale(spec.epilogue))
       fill.run(quant_scale.get(), DType::kF32, 1, seed + 5, 0.0f, 1.0f);  // scale 1
     if (scales_per_tensor(spec.epilogue)) NORMJIT_CU(cuMemsetD8(amax.ptr, 0, 4));
@@ -152,6 +159,7 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   if (spec.residual && !backward) {
     a.residual = residual.get();
     a.h = h.get();
+    if (spec.bias_in) a.bias_in = bias_in.get();
   }
   if (quantizes(spec.epilogue)) {  // the codes in y's buffer; no y in x's dtype
     a.y_quant = y.get();
@@ -170,16 +178,15 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
     LaunchArgs f = a;
     f.mean = subtracts_mean(spec.norm) ? static_cast<float*>(mean.get()) : nullptr;
     f.rstd = static_cast<float*>(rstd.get());
-    get(fwd).launch(f);  // the statistics (and mask) the backward reads
-    a.y = nullptr;
-    a.beta = spec.has_bias && (spec.epilogue == Epilogue::kGelu || spec.memory_efficient) ? beta.get() : nullptr;
-    a.mean = f.mean;
-    if (spec.memory_efficient) {  // reads the forward's y, moved into x's buffer (dx takes y's)
-      NORMJIT_CU(cuMemcpyDtoDAsync(x.ptr, y.ptr, x_bytes, nullptr));
-      a.y = x.get();
-      a.x = nullptr;
-      a.mean = nullptr;
+    if (fwd.residual) {  // an fp32 stream: h, the backward's x, from x + residual
+      f.residual = residual.get();
+      f.h = h.get();
     }
+    get(fwd).launch(f);  // the statistics (and mask) the backward reads
+    a.mean = f.mean;
+    // A memory_efficient backward reads the forward's y, moved into x's buffer (dx takes y's).
+    if (spec.memory_efficient) NORMJIT_CU(cuMemcpyDtoDAsync(x.ptr, y.ptr, x_bytes, nullptr));
+    detail::set_backward_inputs(spec, a, beta.get(), x.get());
     a.rstd = f.rstd;
     a.dy = dy.get();
     a.dx = y.get();
@@ -188,6 +195,10 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
     a.workspace = work.get();
     a.workspace_bytes = workspace;
     if (spec.residual) a.dh_out = residual.get();
+    if (spec.residual_f32) {
+      a.x = h.get();
+      a.dresidual = dresidual.get();
+    }
   }
 
   const auto with = [&](const BlockConfig& b) {

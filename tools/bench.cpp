@@ -316,13 +316,8 @@ int main(int argc, char** argv) {
       };
       auto backward_args = [&](int set) {
         nj::LaunchArgs a = forward_args(set);
-        a.y = nullptr;
-        a.beta = spec.has_bias && (spec.epilogue == nj::Epilogue::kGelu || from_y) ? beta.get() : nullptr;
-        if (from_y) {
-          a.x = nullptr;
-          a.mean = nullptr;
-          a.y = static_cast<char*>(y_in.get()) + size_t(set) * x_bytes;
-        }
+        nj::detail::set_backward_inputs(spec, a, beta.get(),
+                                        from_y ? static_cast<char*>(y_in.get()) + size_t(set) * x_bytes : nullptr);
         a.dy = static_cast<char*>(dy.get()) + size_t(set) * x_bytes;
         a.dx = static_cast<char*>(y.get()) + size_t(set) * x_bytes;  // dx reuses y's buffers
         a.dgamma = dgamma.get();

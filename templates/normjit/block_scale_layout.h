@@ -10,12 +10,10 @@
 //     (r % 32) * 16 + (r / 32) * 4 + c. The padding is never written: the caller zero-fills it.
 #pragma once
 
-#ifndef NORMJIT_HOST_DEVICE
-#if defined(__CUDACC__)
-#define NORMJIT_HOST_DEVICE __host__ __device__
+#if defined(__CUDACC_RTC__)
+#include "normjit/host_device.h"
 #else
-#define NORMJIT_HOST_DEVICE
-#endif
+#include "host_device.h"
 #endif
 
 namespace normjit {

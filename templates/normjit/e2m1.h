@@ -22,12 +22,10 @@
 // host build of half_of() canonicalizes NaN the same way.
 #pragma once
 
-#ifndef NORMJIT_HOST_DEVICE
-#if defined(__CUDACC__)
-#define NORMJIT_HOST_DEVICE __host__ __device__
+#if defined(__CUDACC_RTC__)
+#include "normjit/host_device.h"
 #else
-#define NORMJIT_HOST_DEVICE
-#endif
+#include "host_device.h"
 #endif
 
 namespace normjit {

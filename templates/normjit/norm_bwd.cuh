@@ -207,7 +207,7 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
         Pack<YT, kVec> dyv;
         held(i, xv, dyv);
         float gdv[kVec];
-        float xhat_from_y[kVec];  // memory_efficient: x̂ in place of x below
+        float xf[kVec];  // x, or (memory_efficient) x̂ recomputed from y
         if constexpr (!Source::kInRegisters || Cfg::kXhatFromY) {
           const int col = pack * kVec;
           const Pack<WT, kVec> g = gamma_pack<kHoldGamma>(held_gamma, gamma, i, col);
@@ -221,20 +221,14 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
             gdv[j] = d[j] * gf[j];
-            if constexpr (Cfg::kXhatFromY) xhat_from_y[j] = xhat[j];
+            if constexpr (Cfg::kXhatFromY) xf[j] = xhat[j];
           }
         } else {
 #pragma unroll
           for (int j = 0; j < kVec; ++j) gdv[j] = gd[i][j];
         }
         Pack<YT, kVec> o;
-        float xf[kVec];
-        if constexpr (Cfg::kXhatFromY) {
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) xf[j] = xhat_from_y[j];
-        } else {
-          unpack(xv, xf);
-        }
+        if constexpr (!Cfg::kXhatFromY) unpack(xv, xf);
         if constexpr (Cfg::Prologue::kAddsToDx) {
           float dxf[kVec];
 #pragma unroll

@@ -17,14 +17,22 @@ __device__ __forceinline__ unsigned cluster_address(const void* local, unsigned 
   return remote;
 }
 
-// Sums a pair of per-CTA values over the kCluster CTAs of a cluster, in rank order, so every CTA
-// gets the same bits. Each CTA passes its own shared `slot`; nothing may rewrite it until all
-// CTAs have passed their next cluster barrier (callers alternate two slots, or wait at exit).
-// Only the slot's writer releases it (a cluster-scope fence, then a relaxed arrive): a release
-// arrive by every thread would also wait for each thread's earlier global stores (the previous
-// row's output) to be performed.
-template <int kCluster>
-__device__ __forceinline__ float2 cluster_sum(float2 v, float2* slot) {
+// Loads a slot of another CTA of the cluster (an address from cluster_address).
+__device__ __forceinline__ void load_cluster_slot(float2& out, unsigned address) {
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(out.x), "=f"(out.y) : "r"(address) : "memory");
+}
+__device__ __forceinline__ void load_cluster_slot(float& out, unsigned address) {
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(out) : "r"(address) : "memory");
+}
+
+// Combines a per-CTA value over the kCluster CTAs of a cluster: combine(total, part) folds the
+// part of each rank into `init`, in rank order, so every CTA gets the same bits. Each CTA passes
+// its own shared `slot`; nothing may rewrite it until all CTAs have passed their next cluster
+// barrier (callers alternate two slots, or wait at exit). Only the slot's writer releases it (a
+// cluster-scope fence, then a relaxed arrive): a release arrive by every thread would also wait
+// for each thread's earlier global stores (the previous row's output) to be performed.
+template <int kCluster, class T, class Combine>
+__device__ __forceinline__ T cluster_reduce(T v, T* slot, T init, Combine combine) {
   if constexpr (kCluster == 1) {
     return v;
   } else {
@@ -34,41 +42,40 @@ __device__ __forceinline__ float2 cluster_sum(float2 v, float2* slot) {
     }
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
     cluster_wait();
-    float2 total = make_float2(0.f, 0.f);
+    T total = init;
 #pragma unroll
     for (int r = 0; r < kCluster; ++r) {
-      float2 part;
-      asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];"
-                   : "=f"(part.x), "=f"(part.y) : "r"(cluster_address(slot, r)) : "memory");
-      total.x += part.x;
-      total.y += part.y;
+      T part;
+      load_cluster_slot(part, cluster_address(slot, r));
+      combine(total, part);
     }
     return total;
   }
 }
 
-// The largest of a per-CTA value over the cluster, as cluster_sum (the same slot rules; max
-// does not depend on the order).
+// Fold one CTA's part into the running total, in place (a new float2 built from the sums moved
+// ptxas's schedule of some clustered LayerNorm backward kernels).
+struct ClusterSumOp {
+  __device__ __forceinline__ void operator()(float2& total, float2 part) const {
+    total.x += part.x;
+    total.y += part.y;
+  }
+};
+struct ClusterMaxOp {
+  __device__ __forceinline__ void operator()(float& total, float part) const { total = fmaxf(total, part); }
+};
+
+// Sums a pair of per-CTA values over the cluster (cluster_reduce's slot rules).
+template <int kCluster>
+__device__ __forceinline__ float2 cluster_sum(float2 v, float2* slot) {
+  return cluster_reduce<kCluster>(v, slot, make_float2(0.f, 0.f), ClusterSumOp{});
+}
+
+// The largest of a non-negative per-CTA value (an amax) over the cluster, as cluster_sum (max
+// does not depend on the order; 0 starts it).
 template <int kCluster>
 __device__ __forceinline__ float cluster_max(float v, float* slot) {
-  if constexpr (kCluster == 1) {
-    return v;
-  } else {
-    if (threadIdx.x == 0) {
-      *slot = v;
-      asm volatile("fence.acq_rel.cluster;" ::: "memory");
-    }
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-    cluster_wait();
-    float total = 0.f;
-#pragma unroll
-    for (int r = 0; r < kCluster; ++r) {
-      float part;
-      asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(part) : "r"(cluster_address(slot, r)) : "memory");
-      total = fmaxf(total, part);
-    }
-    return total;
-  }
+  return cluster_reduce<kCluster>(v, slot, 0.f, ClusterMaxOp{});
 }
 
 }  // namespace normjit

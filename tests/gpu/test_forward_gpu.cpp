@@ -368,19 +368,28 @@ TEST_CASE("tune on a miss: the winner is recorded, never slower than the heurist
   setenv("NORMJIT_TUNING_DB", db.c_str(), 1);
   setenv("NORMJIT_TUNE_CANDIDATES", "4", 1);
   const Spec forward = Spec::parse("layernorm.fwd_train.bf16.w_bf16.n4096.bias");
-  const Spec backward = Spec::parse("rmsnorm.bwd.bf16.w_f32.n2048");
+  // Each fusion's launch arguments (the fp32 stream's f32 buffers, bias_in, y for the
+  // memory-saving backward, the codes and scales) come from the tuner itself.
+  std::vector<Spec> specs = {forward, Spec::parse("rmsnorm.bwd.bf16.w_f32.n2048")};
+  for (const char* text : {"rmsnorm.fwd_train.bf16.w_bf16.n4096.residual_f32.bias_in",
+                           "layernorm.bwd.bf16.w_bf16.n4096.bias.residual_f32",
+                           "layernorm.bwd.bf16.w_f32.n2048.bias.memory_efficient",
+                           "rmsnorm.fwd_infer.bf16.w_bf16.n4096.residual.fp8_e4m3_row"})
+    specs.push_back(Spec::parse(text));
   {
     Runtime tuning(0, runtime().disk_cache().dir());
     CHECK(tuning.tuning_mode() == TuningMode::kTuneOnMiss);
-    const Spec tuned_fwd = tuning.get(forward).spec();
-    const Spec tuned_bwd = tuning.get(backward).spec();
+    std::vector<Spec> tuned;
+    for (const Spec& spec : specs) tuned.push_back(tuning.get(spec).spec());
     const TuningDb saved = TuningDb::load(db.string());
-    for (const auto& [spec, tuned] : {std::pair{forward, tuned_fwd}, std::pair{backward, tuned_bwd}}) {
-      const auto e = saved.lookup(tuning.tuning_key(spec));
+    for (size_t i = 0; i < specs.size(); ++i) {
+      CAPTURE(specs[i].str());
+      const auto e = saved.lookup(tuning.tuning_key(specs[i]));
       REQUIRE(e.has_value());
-      CHECK(e->config == *tuned.block);
+      CHECK(e->config == *tuned[i].block);
       CHECK(e->us <= e->heuristic_us);
-      MESSAGE(spec.str() << ": tuned " << tuned.str() << " " << e->us << " us, heuristic " << e->heuristic_us << " us");
+      MESSAGE(specs[i].str() << ": tuned " << tuned[i].str() << " " << e->us << " us, heuristic " << e->heuristic_us
+                             << " us");
     }
   }
   setenv("NORMJIT_TUNING", "db", 1);
