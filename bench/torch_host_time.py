@@ -14,9 +14,13 @@ import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from peers import graph_replay_us  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 
@@ -61,30 +65,6 @@ def host_us(step, calls, samples):
             out.setdefault(name, []).append((t1 - t0) * 1e6 / calls)
     torch.cuda.synchronize()
     return {name: statistics.median(v) for name, v in out.items()}
-
-
-def graph_us(fn, calls, reps=25):
-    """Device time per call of a CUDA graph of `calls` calls of fn(), median of reps replays."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up (loads the kernels) outside the capture
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        times.append(1000.0 * start.elapsed_time(stop) / calls)
-    return statistics.median(times)
 
 
 def main():
@@ -132,7 +112,7 @@ def main():
                   flush=True)
         g = {}
         for name, f in fns.items():
-            g[name] = graph_us(infer(f), args.calls)
+            g[name] = graph_replay_us(lambda i, call=infer(f): call(), 1, args.calls, reps=25)
         r = dict(norm=norm, rows=args.rows, n=args.n, dtype=args.dtype, what="forward (no grad)",
                  mode="graph replay device", us=g, ratio={name: v / g["torch"] for name, v in g.items() if name != "torch"})
         results.append(r)

@@ -13,54 +13,18 @@ ratio above 1 there would be device work the wrapper adds. Buffers rotate over s
 import argparse
 import json
 import math
-import statistics
+import sys
+from pathlib import Path
 
 import torch
 
 import normjit.torch as njt
 from normjit.torch import _launch
 
+sys.path.insert(0, str(Path(__file__).parent))
+from peers import graph_replay_us, median_us  # noqa: E402
+
 DT = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-
-
-def events_us(fn, sets, reps=25, batch=10, warmup=3):
-    for i in range(warmup):
-        fn(i % sets)
-    torch.cuda.synchronize()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times, k = [], 0
-    for _ in range(reps):
-        start.record()
-        for _ in range(batch):
-            fn(k % sets)
-            k += 1
-        stop.record()
-        stop.synchronize()
-        times.append(1000.0 * start.elapsed_time(stop) / batch)
-    return statistics.median(times)
-
-
-def graph_us(fn, sets, calls=20, reps=15):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(sets):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for k in range(calls):
-            fn(k % sets)
-    graph.replay()
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        times.append(1000.0 * start.elapsed_time(stop) / calls)
-    return statistics.median(times)
 
 
 def case(norm, phase, n, rows, dtype, wdtype, eps=1e-5):
@@ -129,10 +93,10 @@ def case(norm, phase, n, rows, dtype, wdtype, eps=1e-5):
     if phase == "fwd":
         wrapped_graph = wrapped
     r = dict(norm=norm, phase=phase, n=n, rows=rows, spec=str(kernel.spec), sets=sets)
-    r["eager_raw_us"] = events_us(raw, sets)
-    r["eager_torch_us"] = events_us(wrapped, sets)
-    r["graph_raw_us"] = graph_us(raw, sets)
-    r["graph_torch_us"] = graph_us(wrapped_graph, sets)
+    r["eager_raw_us"] = median_us(raw, sets, warmup=3)
+    r["eager_torch_us"] = median_us(wrapped, sets, warmup=3)
+    r["graph_raw_us"] = graph_replay_us(raw, sets)
+    r["graph_torch_us"] = graph_replay_us(wrapped_graph, sets)
     return r
 
 

@@ -265,22 +265,27 @@ def _residual_grads(ctx, dx, dresidual, want_dx, want_dres, want_dbias_in):
     return gx, (dh if want_dres else None), gb
 
 
-def _setup_fused_fwd(ctx, inputs, output):
-    x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower, clip_upper = inputs[:11]
-    memory_efficient = len(inputs) > 11 and inputs[11]
-    bias_in = inputs[12] if len(inputs) > 12 else None
-    y, h, mean, rstd, mask = output
+def _remember_fusion(ctx, x, residual, y, h, norm, epilogue, zero_centered, memory_efficient, bias_in):
+    """What a fused forward's backward needs besides its saved tensors (on ctx); returns the row
+    tensor to save: y for memory_efficient (x̂ is recovered from it), else h with a residual, else x."""
     ctx.norm = norm
     ctx.epilogue = epilogue
-    ctx.training = training
     ctx.zero_centered = zero_centered
     ctx.residual = residual is not None
     ctx.stream_f32 = residual is not None and _launch.is_f32_stream(x.dtype, residual.dtype)
     ctx.x_dtype = x.dtype
     ctx.bias_in_dtype = None if bias_in is None else bias_in.dtype
     ctx.memory_efficient = memory_efficient
-    # memory_efficient keeps y (and the bias, to undo) instead of x / h.
-    kept = y if memory_efficient else h if residual is not None else x
+    return y if memory_efficient else h if residual is not None else x
+
+
+def _setup_fused_fwd(ctx, inputs, output):
+    x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower, clip_upper = inputs[:11]
+    memory_efficient = len(inputs) > 11 and inputs[11]
+    bias_in = inputs[12] if len(inputs) > 12 else None
+    y, h, mean, rstd, mask = output
+    ctx.training = training
+    kept = _remember_fusion(ctx, x, residual, y, h, norm, epilogue, zero_centered, memory_efficient, bias_in)
     ctx.save_for_backward(kept, weight, mean, rstd, mask, bias if memory_efficient else None)
     ctx.mark_non_differentiable(mean, rstd, mask)
 
@@ -314,16 +319,8 @@ class FusedNormFunction(torch.autograd.Function):
                 memory_efficient=False, bias_in=None):
         y, h, mean, rstd, mask = _launch.forward_fused(x, residual, weight, bias, norm, eps, True, zero_centered,
                                                        epilogue, clip_lower, clip_upper, bias_in)
-        ctx.norm = norm
-        ctx.epilogue = epilogue
-        ctx.zero_centered = zero_centered
-        ctx.residual = residual is not None
-        ctx.stream_f32 = residual is not None and _launch.is_f32_stream(x.dtype, residual.dtype)
-        ctx.x_dtype = x.dtype
-        ctx.bias_in_dtype = None if bias_in is None else bias_in.dtype
-        ctx.memory_efficient = memory_efficient
+        kept = _remember_fusion(ctx, x, residual, y, h, norm, epilogue, zero_centered, memory_efficient, bias_in)
         ctx.stats = (mean, rstd)  # see NormFunction
-        kept = y if memory_efficient else h if residual is not None else x
         ctx.save_for_backward(kept, weight, mask, bias if memory_efficient else None)
         out = (y,) if residual is None else (y, h)
         if mask is not None:
