@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "normjit/normjit.hpp"
+#include "tests/runtime/pinned_specs.hpp"
 #include "tools/manifest.hpp"
 
 using namespace normjit;
@@ -65,28 +66,8 @@ std::vector<std::pair<int, Spec>> default_list(const std::string& manifest) {
         add(resolve(backward, 16, arch), arch);
       }
     }
+  for (const char* text : normjit::testing::kPinnedStrategySpecs) add(Spec::parse(text));
   for (const char* text : {
-           // tests/runtime/test_compile.cpp's pinned strategies
-           "layernorm.fwd_train.bf16.w_bf16.n65536.bias.cfg_t1024_r1_v8_smem",
-           "rmsnorm.fwd_train.bf16.w_f32.n65536.cfg_t512_r1_v8_smem",
-           "layernorm.fwd_train.f32.w_f32.n32768.bias.relu_bitmask.cfg_t1024_r1_v4_smem",
-           "adalayernorm.fwd_infer.f16.w_f32.n100000.bias.gelu.cfg_t1024_r1_v8_smem",
-           "rmsnorm.fwd_train.bf16.w_bf16.n4097.cfg_t256_r1_v1_smem",
-           "layernorm.fwd_train.bf16.w_f32.n32768.bias.cfg_t512_r1_v8_c2_reg",
-           "rmsnorm.fwd_train.f16.w_f16.n65536.bias.relu_bitmask.cfg_t256_r1_v8_c8_reg",
-           "layernorm.fwd_train.bf16.w_bf16.n262144.bias.cfg_t1024_r1_v8_c4_smem",
-           "rmsnorm.fwd_train.f32.w_f32.n262144.cfg_t1024_r1_v4_c8_smem",
-           "layernorm.fwd_train.bf16.w_bf16.n131072.bias.relu_bitmask.cfg_t512_r1_v8_c2_smem",
-           "adalayernorm.fwd_train.f16.w_f32.n98304.bias.cfg_t768_r1_v8_c2_smem",
-           "layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t512_r1_v8_smem",
-           "layernorm.fwd_train.bf16.w_bf16.n65536.bias.cfg_t256_r1_v8_c4_tma",
-           "rmsnorm.bwd.f32.w_f32.n4096.bias.gelu.cfg_t256_r1_v4_tma4",
-           "layernorm.bwd.bf16.w_f32.n18432.bias.cfg_t576_r1_v8_smem",
-           "adalayernorm.bwd.f16.w_f32.n12288.bias.relu_bitmask.cfg_t512_r1_v8_smem",
-           "rmsnorm.bwd.f32.w_f32.n8192.bias.gelu.cfg_t512_r1_v4_smem",
-           "rmsnorm.bwd.f16.w_f16.n8192.cfg_t64_r1_v8_c16_smem",
-           "layernorm.bwd.bf16.w_f32.n262144.bias.cfg_t1024_r1_v8_c16_tma",
-           "rmsnorm.fwd_train.bf16.w_bf16.n65536.cfg_t512_r1_v8_c16_reg",
            // Every row source of the backward: cp.async pipelines, bulk copies, 3-4 buffers,
            // clusters of 2-16 CTAs, shared dbeta sums; f32, f16 and bf16 x; every epilogue.
            "layernorm.bwd.bf16.w_f32.n8192.bias.cfg_t512_r1_v8_pipe",
