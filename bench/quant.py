@@ -175,26 +175,22 @@ def torch_add_norm(x, r, w):
     return h, F.rms_norm(h, h.shape[-1:], w, EPS)
 
 
-def fused_call(nt, x, r, w, fmt, scale, amax):
-    """normjit's fused call for fmt: (codes, scales, h)."""
-    if fmt == "int8_row":
-        return nt.add_rms_norm_int8(x, r, w, EPS)
-    if fmt == "fp8_row":
-        return nt.add_rms_norm_fp8(x, r, w, EPS)
-    if fmt == "mxfp8":
-        return nt.add_rms_norm_mxfp8(x, r, w, EPS)
-    if fmt == "mxfp4":
-        return nt.add_rms_norm_mxfp4(x, r, w, EPS)
-    if fmt == "nvfp4":
-        return nt.add_rms_norm_nvfp4(x, r, w, EPS, global_scale=scale)
-    return nt.add_rms_norm_fp8(x, r, w, EPS, quant_scale=scale, amax=amax)
-
-
 def providers(names):
     import normjit.torch as nt
 
     def fused(x, r, w, fmt, scale, amax):
-        return fused_call(nt, x, r, w, fmt, scale, amax)
+        """normjit's fused call for fmt: (codes, scales, h)."""
+        if fmt == "int8_row":
+            return nt.add_rms_norm_int8(x, r, w, EPS)
+        if fmt == "fp8_row":
+            return nt.add_rms_norm_fp8(x, r, w, EPS)
+        if fmt == "mxfp8":
+            return nt.add_rms_norm_mxfp8(x, r, w, EPS)
+        if fmt == "mxfp4":
+            return nt.add_rms_norm_mxfp4(x, r, w, EPS)
+        if fmt == "nvfp4":
+            return nt.add_rms_norm_nvfp4(x, r, w, EPS, global_scale=scale)
+        return nt.add_rms_norm_fp8(x, r, w, EPS, quant_scale=scale, amax=amax)
 
     def normjit_add_norm(x, r, w):
         y, h = nt.add_rms_norm(x, r, w, EPS)

@@ -233,6 +233,13 @@ def is_f32_stream(x_dtype, residual_dtype):
     return residual_dtype == torch.float32 and x_dtype != torch.float32
 
 
+def residual_key(x_dtype, residual):
+    """A forward's kernel-key residual field: False (none), True, or "f32" (an fp32 residual stream)."""
+    if residual is None:
+        return False
+    return "f32" if is_f32_stream(x_dtype, residual.dtype) else True
+
+
 def forward_fused(x, residual, weight, bias, norm, eps, training, zero_centered, epilogue, clip_lower, clip_upper,
                   bias_in=None):
     """forward with the fusions: residual (x's shape; x's dtype, or float32 for an fp32 residual
@@ -242,11 +249,10 @@ def forward_fused(x, residual, weight, bias, norm, eps, training, zero_centered,
     # Allocations take most of this function's host time: empty_like and int sizes are the cheap forms.
     n = x.shape[-1]
     h = None
-    stream = False
+    stream = residual_key(x.dtype, residual)
     if residual is not None:
         x, residual, rs = _shared_layout(x, residual)
         y = like_rows(x, rs)
-        stream = "f32" if is_f32_stream(x.dtype, residual.dtype) else True
         h = like_rows(x, rs, residual.dtype)
     elif x.is_contiguous():
         rs = n
@@ -473,9 +479,7 @@ def forward_quant(x, residual, weight, bias, norm, eps, zero_centered, quant, qu
         return y_quant, scales, y, h
     rpb = rows // weight.shape[0] if norm in ADAPTIVE_NORMS else 0
     device = dev.index
-    stream = False
-    if residual is not None:
-        stream = "f32" if is_f32_stream(x.dtype, residual.dtype) else True
+    stream = residual_key(x.dtype, residual)
     key = (device, norm, "fwd_infer", x.dtype, weight.dtype, n, bias is not None, quant, zero_centered, stream)
     xp = x.data_ptr()
     yp = 0 if y is None else y.data_ptr()
