@@ -24,11 +24,13 @@ struct EpilogueRowQuant {
   template <class YT, int kVec, int kThreadsPerRow>
   static __device__ __forceinline__ void forward(float (&v)[kVec], bool valid, const NormParams& p, long long row,
                                                  int col, int, float row_amax) {
-    if (!valid) return;
-    // IEEE division and reciprocal (no fast math): the host reference gets the same scale.
+    // IEEE division and reciprocal (no fast math): the host reference gets the same scale. Ahead
+    // of the validity test, so the row's packs share one division (after it, each pack kept its
+    // own, with the slow path's call).
     const float scale = row_amax > 0.f ? row_amax / kQMax : 1.f;
-    if (col == 0) p.row_scales[row] = scale;
     const float inv = 1.f / scale;
+    if (!valid) return;
+    if (col == 0) p.row_scales[row] = scale;
     unsigned char* const dst = p.y_quant + row * p.row_stride + col;
     if constexpr (kFormat == RowQuantFormat::kInt8)
       store_codes<kVec>(dst, to_int8<kVec>(v, inv));

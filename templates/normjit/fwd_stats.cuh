@@ -72,6 +72,30 @@ __device__ __forceinline__ float pack_sq_dev(const Pack<XT, kVec> (&packs)[kCoun
   return m2;
 }
 
+// Both sums about one center (shift 0) in one loop: {Σ (x - center), Σ (x - center)^2}, each
+// summed in pack_sum's / pack_sq_dev's order (the same bits), but every element unpacked and
+// centred once instead of twice (two instructions an element in LayerNorm's statistics).
+// RMSNorm (center 0) leaves the first sum 0.
+template <class Cfg, int kCount, class XT, int kVec>
+__device__ __forceinline__ float2 pack_dev_sq(const Pack<XT, kVec> (&packs)[kCount], int first_pack, int lane,
+                                              float center) {
+  using S = FwdShape<Cfg>;
+  float sum = 0.f, m2 = 0.f;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i)
+    if ((first_pack + i) * S::kThreads + lane < S::kVecs) {
+      float xf[kVec];
+      unpack(packs[i], xf);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float d = xf[j] - center;
+        if constexpr (Cfg::kNorm == NormKind::kLayerNorm) sum += d;
+        m2 += d * d;
+      }
+    }
+  return make_float2(sum, m2);
+}
+
 // Valid elements among kCount packs.
 template <class Cfg, int kCount>
 __device__ __forceinline__ float pack_count(int first_pack, int lane) {

@@ -70,9 +70,9 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
         center = row_sum<S::kThreads>(sum, sum_scratch) * kInvN;
       }
     }
-    const float dev = kLayerNorm && active ? pack_sum<Cfg, S::kIters>(cache, 0, lane, center) : 0.f;
-    const float sq = active ? pack_sq_dev<Cfg, S::kIters>(cache, 0, lane, center, 0.f) : 0.f;
-    centered_stats<Cfg>(dev, sq, p.eps, pair_scratch, sum_scratch, &cluster_slots[kLayerNorm ? 1 : 0], shift, rstd);
+    const float2 dev_sq = active ? pack_dev_sq<Cfg, S::kIters>(cache, 0, lane, center) : make_float2(0.f, 0.f);
+    centered_stats<Cfg>(dev_sq.x, dev_sq.y, p.eps, pair_scratch, sum_scratch, &cluster_slots[kLayerNorm ? 1 : 0],
+                        shift, rstd);
     // Done reading the other CTAs' slots; they may exit once everyone has arrived.
     if constexpr (S::kCluster > 1) cluster_arrive();
   } else if constexpr (Cfg::kCache == RowCache::kShared) {
@@ -93,8 +93,9 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
         }
       }
       if (!active) continue;
-      if constexpr (kLayerNorm) dev += pack_sum<Cfg, S::kChunk>(chunk, base, lane, center);
-      sq += pack_sq_dev<Cfg, S::kChunk>(chunk, base, lane, center, 0.f);
+      const float2 chunk_dev_sq = pack_dev_sq<Cfg, S::kChunk>(chunk, base, lane, center);
+      dev += chunk_dev_sq.x;
+      sq += chunk_dev_sq.y;
     }
     centered_stats<Cfg>(dev, sq, p.eps, pair_scratch, sum_scratch, &cluster_slots[kLayerNorm ? 1 : 0], shift, rstd);
     if constexpr (S::kCluster > 1) cluster_arrive();
@@ -282,8 +283,9 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
     for (int base = 0; base < S::kIters; base += S::kChunk) {
       Pack<XT, kVec> chunk[S::kChunk];
       load_chunk<Cfg>(chunk, row_x, base, lane, true);
-      if constexpr (kLayerNorm) dev += pack_sum<Cfg, S::kChunk>(chunk, base, lane, center);
-      sq += pack_sq_dev<Cfg, S::kChunk>(chunk, base, lane, center, 0.f);
+      const float2 chunk_dev_sq = pack_dev_sq<Cfg, S::kChunk>(chunk, base, lane, center);
+      dev += chunk_dev_sq.x;
+      sq += chunk_dev_sq.y;
     }
     float shift = 0.f, rstd;
     centered_stats<Cfg>(dev, sq, p.eps, pair_scratch, sum_scratch, &cluster_slots[parity], shift, rstd);
