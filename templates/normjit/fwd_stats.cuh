@@ -35,50 +35,12 @@ __device__ __forceinline__ void load_input_chunk(const NormParams& p, Pack<XT, k
       packs[i] = Cfg::Prologue::template load<XT, WT, kVec>(p, x + pack * kVec, segment_col + pack * kVec);
 }
 
-// Σ (x - center) and Σ ((x - center) - shift)^2 over the valid elements of kCount packs.
-// Subtracting `center` first keeps large offsets (x = 1e4 + noise) out of the sums.
-template <class Cfg, int kCount, class XT, int kVec>
-__device__ __forceinline__ float pack_sum(const Pack<XT, kVec> (&packs)[kCount], int first_pack, int lane,
-                                          float center) {
-  using S = FwdShape<Cfg>;
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < kCount; ++i)
-    if ((first_pack + i) * S::kThreads + lane < S::kVecs) {
-      float xf[kVec];
-      unpack(packs[i], xf);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) sum += xf[j] - center;
-    }
-  return sum;
-}
-
-template <class Cfg, int kCount, class XT, int kVec>
-__device__ __forceinline__ float pack_sq_dev(const Pack<XT, kVec> (&packs)[kCount], int first_pack, int lane,
-                                             float center, float shift) {
-  using S = FwdShape<Cfg>;
-  float m2 = 0.f;
-#pragma unroll
-  for (int i = 0; i < kCount; ++i)
-    if ((first_pack + i) * S::kThreads + lane < S::kVecs) {
-      float xf[kVec];
-      unpack(packs[i], xf);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        const float d = (xf[j] - center) - shift;
-        m2 += d * d;
-      }
-    }
-  return m2;
-}
-
-// Both sums about one center (shift 0) in one loop: {Σ (x - center), Σ (x - center)^2}, each
-// summed in pack_sum's / pack_sq_dev's order (the same bits), but every element unpacked and
-// centred once instead of twice (two instructions an element in LayerNorm's statistics).
-// RMSNorm (center 0) leaves the first sum 0.
-template <class Cfg, int kCount, class XT, int kVec>
-__device__ __forceinline__ float2 pack_dev_sq(const Pack<XT, kVec> (&packs)[kCount], int first_pack, int lane,
-                                              float center) {
+// Over the valid elements of kCount packs, in one loop: Σ (x - center) where kSum, and
+// Σ ((x - center) - shift)^2 where kSquares. Subtracting `center` first keeps large offsets
+// (x = 1e4 + noise) out of the sums. Both at once (shift 0) unpack and centre each element once.
+template <class Cfg, bool kSum, bool kSquares, int kCount, class XT, int kVec>
+__device__ __forceinline__ float2 pack_sums(const Pack<XT, kVec> (&packs)[kCount], int first_pack, int lane,
+                                            float center, float shift) {
   using S = FwdShape<Cfg>;
   float sum = 0.f, m2 = 0.f;
 #pragma unroll
@@ -88,12 +50,34 @@ __device__ __forceinline__ float2 pack_dev_sq(const Pack<XT, kVec> (&packs)[kCou
       unpack(packs[i], xf);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        const float d = xf[j] - center;
-        if constexpr (Cfg::kNorm == NormKind::kLayerNorm) sum += d;
-        m2 += d * d;
+        const float c = xf[j] - center;
+        if constexpr (kSum) sum += c;
+        if constexpr (kSquares) {
+          const float d = c - shift;
+          m2 += d * d;
+        }
       }
     }
   return make_float2(sum, m2);
+}
+
+template <class Cfg, int kCount, class XT, int kVec>
+__device__ __forceinline__ float pack_sum(const Pack<XT, kVec> (&packs)[kCount], int first_pack, int lane,
+                                          float center) {
+  return pack_sums<Cfg, true, false>(packs, first_pack, lane, center, 0.f).x;
+}
+
+template <class Cfg, int kCount, class XT, int kVec>
+__device__ __forceinline__ float pack_sq_dev(const Pack<XT, kVec> (&packs)[kCount], int first_pack, int lane,
+                                             float center, float shift) {
+  return pack_sums<Cfg, false, true>(packs, first_pack, lane, center, shift).y;
+}
+
+// {Σ (x - center), Σ (x - center)^2} (RMSNorm, center 0: the squares only, the first sum 0).
+template <class Cfg, int kCount, class XT, int kVec>
+__device__ __forceinline__ float2 pack_dev_sq(const Pack<XT, kVec> (&packs)[kCount], int first_pack, int lane,
+                                              float center) {
+  return pack_sums<Cfg, Cfg::kNorm == NormKind::kLayerNorm, true>(packs, first_pack, lane, center, 0.f);
 }
 
 // Valid elements among kCount packs.
