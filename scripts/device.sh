@@ -27,7 +27,8 @@ env: OUT (results, default ./.out), M (rows; default 32768, 4096 past N = 65536,
   sweep: FROM, TO, STEP, PHASES (fwd bwd)   tune: TUNE_BUDGET_S, TUNE_CANDIDATES
   profile: KERNEL (kernel-name regex, default normjit_), NCU_ARGS (default: a set of sections)
   fusions: FUSION_NS (sizes), FUSION_PROVIDERS (bench/fusions.py --providers), QUANT=1 (bench/quant.py too),
-    QUANT_NS, QUANT_PROVIDERS (its --ns / --providers, space-separated)
+    QUANT_NS, QUANT_PROVIDERS (its --ns / --providers, space-separated), QUANT_ARGS (more of its options,
+    e.g. "--formats mxfp8 mxfp4 nvfp4" or "--residual-dtype f32")
   peers, fusions: FlashInfer needs .whl/fi carried (scripts/flashinfer_slim.sh; peers_setup.sh stages it)
   python: PYTEST_ARGS (more pytest options, e.g. -k), PY_NS (wrapper-cost sizes), PY_BENCH=0 (tests only),
   PYTEST_S (pytest's time limit, default 420)
@@ -397,9 +398,9 @@ job_fusions() {
   tail -5 "$WORK/fusions_torch.err"
   [[ ${QUANT:-0} == 1 ]] || return 0
   say "## add + RMSNorm + quantization through normjit.torch against the unfused work and FlashInfer"
-  # shellcheck disable=SC2086  # QUANT_NS and QUANT_PROVIDERS are word lists
+  # shellcheck disable=SC2086  # QUANT_NS, QUANT_PROVIDERS and QUANT_ARGS are word lists
   env "$pp" PYTHONUNBUFFERED=1 python3 bench/quant.py ${QUANT_NS:+--ns $QUANT_NS} \
-    ${QUANT_PROVIDERS:+--providers $QUANT_PROVIDERS} --json "$WORK/quant.json" 2>"$WORK/quant.err" |
+    ${QUANT_PROVIDERS:+--providers $QUANT_PROVIDERS} ${QUANT_ARGS:-} --json "$WORK/quant.json" 2>"$WORK/quant.err" |
     tee "$WORK/quant.txt" | grep -v '^{' | md || STATUS=1
   tail -5 "$WORK/quant.err"
 }
