@@ -636,7 +636,8 @@ def flashinfer_fwd_candidates(api, norm, n, eps, xs, ys, w, b):
 def load_normjit_torch():
     import normjit
     import normjit.torch as njt
-    return SimpleNamespace(njt=njt, version=normjit.version())
+    from normjit.torch import _native
+    return SimpleNamespace(njt=njt, native=_native, version=normjit.version())
 
 
 def normjit_fn(api, norm, n, eps):
@@ -661,9 +662,24 @@ def normjit_bwd_candidates(api, norm, n, eps, xs, dys, ys, w, b):
     eager's aten backward and cuDNN's graph are timed), then through autograd as a model runs it."""
     ops = torch.ops.normjit
 
-    def direct():
+    def saved_stats():
         bias = b if norm == "layernorm" else None
-        stats = [ops.norm_fwd(x, w, bias, norm, eps, True, "none", 0.0, 0.0)[1:3] for x in xs]
+        return bias, [ops.norm_fwd(x, w, bias, norm, eps, True, "none", 0.0, 0.0)[1:3] for x in xs]
+
+    def native():
+        # The C++ op behind normjit.torch's eager autograd node, as aten's backward is called.
+        bias, stats = saved_stats()
+        code = api.native.NORMS[norm]
+
+        def call(i):
+            dx, dw, db = ops.eager_norm_backward(dys[i], None, xs[i], w, stats[i][0], stats[i][1], None, code, False,
+                                                 0, bias is not None)
+            return (dx, dw, db) if bias is not None else (dx, dw)
+        return call
+
+    def custom_op():
+        # The torch.library op a compiled graph calls (its CUDA implementation is Python).
+        bias, stats = saved_stats()
         no_mask = xs[0].new_empty((0,), dtype=torch.uint8)
 
         def call(i):
@@ -671,8 +687,11 @@ def normjit_bwd_candidates(api, norm, n, eps, xs, dys, ys, w, b):
                                       bias is not None)
             return (dx, dw, db) if bias is not None else (dx, dw)
         return call
-    return [("torch.ops.normjit.norm_bwd (saved statistics)", direct),
-            ("normjit.torch + autograd", lambda: autograd_grads(norm, normjit_fn(api, norm, n, eps), xs, dys, w, b))]
+    out = []
+    if api.native.eager_norm is not None and hasattr(ops, "eager_norm_backward"):
+        out.append(("torch.ops.normjit.eager_norm_backward (C++, saved statistics)", native))
+    return out + [("torch.ops.normjit.norm_bwd (saved statistics)", custom_op),
+                  ("normjit.torch + autograd", lambda: autograd_grads(norm, normjit_fn(api, norm, n, eps), xs, dys, w, b))]
 
 
 PEER_CANDIDATES = {

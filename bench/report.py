@@ -2,7 +2,8 @@
 """Merges normjit-bench --json and bench/peers.py --json into a markdown table (GB/s and % of copy).
 
 Usage: report.py normjit.json peers.json [peers2.json ...] [fwd|bwd]   (default fwd)
-Columns: normjit, then every peer provider present, in the order torch.eager, torch.compile, liger,
+Columns: normjit (and "normjit inference" where fwd_infer specs ran beside fwd_train ones), then
+every peer provider present, in the order torch.eager, torch.compile, liger,
 cudnn, quack, then any other by name; "n/a" where a provider has no figure for a row. Several peers
 files are merged: a later file's result replaces an earlier one for the same provider, norm and N,
 so a rerun of some providers can be laid over a full run.
@@ -15,6 +16,7 @@ import sys
 
 PROVIDER_ORDER = ("normjit.torch", "torch.eager", "torch.compile", "liger", "cudnn", "quack")
 PHASES = ("fwd", "bwd")
+INFER_COLUMN = "normjit inference"
 
 
 def spec_phase(spec):
@@ -72,16 +74,23 @@ def main(normjit_json, peers_jsons, phase="fwd"):
     nj_results = [r for r in nj["results"] if spec_phase(r["spec"]) == phase]
     peer_results, torch_versions, libs = load_peers(peers_jsons, phase)
     rows = {}
+    # Inference forwards beside training ones get their own column (normjit.torch's no-grad call
+    # runs the inference kernel); alone, they are normjit's figure.
+    train_too = any(r["spec"].split(".")[1] != "fwd_infer" for r in nj_results)
+    nj_columns = ["normjit"]
     for r in nj_results:
-        norm = r["spec"].split(".")[0]
-        rows.setdefault((norm, r["n"]), {})["normjit"] = (r["gbps"], r["pct_copy"], r["us"])
+        norm, phase_token = r["spec"].split(".")[:2]
+        column = INFER_COLUMN if phase_token == "fwd_infer" and train_too else "normjit"
+        if column not in nj_columns:
+            nj_columns.append(column)
+        rows.setdefault((norm, r["n"]), {})[column] = (r["gbps"], r["pct_copy"], r["us"])
         rows[(norm, r["n"])]["copy_nj"] = r["copy_gbps"]
     for r in peer_results:
         d = rows.setdefault((r["norm"], r["n"]), {})
         d[r["provider"]] = (r["gbps"], r["pct_copy"], r["us"])
         d.setdefault("copy_torch", []).append(r["copy_gbps"])
     peers = order_providers(r["provider"] for r in peer_results)
-    providers = ["normjit"] + peers
+    providers = nj_columns + peers
     device = (f"Device: {nj['device']} ({nj['sm']}, {nj['sm_count']} SMs), driver {nj['driver']}, NVRTC {nj['nvrtc']}, "
               f"torch {' / '.join(torch_versions) or '?'}")
     if phase == "fwd":

@@ -250,11 +250,15 @@ job_peers() {
   install_python_package  # the normjit.torch provider
   bash scripts/peers_setup.sh >"$WORK/peers_setup.log" 2>&1
   export PYTHONPATH=$PWD/.peers/site${PYTHONPATH:+:$PYTHONPATH}
-  local ns=${PEER_NS:-256 1024 2880 4096 8192 12288 16384 18432 24576 32768 65536} rows=${M:-32768} ph s limit
+  local ns=${PEER_NS:-256 1024 2880 4096 8192 12288 16384 18432 24576 32768 65536} rows=${M:-32768} ph s limit n
   ns=${ns//,/ }
   for ph in ${PEER_PHASES:-fwd bwd}; do
     # shellcheck disable=SC2086  # a list of sizes
     mapfile -t s < <(std_specs "$ph" $ns)
+    # normjit.torch's no-grad forward runs the inference kernel: time that one too.
+    if [[ $ph == fwd && ${PEER_PROVIDERS:-normjit.torch} == *normjit.torch* ]]; then
+      for n in $ns; do s+=("layernorm.fwd_infer.bf16.n$n.bias" "rmsnorm.fwd_infer.bf16.n$n"); done
+    fi
     precompile "normjit_$ph" "$(nproc)" -- "${s[@]}" || exit 1
     # shellcheck disable=SC2086
     "$BUILD_DIR/normjit-bench" --rows "$rows" --json "$WORK/normjit_$ph.json" ${BENCH_ARGS:-} "${s[@]}" \

@@ -406,6 +406,32 @@ std::vector<Tensor> eager_norm(const Tensor& x, const std::optional<Tensor>& res
                                 static_cast<normjit::Epilogue>(epilogue), clip_lower, clip_upper));
 }
 
+// The backward alone, with the statistics a training forward saved: what torch's own
+// native_layer_norm_backward is to F.layer_norm, for callers (and benches) that hold mean / rstd
+// themselves. Returns (dx, dweight, dbias); dbias undefined unless bias_grad.
+std::vector<Tensor> eager_norm_backward(const Tensor& dy, const std::optional<Tensor>& dh_out, const Tensor& x,
+                                        const std::optional<Tensor>& weight, const std::optional<Tensor>& mean,
+                                        const Tensor& rstd, const std::optional<Tensor>& mask, int64_t norm,
+                                        bool zero_centered, int64_t epilogue, bool bias_grad) {
+  if (norm < 0 || norm > static_cast<int64_t>(Norm::kAdaRMSNorm)) {
+    fail("eager_norm_backward: norm=" + std::to_string(norm) + " is not a normjit::Norm (0-3)");
+  }
+  if (epilogue != 0 && epilogue != static_cast<int64_t>(normjit::Epilogue::kReluBitmask)) {
+    fail("eager_norm_backward: epilogue=" + std::to_string(epilogue) + " is not none (0) or relu_bitmask (1)");
+  }
+  if (!x.is_cuda()) fail("eager_norm_backward: x is on " + x.device().str() + "; it takes CUDA tensors");
+  const Norm kind = static_cast<Norm>(norm);
+  if (normjit::subtracts_mean(kind) && !(mean && mean->defined())) {
+    fail("eager_norm_backward: norm=" + std::to_string(norm) + " subtracts the mean and needs the saved mean");
+  }
+  const Tensor m = mask.value_or(Tensor());
+  if (epilogue != 0 && !m.defined()) fail("eager_norm_backward: epilogue=relu_bitmask needs the forward's mask");
+  auto [dx, dw, db] = run_backward(dy, dh_out.value_or(Tensor()), x, weight.value_or(Tensor()),
+                                   mean.value_or(Tensor()), rstd, m, kind, zero_centered,
+                                   static_cast<normjit::Epilogue>(epilogue), bias_grad);
+  return {dx, dw, db};
+}
+
 std::vector<std::string> eager_kernels(int64_t device) {
   std::lock_guard<std::mutex> lock(kernels_mutex);
   auto it = kernel_names.find(device);
@@ -419,6 +445,9 @@ TORCH_LIBRARY_FRAGMENT(normjit, m) {
         "bool zero_centered, int epilogue, float clip_lower, float clip_upper) -> Tensor[]");
   // One kernel for autograd and backends alike: it records its own autograd node.
   m.impl("eager_norm", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(eager_norm));
+  m.def("eager_norm_backward(Tensor dy, Tensor? dh_out, Tensor x, Tensor? weight, Tensor? mean, Tensor rstd, "
+        "Tensor? mask, int norm, bool zero_centered, int epilogue, bool bias_grad) -> Tensor[]");
+  m.impl("eager_norm_backward", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(eager_norm_backward));
   // The kernels eager_norm loaded on a device (warmed for CUDA-graph capture), by name.
   m.def("eager_kernels(int device) -> str[]", &eager_kernels);
 }

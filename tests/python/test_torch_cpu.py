@@ -772,6 +772,12 @@ def test_native_ops_load_when_built_with_a_cuda_torch():
         _native.eager_norm(torch.randn(2, 3, 4), None, torch.randn(4), None, 2, 1e-5, False, 0, 0.0, inf)
     with pytest.raises(RuntimeError, match=r"epilogue=5 is not none \(0\) or relu_bitmask \(1\)"):
         _native.eager_norm(torch.randn(2, 4), None, None, None, 1, 1e-5, False, 5, 0.0, inf)
+    backward = torch.ops.normjit.eager_norm_backward
+    assert "Tensor? mean" in str(backward.default._schema)
+    with pytest.raises(RuntimeError, match="eager_norm_backward: x is on cpu; it takes CUDA tensors"):
+        backward(torch.randn(2, 4), None, torch.randn(2, 4), None, None, torch.ones(2), None, 1, False, 0, False)
+    with pytest.raises(RuntimeError, match=r"eager_norm_backward: norm=7 is not a normjit::Norm \(0-3\)"):
+        backward(torch.randn(2, 4), None, torch.randn(2, 4), None, None, torch.ones(2), None, 7, False, 0, False)
 
 
 def test_native_ops_switch_and_version_guard(monkeypatch):

@@ -587,6 +587,35 @@ def test_native_path_equals_python_path(gpu, monkeypatch, case):
     assert "::NormFunction" in out_c[0].grad_fn.name()  # the C++ node, not the Python Function
 
 
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_native_backward_op_equals_autograd(gpu, norm):
+    """torch.ops.normjit.eager_norm_backward with the saved statistics gives autograd's gradients bit for bit."""
+    from normjit.torch import _native
+    if _native.eager_norm is None:
+        pytest.skip(f"no C++ eager path: {_native.why_not}")
+    torch.manual_seed(5)
+    n = 1000
+    x = make_x((4, 9), n, BF16, True, gpu)
+    w = torch.randn(n, device=gpu, dtype=F32)
+    b = torch.randn_like(w) if norm == "layernorm" else None
+    dy = torch.randn(4, 9, n, device=gpu, dtype=BF16)
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w) + ((b,) if b is not None else ())]
+    eps = 1e-5  # rms_norm's default is finfo(x.dtype).eps: the same eps on both sides
+    y = (nt.layer_norm(leaves[0], (n,), *leaves[1:], eps=eps) if b is not None
+         else nt.rms_norm(leaves[0], (n,), leaves[1], eps=eps))
+    expected = torch.autograd.grad(y, leaves, dy)
+    _, mean, rstd = torch.ops.normjit.norm_fwd(x, w, b, norm, eps, True, "none", 0.0, 0.0)[:3]
+    got = torch.ops.normjit.eager_norm_backward(dy, None, x, w, mean if b is not None else None, rstd, None,
+                                                _native.NORMS[norm], False, 0, b is not None)
+    assert len(got) == 3 and (got[2] is None) == (b is None)
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        assert torch.equal(g, e)
+    if b is not None:
+        with pytest.raises(RuntimeError, match="norm=0 subtracts the mean and needs the saved mean"):
+            torch.ops.normjit.eager_norm_backward(dy, None, x, w, None, rstd, None, 0, False, 0, True)
+
+
 def test_native_path_capture_of_a_cold_spec_is_an_error(gpu):
     from normjit.torch import _native
     if _native.eager_norm is None:
