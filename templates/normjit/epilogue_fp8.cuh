@@ -16,20 +16,23 @@ template <bool kE5M2>
 struct EpilogueFp8 {
   static constexpr bool kAlwaysStoresY = false;
   static constexpr bool kNeedsPreActivation = false;
-  // Each thread's max |y| over its packs; finish() folds the CTA's into p.amax once.
+  static constexpr bool kLaneLocal = true;  // ignores invalid packs, no shuffles
+  // Each thread's max |y| over its packs; finish() folds the CTA's into p.amax once. The scale is
+  // read once per thread (start), not per pack.
   struct State {
     float amax;
+    float scale;
   };
+  // Read-only load: the code stores could alias a plain one.
+  static __device__ __forceinline__ State start(const NormParams& p) { return State{0.f, __ldg(p.quant_scale)}; }
 
   template <class YT, int kVec, int kThreadsPerRow>
   static __device__ __forceinline__ void forward(float (&v)[kVec], bool valid, const NormParams& p, long long row,
                                                  int col, int, State& state) {
     if (!valid) return;
-    // Read-only load: a plain one is repeated for every pack (the code stores could alias it).
-    const float scale = __ldg(p.quant_scale);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) state.amax = fmaxf(state.amax, fabsf(v[j]));  // fmaxf drops NaN
-    store_codes<kVec>(p.y_quant + row * p.row_stride + col, to_fp8<kE5M2, kVec>(v, scale));
+    store_codes<kVec>(p.y_quant + row * p.row_stride + col, to_fp8<kE5M2, kVec>(v, state.scale));
   }
 
   // Every thread of the CTA calls it (its block is whole warps): a warp's max by shuffles, the

@@ -17,6 +17,7 @@ struct EpilogueRowQuant {
   static constexpr bool kAlwaysStoresY = false;
   static constexpr bool kNeedsPreActivation = false;
   static constexpr bool kRowScaled = true;
+  static constexpr bool kLaneLocal = true;  // ignores invalid packs, no shuffles
   static constexpr float kQMax = kFormat == RowQuantFormat::kE4M3   ? 448.f
                                  : kFormat == RowQuantFormat::kE5M2 ? 57344.f
                                                                     : 127.f;

@@ -25,6 +25,28 @@ struct RowScaled<E, decltype(void(E::kRowScaled))> {
   static constexpr bool value = E::kRowScaled;
 };
 
+// Epilogues that read nothing of an invalid pack and reach no other lane (kLaneLocal) let the
+// output pass skip invalid packs whole: one branch a pack, no zeroed values. Absent means false.
+template <class E, class = void>
+struct LaneLocal {
+  static constexpr bool value = false;
+};
+template <class E>
+struct LaneLocal<E, decltype(void(E::kLaneLocal))> {
+  static constexpr bool value = E::kLaneLocal;
+};
+
+// Epilogues whose output pass is large (kOneOutputBody: the FP4 encoders) keep one copy of it,
+// testing p.y per pack; the others get one copy with y and one without, chosen once.
+template <class E, class = void>
+struct OneOutputBody {
+  static constexpr bool value = false;
+};
+template <class E>
+struct OneOutputBody<E, decltype(void(E::kOneOutputBody))> {
+  static constexpr bool value = E::kOneOutputBody;
+};
+
 // Epilogues with per-thread state (a `State` type) get it by reference in every hook call, and a
 // `finish<kThreadsPerRow>(state, p)` call once the thread's rows are done, reached by every thread
 // of the CTA (so it may reduce over the CTA). Others get an empty placeholder.
@@ -39,6 +61,16 @@ struct EpilogueState<E, decltype(void(sizeof(typename E::State)))> {
   using type = typename E::State;
   static constexpr bool kStateful = true;
 };
+// The state a thread starts with: E::start(p) where the epilogue has one (to read launch-wide
+// values once, not per pack), else value-initialized.
+template <class E, class = void>
+struct EpilogueStart {
+  static __device__ __forceinline__ typename EpilogueState<E>::type make(const NormParams&) { return {}; }
+};
+template <class E>
+struct EpilogueStart<E, decltype(void(&E::start))> {
+  static __device__ __forceinline__ typename EpilogueState<E>::type make(const NormParams& p) { return E::start(p); }
+};
 
 // Normalizes, applies the epilogue and stores kCount packs. Every lane of the row group runs the
 // loop (the epilogue may shuffle); only valid packs of active rows are read and written.
@@ -49,10 +81,12 @@ struct EpilogueState<E, decltype(void(sizeof(typename E::State)))> {
 //     (NaN ignored), and the normalized packs go to `held_y` where given (register rows);
 //   kPassWrite: as for every other epilogue, normalizing again (rows read from memory);
 //   kPassWriteHeld: the epilogue and stores over `held_y` (register rows: normalized once).
-// One loop body for every pass, so they normalize alike.
+// One loop body for every pass, so they normalize alike. kStoreY: whether y is stored, decided
+// once for the packs by write_packs (kYWhereSet: per pack, where p.y is set).
 enum FwdPass { kPassWrite, kPassMeasure, kPassWriteHeld };
-template <class Cfg, int kCount, class XT, class WT, int kVec, int kHeld = 0, int kPass = kPassWrite>
-__device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT, kVec> (&packs)[kCount],
+enum StoreY { kYNever, kYAlways, kYWhereSet };
+template <class Cfg, int kCount, class XT, class WT, int kVec, int kHeld, int kPass, int kStoreY>
+__device__ __forceinline__ float write_packs_body(const NormParams& p, const Pack<XT, kVec> (&packs)[kCount],
                                              int first_pack, int lane, long long row, bool active,
                                              typename Cfg::YT* y,
                                              const WT* gamma, const WT* beta, float center, float shift,
@@ -69,12 +103,22 @@ __device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT,
   // the row's std at N = 262144, far below y's half ulp. fp32 y keeps the exact subtractions.
   constexpr bool kFmaCentring = Cfg::kNorm == NormKind::kLayerNorm && sizeof(YT) < 4;
   const float neg_shift_rstd = -shift * rstd;
+  using Epilogue = typename Cfg::Epilogue;
+  constexpr bool kSkipInvalid = LaneLocal<Epilogue>::value;
+  // Quantizing epilogues (y optional): where the threads' packs tile the row and these packs lie
+  // within a thread's kIters, every pack of an active row is valid, known without a test.
+  constexpr bool kAllValid = !Epilogue::kAlwaysStoresY && !OneOutputBody<Epilogue>::value &&
+                             S::kVecs % S::kThreads == 0 && S::kIters % kCount == 0;
   float amax = 0.f;
 #pragma unroll
   for (int i = 0; i < kCount; ++i) {
     const int pack = (first_pack + i) * S::kThreads + lane;
-    const bool valid = active && pack < S::kVecs;
+    const bool valid = active && (kAllValid || pack < S::kVecs);
     const int col = pack * kVec;
+    // The measuring pass's amax and held_y lose nothing: a skipped pack's zeros add nothing to
+    // amax, and its held_y is never read.
+    if constexpr (kSkipInvalid)
+      if (!valid) continue;
     float out[kVec];
     if constexpr (kPass == kPassWriteHeld) {
 #pragma unroll
@@ -120,7 +164,7 @@ __device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT,
       Cfg::Epilogue::template forward<YT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane, *state);
     else
       Cfg::Epilogue::template forward<YT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane);
-    if (valid && (Cfg::Epilogue::kAlwaysStoresY || p.y != nullptr)) {
+    if (valid && (kStoreY == kYAlways || (kStoreY == kYWhereSet && p.y != nullptr))) {
       Pack<YT, kVec> o;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) o.v[j] = Convert<YT>::from(out[j]);
@@ -130,6 +174,32 @@ __device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT,
     }
   }
   return amax;
+}
+
+template <class Cfg, int kCount, class XT, class WT, int kVec, int kHeld = 0, int kPass = kPassWrite>
+__device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT, kVec> (&packs)[kCount],
+                                             int first_pack, int lane, long long row, bool active,
+                                             typename Cfg::YT* y,
+                                             const WT* gamma, const WT* beta, float center, float shift,
+                                             float rstd, int segment_col,
+                                             const HeldWeights<WT, kVec, kHeld>* held = nullptr,
+                                             float row_amax = 0.f,
+                                             typename EpilogueState<typename Cfg::Epilogue>::type* state = nullptr,
+                                             float (*held_y)[kVec] = nullptr) {
+  constexpr bool kYKnown = Cfg::Epilogue::kAlwaysStoresY || kPass == kPassMeasure;
+  if constexpr (kYKnown || OneOutputBody<typename Cfg::Epilogue>::value) {
+    return write_packs_body<Cfg, kCount, XT, WT, kVec, kHeld, kPass, kYKnown ? kYAlways : kYWhereSet>(
+        p, packs, first_pack, lane, row, active, y, gamma, beta, center, shift, rstd, segment_col, held, row_amax,
+        state, held_y);
+  } else {
+    // An optional y (quantizing epilogues) is one uniform branch here, and none in the packs.
+    return p.y != nullptr ? write_packs_body<Cfg, kCount, XT, WT, kVec, kHeld, kPass, kYAlways>(
+                                p, packs, first_pack, lane, row, active, y, gamma, beta, center, shift, rstd,
+                                segment_col, held, row_amax, state, held_y)
+                          : write_packs_body<Cfg, kCount, XT, WT, kVec, kHeld, kPass, kYNever>(
+                                p, packs, first_pack, lane, row, active, y, gamma, beta, center, shift, rstd,
+                                segment_col, held, row_amax, state, held_y);
+  }
 }
 
 // The output pass over a row waiting in `source` (shared memory, or x again), kChunk packs at a time.

@@ -158,7 +158,7 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
     }
   }
   using Epilogue = typename Cfg::Epilogue;
-  typename EpilogueState<Epilogue>::type state{};
+  typename EpilogueState<Epilogue>::type state = EpilogueStart<Epilogue>::make(p);
   if constexpr (Cfg::kCache == RowCache::kRegisters && kRowScaled) {
     write_packs<Cfg, S::kIters, XT, WT, kVec, 0, kPassWriteHeld>(p, cache, 0, lane, row, active, y, gamma, beta,
                                                                  center, shift, rstd, segment_col, kNoHeldWeights,
@@ -262,7 +262,7 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
   for (int s = 0; s < kStages - 1; ++s)
     fwd_fill_buffer<Cfg, kBulk>(p, shared_rows, row_ready, segment_col, lane, first + s * stride, s);
   using Epilogue = typename Cfg::Epilogue;
-  typename EpilogueState<Epilogue>::type state{};
+  typename EpilogueState<Epilogue>::type state = EpilogueStart<Epilogue>::make(p);
   int buffer = 0, parity = 0;
   unsigned ready_phases = 0;  // bulk copies: bit b, the parity of buffer b's next phase
   for (long long row = first; row < p.rows; row += stride, parity ^= 1) {
