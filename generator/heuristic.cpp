@@ -135,14 +135,22 @@ PickTable detail::parse_pick_table(std::string_view name, std::string_view text)
     if (f.empty()) continue;
     if (f.size() < 8) bad_table(t.name, line_no, "expected: phase norm bias x vec n_from n_to block [| block ...]");
     TableRow r;
-    if (f[0] != "fwd" && f[0] != "bwd" && f[0] != "bwd+residual" && f[0] != "fwd+residual_f32" &&
-        f[0] != "bwd+residual_f32")
+    std::string_view phase = f[0];
+    constexpr std::string_view kQuant = "+quant";
+    if (phase.size() > kQuant.size() && phase.substr(phase.size() - kQuant.size()) == kQuant) {
+      r.quant_only = true;
+      phase.remove_suffix(kQuant.size());
+    }
+    if (phase != "fwd" && phase != "bwd" && phase != "bwd+residual" && phase != "fwd+residual_f32" &&
+        phase != "bwd+residual_f32")
       bad_table(t.name, line_no,
-                "phase must be fwd, bwd, bwd+residual, fwd+residual_f32 or bwd+residual_f32, not '" +
-                    std::string(f[0]) + "'");
-    r.backward = f[0].substr(0, 3) == "bwd";
-    r.residual_only = f[0] == "bwd+residual";
-    r.stream_f32_only = f[0] == "fwd+residual_f32" || f[0] == "bwd+residual_f32";
+                "phase must be fwd, bwd, bwd+residual, fwd+residual_f32 or bwd+residual_f32, with +quant for "
+                "the forward's, not '" + std::string(f[0]) + "'");
+    r.backward = phase.substr(0, 3) == "bwd";
+    if (r.quant_only && r.backward)
+      bad_table(t.name, line_no, "+quant names quantized outputs, a forward's: not '" + std::string(f[0]) + "'");
+    r.residual_only = phase == "bwd+residual";
+    r.stream_f32_only = phase == "fwd+residual_f32" || phase == "bwd+residual_f32";
     if (f[1] == "layernorm") r.norm = Norm::kLayerNorm;
     else if (f[1] == "rmsnorm") r.norm = Norm::kRMSNorm;
     else if (f[1] != "*") bad_table(t.name, line_no, "norm must be layernorm, rmsnorm or *, not '" + std::string(f[1]) + "'");
@@ -190,7 +198,8 @@ namespace {
 bool row_holds(const TableRow& r, const Spec& s, int vec) {
   const Norm norm = base_norm(s.norm);
   return r.backward == (s.phase == Phase::kBackward) && (!r.residual_only || s.residual) &&
-         (!r.stream_f32_only || s.residual_f32) && (!r.norm || *r.norm == norm) &&
+         (!r.stream_f32_only || s.residual_f32) && (!r.quant_only || quantizes(s.epilogue)) &&
+         (!r.norm || *r.norm == norm) &&
          (!r.has_bias || *r.has_bias == s.has_bias) && r.x_bytes == dtype_size(row_dtype(s)) && r.vec == vec &&
          s.n >= r.n_from && s.n <= r.n_to;
 }

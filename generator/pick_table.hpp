@@ -22,6 +22,7 @@ struct TableRow {
   bool backward = false;
   bool residual_only = false;   // phase bwd+residual: backward specs with the residual add only
   bool stream_f32_only = false;  // phases fwd+residual_f32, bwd+residual_f32: fp32 residual streams only
+  bool quant_only = false;       // phase suffix +quant (forward only): quantized outputs only
   std::optional<Norm> norm;     // nullopt: any; kLayerNorm covers AdaLayerNorm
   std::optional<bool> has_bias;  // nullopt: any
   int x_bytes = 0;

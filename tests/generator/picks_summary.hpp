@@ -83,6 +83,12 @@ inline std::vector<PickClass> pick_classes() {
                            "rmsnorm.bwd.bf16.w_f32.n1.bias.zero_centered.residual.relu_bitmask",
                            "layernorm.fwd_train.bf16.w_bf16.n1.bias.residual", "rmsnorm.fwd_infer.bf16.w_bf16.n1.residual"})
     for (auto [sm, max_cluster] : gpus) out.push_back({sm, max_cluster, Spec::parse(text), 16});
+  // The fp32 residual stream, plain and with a quantized output (+quant rows).
+  for (const char* text : {"rmsnorm.fwd_infer.bf16.w_bf16.n1.residual_f32",
+                           "rmsnorm.fwd_infer.bf16.w_bf16.n1.residual_f32.fp8_e4m3_row",
+                           "layernorm.fwd_infer.bf16.w_bf16.n1.bias.residual_f32",
+                           "layernorm.fwd_infer.bf16.w_bf16.n1.bias.residual_f32.fp8_e4m3"})
+    out.push_back({90, kMaxCluster, Spec::parse(text), 16});
   out.push_back({90, kMaxCluster, Spec::parse("layernorm.bwd.bf16.w_f32.n1.bias"), 4});
   out.push_back({90, kMaxCluster, Spec::parse("rmsnorm.fwd_train.bf16.w_bf16.n1"), 4});
   return out;

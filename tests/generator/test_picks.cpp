@@ -126,7 +126,9 @@ TEST_CASE("a bad pick table names the table, the line and the problem") {
   };
   const Bad bad[] = {
       {"fwd layernorm * x2 v8 1 8", "expected: phase norm bias x vec n_from n_to block"},
-      {"mid layernorm * x2 v8 1 8 t32_r1_v8_reg", "phase must be fwd, bwd, bwd+residual, fwd+residual_f32 or bwd+residual_f32, not 'mid'"},
+      {"mid layernorm * x2 v8 1 8 t32_r1_v8_reg", "phase must be fwd, bwd, bwd+residual, fwd+residual_f32 or bwd+residual_f32, with +quant for the forward's, not 'mid'"},
+      {"bwd+quant * * x2 v8 1 8 t32_r1_v8_reg", "+quant names quantized outputs, a forward's: not 'bwd+quant'"},
+      {"+quant * * x2 v8 1 8 t32_r1_v8_reg", "not '+quant'"},
       {"fwd groupnorm * x2 v8 1 8 t32_r1_v8_reg", "norm must be layernorm, rmsnorm or *"},
       {"fwd * yes x2 v8 1 8 t32_r1_v8_reg", "bias must be bias, - or *"},
       {"fwd * * x3 v8 1 8 t32_r1_v8_reg", "x must be x2 or x4"},
@@ -233,6 +235,20 @@ TEST_CASE("every block of every table row compiles without local memory at the t
   for (const auto& s : known)
     if (!spills.count(s)) FAIL_CHECK("listed in known_spills.txt but no longer spills (update the list): " << s);
   MESSAGE(jobs.size() << " table blocks compiled at the top of their rows; " << spills.size() << " known spills");
+}
+
+TEST_CASE("+quant rows serve quantized outputs only") {
+  const auto pick = [](const char* text) { return testing::block_text(*resolve(Spec::parse(text), 16, 90).block); };
+  // sm90.txt: fwd+residual_f32+quant layernorm * x4 v4 12288..14336 t512_r1_v4_smem.
+  CHECK(pick("layernorm.fwd_infer.bf16.w_bf16.n14336.bias.residual_f32.fp8_e4m3") == "t512_r1_v4_smem");
+  CHECK(pick("layernorm.fwd_infer.bf16.w_bf16.n12288.residual_f32.int8_row") == "t512_r1_v4_smem");
+  CHECK(pick("layernorm.fwd_infer.bf16.w_bf16.n14336.bias.residual_f32") != "t512_r1_v4_smem");
+  // Not a bf16 stream, and not past the row's range.
+  CHECK(pick("layernorm.fwd_infer.bf16.w_bf16.n14336.bias.residual.fp8_e4m3") != "t512_r1_v4_smem");
+  CHECK(pick("layernorm.fwd_infer.bf16.w_bf16.n15360.bias.residual_f32.fp8_e4m3") != "t512_r1_v4_smem");
+  // RMSNorm at 16384: p6 (704 threads) with a quantized output only.
+  CHECK(pick("rmsnorm.fwd_infer.bf16.w_bf16.n16384.residual_f32.fp8_e4m3") == "t704_r1_v4_smem");
+  CHECK(pick("rmsnorm.fwd_infer.bf16.w_bf16.n16384.residual_f32") != "t704_r1_v4_smem");
 }
 
 TEST_CASE("bwd+residual rows serve residual backward specs only, and the plain rows serve the sizes they leave out") {
