@@ -141,6 +141,19 @@ GeneratedSource generate(const Spec& spec) {
                            (b.cache == RowCache::kShared && 2 * shared_row_bytes(spec, b) <= kMaxSharedRowBytes));
     values["LAUNCH_BOUNDS"] = two_ctas ? "__launch_bounds__" : "NORMJIT_LAUNCH_BOUNDS";
     values["MIN_CTAS_PER_SM"] = two_ctas ? ", 2" : "";
+    // Per-tensor FP8 and MXFP8 register rows ask for the CTAs 48 registers a thread would allow
+    // and keep a spill of up to 32 bytes for them: LN + fp8 at 14336 (448 threads) went from 50
+    // registers and two CTAs to 40 and three, 88.5 -> 98.5 % of copy (H100). The per-row and FP4
+    // epilogues spill far more or lost speed under the same cap (docs/perf-notes.md).
+    const bool capped = (scales_per_tensor(spec.epilogue) || spec.epilogue == Epilogue::kMxfp8E4M3 ||
+                         spec.epilogue == Epilogue::kMxfp8E5M2) &&
+                        b.cache == RowCache::kRegisters && b.rows_per_cta == 1 && b.cluster == 1 &&
+                        b.threads_per_row >= 128 && !two_ctas;
+    if (const int ctas = capped ? 65536 / (b.threads_per_row * 48) : 0; ctas >= 2) {
+      values["LAUNCH_BOUNDS"] = "NORMJIT_CAPPED_LAUNCH_BOUNDS";
+      values["MIN_CTAS_PER_SM"] = ", " + std::to_string(ctas);
+      g.spill_allowance_bytes = 32;
+    }
   }
   g.source = render(template_text(backward ? "norm_bwd.cu.in" : "norm_fwd.cu.in"), values, name);
   return g;

@@ -164,11 +164,23 @@ CompileResult compile(const GeneratedSource& src, const Target& target, const st
   // ptxas aims a kernel without a minimum CTA count at an occupancy step of its own choosing,
   // and spills a few bytes to reach it where the kernel needs a few registers more. Such a
   // kernel is compiled again asking for one CTA per SM (NORMJIT_LAUNCH_BOUNDS), and the copy
-  // with less local memory is kept. Deterministic for the key.
-  const long local_bytes = ptx ? 0 : local_memory_bytes(nvrtc);
+  // with less local memory is kept; so is a kernel that spills more than the generator allowed
+  // for the CTAs it asked (NORMJIT_CAPPED_LAUNCH_BOUNDS). Deterministic for the key.
+  long local_bytes = ptx ? 0 : local_memory_bytes(nvrtc);
   long first_local_bytes = 0;
-  if (local_bytes > 0) {
+  if (src.spill_allowance_bytes > 0 && local_bytes > src.spill_allowance_bytes) {
+    // Past the allowance the kernel is compiled as if it had asked for nothing.
     first_local_bytes = local_bytes;
+    options.push_back("-DNORMJIT_UNCAPPED");
+    nvrtc = run_nvrtc(src, options, ptx, ctx);
+    local_bytes = local_memory_bytes(nvrtc);
+    detail::log().debug("{}: past its {} B spill allowance; uncapped: {} B", src.spec, src.spill_allowance_bytes,
+                        local_bytes);
+  } else if (local_bytes <= src.spill_allowance_bytes) {
+    local_bytes = 0;  // within the allowance: kept
+  }
+  if (local_bytes > 0) {
+    if (first_local_bytes == 0) first_local_bytes = local_bytes;
     std::vector<std::string> relaxed = options;
     relaxed.push_back("-DNORMJIT_NO_OCCUPANCY_SPILL");
     NvrtcOutput retry = run_nvrtc(src, relaxed, ptx, ctx);

@@ -18,6 +18,9 @@ struct GeneratedSource {
   std::string source;       // the .cu text; deterministic for a spec
   int threads_per_cta = 0;
   int rows_per_cta = 0;
+  // Local memory (bytes) the kernel may keep for the CTAs per SM its launch bounds ask; past it,
+  // or with none allowed, a spilling kernel is compiled again asking for one CTA per SM.
+  int spill_allowance_bytes = 0;
 };
 GeneratedSource generate(const Spec& resolved_spec);
 

@@ -23,6 +23,14 @@
 #else
 #define NORMJIT_LAUNCH_BOUNDS(threads) __launch_bounds__(threads)
 #endif
+// NORMJIT_CAPPED_LAUNCH_BOUNDS asks for `ctas` CTAs per SM, accepting the small spill the
+// generator allows for it (GeneratedSource::spill_allowance_bytes); past that the compiler
+// defines NORMJIT_UNCAPPED and it is NORMJIT_LAUNCH_BOUNDS.
+#ifdef NORMJIT_UNCAPPED
+#define NORMJIT_CAPPED_LAUNCH_BOUNDS(threads, ctas) NORMJIT_LAUNCH_BOUNDS(threads)
+#else
+#define NORMJIT_CAPPED_LAUNCH_BOUNDS(threads, ctas) __launch_bounds__(threads, ctas)
+#endif
 
 namespace normjit {
 

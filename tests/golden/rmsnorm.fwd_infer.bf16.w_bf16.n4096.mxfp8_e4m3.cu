@@ -26,7 +26,7 @@ struct Cfg {
 };
 }  // namespace
 
-extern "C" __global__ void NORMJIT_LAUNCH_BOUNDS(128)
+extern "C" __global__ void NORMJIT_CAPPED_LAUNCH_BOUNDS(128, 10)
 normjit_rmsnorm_fwd_infer_bf16_w_bf16_n4096_mxfp8_e4m3_cfg_t128_r1_v8_reg(const normjit::NormParams params) {
   normjit::norm_fwd<Cfg>(params);
 }
