@@ -207,7 +207,12 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
     return s;
   };
   const CandidateSearch found = search_candidates(
-      candidates, budget_s, [&](const BlockConfig& b) { return get(with(b)).local_memory_bytes(); },
+      candidates, budget_s,
+      [&](const BlockConfig& b) {
+        // A capped kernel's allowed spill (GeneratedSource::spill_allowance_bytes) is not pruned.
+        const int local = get(with(b)).local_memory_bytes();
+        return local > generate(with(b)).spill_allowance_bytes ? local : 0;
+      },
       [&](const BlockConfig& b) {
         const Kernel& k = get(with(b));
         // Median of 7 batches of 5 launches after 5 warm-up launches.
