@@ -14,38 +14,26 @@ struct HeldWeights {
   Pack<WT, kVec> g[kPacks > 0 ? kPacks : 1], b[kPacks > 0 ? kPacks : 1];
 };
 
-// Epilogues that scale each row by its amax (kRowScaled) see the finished row's largest |y|: the
-// output pass is preceded by a pass that only measures it. Absent kRowScaled means false.
-template <class E, class = void>
-struct RowScaled {
-  static constexpr bool value = false;
-};
-template <class E>
-struct RowScaled<E, decltype(void(E::kRowScaled))> {
-  static constexpr bool value = E::kRowScaled;
-};
-
-// Epilogues that read nothing of an invalid pack and reach no other lane (kLaneLocal) let the
-// output pass skip invalid packs whole: one branch a pack, no zeroed values. Absent means false.
-template <class E, class = void>
-struct LaneLocal {
-  static constexpr bool value = false;
-};
-template <class E>
-struct LaneLocal<E, decltype(void(E::kLaneLocal))> {
-  static constexpr bool value = E::kLaneLocal;
-};
-
-// Epilogues whose output pass is large (kOneOutputBody: the FP4 encoders) keep one copy of it,
-// testing p.y per pack; the others get one copy with y and one without, chosen once.
-template <class E, class = void>
-struct OneOutputBody {
-  static constexpr bool value = false;
-};
-template <class E>
-struct OneOutputBody<E, decltype(void(E::kOneOutputBody))> {
-  static constexpr bool value = E::kOneOutputBody;
-};
+// An epilogue's optional flags: Name<E>::value is E::member where E declares it, else false.
+#define NORMJIT_OPTIONAL_FLAG(Name, member)                     \
+  template <class E, class = void>                              \
+  struct Name {                                                 \
+    static constexpr bool value = false;                        \
+  };                                                            \
+  template <class E>                                            \
+  struct Name<E, decltype(void(E::member))> {                   \
+    static constexpr bool value = E::member;                    \
+  };
+// kRowScaled: the epilogue sees the finished row's largest |y|; the output pass is preceded by a
+// pass that only measures it.
+NORMJIT_OPTIONAL_FLAG(RowScaled, kRowScaled)
+// kLaneLocal: the epilogue reads nothing of an invalid pack and reaches no other lane, so the
+// output pass skips invalid packs whole: one branch a pack, no zeroed values.
+NORMJIT_OPTIONAL_FLAG(LaneLocal, kLaneLocal)
+// kOneOutputBody: a large output pass (the FP4 encoders) keeps one copy, testing p.y per pack;
+// the others get one copy with y and one without, chosen once.
+NORMJIT_OPTIONAL_FLAG(OneOutputBody, kOneOutputBody)
+#undef NORMJIT_OPTIONAL_FLAG
 
 // Epilogues with per-thread state (a `State` type) get it by reference in every hook call, and a
 // `finish<kThreadsPerRow>(state, p)` call once the thread's rows are done, reached by every thread
