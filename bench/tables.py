@@ -8,6 +8,9 @@ writes them; each table can also be rebuilt from a job's tarball).
   tables.py specs FILE...
       one row per spec in run order; specs that differ only in `.cfg_…` are compared with the
       first of them timed (an A/B of pinned configs against the heuristic's pick).
+  tables.py ab --base FILE... --new FILE... [--again FILE...]
+      one row per spec: % of copy on the base tree, the new one and the base again (the spread
+      between the two base runs bounds what the change's figure means), and new over base.
   tables.py launch FILE...
       CUDA-graph replay (--graph) and host launch cost (--launch-overhead) rows.
   tables.py load FILE...
@@ -109,6 +112,22 @@ def specs(args):
     print("\nvs first of its base: the first timed spec's µs over this one's (> 1: this one is faster).")
 
 
+def ab(args):
+    runs = [("base", args.base), ("new", args.new)] + ([("base again", args.again)] if args.again else [])
+    # Keyed by the spec as asked: the two trees may pick different configs for it.
+    by_run = [{r.get("requested", r["spec"]): r for r in results(files)} for _, files in runs]
+    print(device_line(args.base) + "\n")
+    print("| spec | M | " + " | ".join(f"{label} % of copy" for label, _ in runs) + " | new / base |")
+    print("|---|---|" + "---|" * len(runs) + "---|")
+    for key, r in by_run[0].items():
+        cells = [f"{run[key]['pct_copy']:.1f}" if key in run else "n/a" for run in by_run]
+        new = by_run[1].get(key)
+        ratio = f"{r['us'] / new['us']:.3f}x" if new else "n/a"
+        name = r["spec"] if not new or new["spec"] == r["spec"] else f"{r['spec']} → {cfg_of(new['spec'])}"
+        print(f"| {name} | {r['rows']} | " + " | ".join(cells) + f" | {ratio} |")
+    print("\nnew / base: the base's µs over the new tree's (> 1: the change is faster).")
+
+
 def launch(args):
     rs = results(args.files)
     print(device_line(args.files) + "\n")
@@ -186,6 +205,11 @@ def main():
         p = sub.add_parser(name, help=what)
         p.add_argument("files", nargs="+")
         p.set_defaults(run=fn)
+    p = sub.add_parser("ab", help="one row per spec: base, new and base again")
+    p.add_argument("--base", nargs="+", required=True)
+    p.add_argument("--new", nargs="+", required=True)
+    p.add_argument("--again", nargs="+")
+    p.set_defaults(run=ab)
     p = sub.add_parser("compile", help="compile times per normjit-precompile --json run")
     p.add_argument("runs", nargs="+", metavar="LABEL=FILE.json")
     p.set_defaults(run=compile_times)

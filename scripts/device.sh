@@ -14,6 +14,8 @@ usage: scripts/device.sh JOB [ARGS...]
   tune SPEC...          normjit-tune over the specs, then the bench reading the database it wrote
   profile SPEC...       Nsight Compute over each spec's kernels
   specs SPEC...         the specs, pinned (.cfg_...) or not, timed in one process: any A/B
+  ab SPEC...            the specs on a base tree (.ab-base/, staged by scripts/ab_base.sh REV and carried),
+                        on the working tree, then on the base again: base / new / base again % of copy
   fusions               normjit-bench over the residual-add and zero-centred specs beside the plain ones;
                         bench/fusions.py: add + RMSNorm fused, unfused, torch eager/compile, Liger, QuACK,
                         FlashInfer; with QUANT=1 also bench/quant.py (add + RMSNorm + FP8/int8, FlashInfer too)
@@ -41,7 +43,7 @@ JOB=${1:-}
 [[ -z $JOB ]] && usage 2
 case $JOB in
   test | bench | peers | sweep | python | fusions) ;;
-  tune | profile | specs) (($# > 1)) || { echo "device.sh $JOB: no SPEC given" >&2; usage 2; } ;;
+  tune | profile | specs | ab) (($# > 1)) || { echo "device.sh $JOB: no SPEC given" >&2; usage 2; } ;;
   *) echo "device.sh: unknown job '$JOB'" >&2; usage 2 ;;
 esac
 shift
@@ -322,6 +324,20 @@ job_profile() {
       "$WORK/ncu_$spec.txt" | md
     say ""
   done
+}
+
+job_ab() {
+  [[ -f .ab-base/CMakeLists.txt ]] || { say "ab: no .ab-base/ here (scripts/ab_base.sh REV stages it; carry it)"; exit 2; }
+  say "base: $(cat .ab-base/REVISION 2>/dev/null || echo '?'); new: the working tree"
+  build normjit-bench normjit-precompile
+  precompile ab_new "$(nproc)" -- "$@" || exit 1
+  # The base builds beside its own sources; kernels of both trees share the cache (keyed by source).
+  (cd .ab-base && ln -sfn ../.deps .deps && BUILD_DIR=build && build normjit-bench normjit-precompile &&
+    precompile ab_base "$(nproc)" -- "$@") || exit 1
+  (cd .ab-base && BUILD_DIR=build run_grouped ab_base normjit-bench -- "$@")
+  run_grouped ab_new normjit-bench -- "$@"
+  (cd .ab-base && BUILD_DIR=build run_grouped ab_again normjit-bench -- "$@")
+  tables ab --base "$WORK"/ab_base_m*.json --new "$WORK"/ab_new_m*.json --again "$WORK"/ab_again_m*.json
 }
 
 job_specs() {
