@@ -69,12 +69,14 @@ struct EpilogueStart<E, decltype(void(&E::start))> {
 //     (NaN ignored), and the normalized packs go to `held_y` where given (register rows);
 //   kPassWrite: as for every other epilogue, normalizing again (rows read from memory);
 //   kPassWriteHeld: the epilogue and stores over `held_y` (register rows: normalized once).
-// One loop body for every pass, so they normalize alike. kStoreY: whether y is stored, decided
-// once for the packs by write_packs (kYWhereSet: per pack, where p.y is set).
+// One loop body for every pass, so they normalize alike. kStoreY: whether y is stored; kYAuto
+// (the callers') decides it once for the packs and calls this again with the answer: kYWhereSet
+// tests p.y per pack (an epilogue with kOneOutputBody), kYNever / kYAlways compile the pass twice.
 enum FwdPass { kPassWrite, kPassMeasure, kPassWriteHeld };
-enum StoreY { kYNever, kYAlways, kYWhereSet };
-template <class Cfg, int kCount, class XT, class WT, int kVec, int kHeld, int kPass, int kStoreY>
-__device__ __forceinline__ float write_packs_body(const NormParams& p, const Pack<XT, kVec> (&packs)[kCount],
+enum StoreY { kYNever, kYAlways, kYWhereSet, kYAuto };
+template <class Cfg, int kCount, class XT, class WT, int kVec, int kHeld = 0, int kPass = kPassWrite,
+          int kStoreY = kYAuto>
+__device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT, kVec> (&packs)[kCount],
                                              int first_pack, int lane, long long row, bool active,
                                              typename Cfg::YT* y,
                                              const WT* gamma, const WT* beta, float center, float shift,
@@ -83,6 +85,23 @@ __device__ __forceinline__ float write_packs_body(const NormParams& p, const Pac
                                              float row_amax = 0.f,
                                              typename EpilogueState<typename Cfg::Epilogue>::type* state = nullptr,
                                              float (*held_y)[kVec] = nullptr) {
+  if constexpr (kStoreY == kYAuto) {
+    using E = typename Cfg::Epilogue;
+    constexpr bool kYKnown = E::kAlwaysStoresY || kPass == kPassMeasure;
+    if constexpr (kYKnown || OneOutputBody<E>::value) {
+      return write_packs<Cfg, kCount, XT, WT, kVec, kHeld, kPass, kYKnown ? kYAlways : kYWhereSet>(
+          p, packs, first_pack, lane, row, active, y, gamma, beta, center, shift, rstd, segment_col, held, row_amax,
+          state, held_y);
+    } else {
+      // An optional y (quantizing epilogues) is one uniform branch here, and none in the packs.
+      return p.y != nullptr ? write_packs<Cfg, kCount, XT, WT, kVec, kHeld, kPass, kYAlways>(
+                                  p, packs, first_pack, lane, row, active, y, gamma, beta, center, shift, rstd,
+                                  segment_col, held, row_amax, state, held_y)
+                            : write_packs<Cfg, kCount, XT, WT, kVec, kHeld, kPass, kYNever>(
+                                  p, packs, first_pack, lane, row, active, y, gamma, beta, center, shift, rstd,
+                                  segment_col, held, row_amax, state, held_y);
+    }
+  }
   using S = FwdShape<Cfg>;
   using YT = typename Cfg::YT;  // y's type; the packs are the rows' (XT)
   // LayerNorm with a 16-bit y normalizes in one FFMA, (x - center) * rstd + (-shift * rstd),
@@ -162,32 +181,6 @@ __device__ __forceinline__ float write_packs_body(const NormParams& p, const Pac
     }
   }
   return amax;
-}
-
-template <class Cfg, int kCount, class XT, class WT, int kVec, int kHeld = 0, int kPass = kPassWrite>
-__device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT, kVec> (&packs)[kCount],
-                                             int first_pack, int lane, long long row, bool active,
-                                             typename Cfg::YT* y,
-                                             const WT* gamma, const WT* beta, float center, float shift,
-                                             float rstd, int segment_col,
-                                             const HeldWeights<WT, kVec, kHeld>* held = nullptr,
-                                             float row_amax = 0.f,
-                                             typename EpilogueState<typename Cfg::Epilogue>::type* state = nullptr,
-                                             float (*held_y)[kVec] = nullptr) {
-  constexpr bool kYKnown = Cfg::Epilogue::kAlwaysStoresY || kPass == kPassMeasure;
-  if constexpr (kYKnown || OneOutputBody<typename Cfg::Epilogue>::value) {
-    return write_packs_body<Cfg, kCount, XT, WT, kVec, kHeld, kPass, kYKnown ? kYAlways : kYWhereSet>(
-        p, packs, first_pack, lane, row, active, y, gamma, beta, center, shift, rstd, segment_col, held, row_amax,
-        state, held_y);
-  } else {
-    // An optional y (quantizing epilogues) is one uniform branch here, and none in the packs.
-    return p.y != nullptr ? write_packs_body<Cfg, kCount, XT, WT, kVec, kHeld, kPass, kYAlways>(
-                                p, packs, first_pack, lane, row, active, y, gamma, beta, center, shift, rstd,
-                                segment_col, held, row_amax, state, held_y)
-                          : write_packs_body<Cfg, kCount, XT, WT, kVec, kHeld, kPass, kYNever>(
-                                p, packs, first_pack, lane, row, active, y, gamma, beta, center, shift, rstd,
-                                segment_col, held, row_amax, state, held_y);
-  }
 }
 
 // The output pass over a row waiting in `source` (shared memory, or x again), kChunk packs at a time.
