@@ -380,21 +380,35 @@ struct NormFunction : public torch::autograd::Function<NormFunction> {
   }
 };
 
+// The integer codes and the device the ops take, checked alike; `op` names the op in the message.
+Norm checked_norm(const char* op, int64_t norm) {
+  if (norm < 0 || norm > static_cast<int64_t>(Norm::kAdaRMSNorm)) {
+    fail(std::string(op) + ": norm=" + std::to_string(norm) + " is not a normjit::Norm (0-3)");
+  }
+  return static_cast<Norm>(norm);
+}
+
+normjit::Epilogue checked_epilogue(const char* op, int64_t epilogue) {
+  if (epilogue != 0 && epilogue != static_cast<int64_t>(normjit::Epilogue::kReluBitmask)) {
+    fail(std::string(op) + ": epilogue=" + std::to_string(epilogue) + " is not none (0) or relu_bitmask (1)");
+  }
+  return static_cast<normjit::Epilogue>(epilogue);
+}
+
+void require_cuda(const char* op, const Tensor& x) {
+  if (!x.is_cuda()) fail(std::string(op) + ": x is on " + x.device().str() + "; it takes CUDA tensors");
+}
+
 // The arguments are checked by normjit.torch before this is called (shapes, dtypes, devices).
 std::vector<Tensor> eager_norm(const Tensor& x, const std::optional<Tensor>& residual,
                                const std::optional<Tensor>& weight, const std::optional<Tensor>& bias, int64_t norm,
                                double eps, bool zero_centered, int64_t epilogue, double clip_lower, double clip_upper) {
-  if (norm < 0 || norm > static_cast<int64_t>(Norm::kAdaRMSNorm)) {
-    fail("eager_norm: norm=" + std::to_string(norm) + " is not a normjit::Norm (0-3)");
-  }
   // The Ada norms' rows per batch item come from the weight's first dimension.
-  if (normjit::is_adaptive(static_cast<Norm>(norm)) && !(weight && weight->defined() && weight->dim() == 2)) {
+  if (normjit::is_adaptive(checked_norm("eager_norm", norm)) && !(weight && weight->defined() && weight->dim() == 2)) {
     fail("eager_norm: norm=" + std::to_string(norm) + " (adaptive) needs a weight [B, N]");
   }
-  if (epilogue != 0 && epilogue != static_cast<int64_t>(normjit::Epilogue::kReluBitmask)) {
-    fail("eager_norm: epilogue=" + std::to_string(epilogue) + " is not none (0) or relu_bitmask (1)");
-  }
-  if (!x.is_cuda()) fail("eager_norm: x is on " + x.device().str() + "; it takes CUDA tensors");
+  checked_epilogue("eager_norm", epilogue);
+  require_cuda("eager_norm", x);
   const Tensor r = residual.value_or(Tensor()), w = weight.value_or(Tensor()), b = bias.value_or(Tensor());
   const bool grad = at::GradMode::is_enabled() &&
                     (x.requires_grad() || (r.defined() && r.requires_grad()) || (w.defined() && w.requires_grad()) ||
@@ -413,22 +427,18 @@ std::vector<Tensor> eager_norm_backward(const Tensor& dy, const std::optional<Te
                                         const std::optional<Tensor>& weight, const std::optional<Tensor>& mean,
                                         const Tensor& rstd, const std::optional<Tensor>& mask, int64_t norm,
                                         bool zero_centered, int64_t epilogue, bool bias_grad) {
-  if (norm < 0 || norm > static_cast<int64_t>(Norm::kAdaRMSNorm)) {
-    fail("eager_norm_backward: norm=" + std::to_string(norm) + " is not a normjit::Norm (0-3)");
-  }
-  if (epilogue != 0 && epilogue != static_cast<int64_t>(normjit::Epilogue::kReluBitmask)) {
-    fail("eager_norm_backward: epilogue=" + std::to_string(epilogue) + " is not none (0) or relu_bitmask (1)");
-  }
-  if (!x.is_cuda()) fail("eager_norm_backward: x is on " + x.device().str() + "; it takes CUDA tensors");
-  const Norm kind = static_cast<Norm>(norm);
+  const Norm kind = checked_norm("eager_norm_backward", norm);
+  const normjit::Epilogue ep = checked_epilogue("eager_norm_backward", epilogue);
+  require_cuda("eager_norm_backward", x);
   if (normjit::subtracts_mean(kind) && !(mean && mean->defined())) {
     fail("eager_norm_backward: norm=" + std::to_string(norm) + " subtracts the mean and needs the saved mean");
   }
   const Tensor m = mask.value_or(Tensor());
-  if (epilogue != 0 && !m.defined()) fail("eager_norm_backward: epilogue=relu_bitmask needs the forward's mask");
+  if (ep != normjit::Epilogue::kNone && !m.defined()) {
+    fail("eager_norm_backward: epilogue=relu_bitmask needs the forward's mask");
+  }
   auto [dx, dw, db] = run_backward(dy, dh_out.value_or(Tensor()), x, weight.value_or(Tensor()),
-                                   mean.value_or(Tensor()), rstd, m, kind, zero_centered,
-                                   static_cast<normjit::Epilogue>(epilogue), bias_grad);
+                                   mean.value_or(Tensor()), rstd, m, kind, zero_centered, ep, bias_grad);
   return {dx, dw, db};
 }
 
