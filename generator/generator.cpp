@@ -154,6 +154,7 @@ GeneratedSource generate(const Spec& spec) {
       values["MIN_CTAS_PER_SM"] = ", " + std::to_string(ctas);
       g.spill_allowance_bytes = 32;
     }
+    g.row_y_renormalize_option = scales_per_row(spec.epilogue) && b.cache == RowCache::kRegisters;
   }
   g.source = render(template_text(backward ? "norm_bwd.cu.in" : "norm_fwd.cu.in"), values, name);
   return g;

@@ -138,6 +138,17 @@ NvrtcOutput run_nvrtc(const GeneratedSource& src, const std::vector<std::string>
   return out;
 }
 
+// CTAs of `threads` each that the registers of the program's kernels let one SM hold (sm_80-sm_90:
+// 64 K registers, allocated per warp in steps of 256; 64 warps; 32 CTAs); 0 without a report.
+int ctas_by_registers(const NvrtcOutput& out, int threads) {
+  int registers = 0;
+  for (const KernelResources& k : parse_ptxas_report(out.log)) registers = std::max(registers, k.registers);
+  if (registers == 0 || threads < 1) return 0;
+  const int warps = (threads + 31) / 32;
+  const int per_warp = (registers * 32 + 255) / 256 * 256;
+  return std::min({65536 / (per_warp * warps), 64 / warps, 32});
+}
+
 // Bytes of stack frame (where spills go) over a cubin's functions: from the cubin's own records,
 // else from the ptxas report.
 long local_memory_bytes(const NvrtcOutput& out) {
@@ -160,6 +171,21 @@ CompileResult compile(const GeneratedSource& src, const Target& target, const st
     if (std::find(options.begin(), options.end(), o) == options.end()) options.push_back(o);
   const std::string ctx = "compiling " + src.spec + " for " + target.str();
   NvrtcOutput nvrtc = run_nvrtc(src, options, ptx, ctx);
+  if (src.row_y_renormalize_option && !ptx) {
+    std::vector<std::string> renormalize = options;
+    renormalize.push_back("-DNORMJIT_RENORMALIZE_ROW_Y");
+    NvrtcOutput again = run_nvrtc(src, renormalize, ptx, ctx);
+    const int held = ctas_by_registers(nvrtc, src.threads_per_cta);
+    const int renormalized = ctas_by_registers(again, src.threads_per_cta);
+    const bool take = held * src.threads_per_cta < 32 * 32 && renormalized > held &&
+                      local_memory_bytes(again) <= local_memory_bytes(nvrtc);
+    detail::log().debug("{}: {} CTAs per SM holding y, {} normalizing again{}", src.spec, held, renormalized,
+                        take ? " (kept)" : "");
+    if (take) {
+      nvrtc = std::move(again);
+      options = std::move(renormalize);
+    }
+  }
 
   // ptxas aims a kernel without a minimum CTA count at an occupancy step of its own choosing,
   // and spills a few bytes to reach it where the kernel needs a few registers more. Such a
@@ -174,8 +200,8 @@ CompileResult compile(const GeneratedSource& src, const Target& target, const st
     options.push_back("-DNORMJIT_UNCAPPED");
     nvrtc = run_nvrtc(src, options, ptx, ctx);
     local_bytes = local_memory_bytes(nvrtc);
-    detail::log().debug("{}: past its {} B spill allowance; uncapped: {} B", src.spec, src.spill_allowance_bytes,
-                        local_bytes);
+    detail::log().debug("{}: {} B of local memory, past its {} B spill allowance; uncapped: {} B", src.spec,
+                        first_local_bytes, src.spill_allowance_bytes, local_bytes);
   } else if (local_bytes <= src.spill_allowance_bytes) {
     local_bytes = 0;  // within the allowance: kept
   }

@@ -6,8 +6,9 @@
 //     calls it (valid = false for lanes past the row's end), so it may use shuffles.
 //   backward(dy, pre, valid, p, row, col): rewrites dy into the gradient of the
 //     pre-activation. `pre` is the recomputed pre-activation when kNeedsPreActivation.
-// Two optional parts: `kRowScaled` (the forward hook takes one more argument, the row's max |y|,
-// which the norm kernel measures in a pass before the output pass) and a `State` type (each
+// Two optional parts: `kRowScaled` (the forward hook takes one more argument, row_arg<kAhead>(amax)
+// of the row's max |y|, which the norm kernel measures in a pass before the output pass; kAhead:
+// formed once ahead of the packs, or in them) and a `State` type (each
 // thread's, passed by reference as the forward hook's last argument, then handed to
 // `finish<kThreadsPerRow>(state, p)` once, which every thread of the CTA reaches).
 // Adding an epilogue means a new header and a row in the generator's table; the norm kernels

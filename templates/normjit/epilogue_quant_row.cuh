@@ -22,14 +22,27 @@ struct EpilogueRowQuant {
                                  : kFormat == RowQuantFormat::kE5M2 ? 57344.f
                                                                     : 127.f;
 
-  template <class YT, int kVec, int kThreadsPerRow>
-  static __device__ __forceinline__ void forward(float (&v)[kVec], bool valid, const NormParams& p, long long row,
-                                                 int col, int, float row_amax) {
-    // IEEE division and reciprocal (no fast math): the host reference gets the same scale. Ahead
-    // of the validity test, so the row's packs share one division (after it, each pack kept its
-    // own, with the slow path's call).
+  // The row's scale and its reciprocal: IEEE division and reciprocal (no fast math), so the host
+  // reference gets the same scale. The writing pass forms them once ahead of its packs (kAhead),
+  // except over held y (there, in the packs, as the compiler places them). Left to the compiler
+  // they came after the first pack's normalization, which then waited in registers across their
+  // slow-path calls; the empty asm keeps the reciprocal from sinking there (without it RMSNorm
+  // register rows at 448 threads that normalize again took 49 registers, not 40).
+  struct RowScale {
+    float scale, inv;
+  };
+  template <bool kAhead>
+  static __device__ __forceinline__ RowScale row_arg(float row_amax) {
     const float scale = row_amax > 0.f ? row_amax / kQMax : 1.f;
     const float inv = 1.f / scale;
+    if constexpr (kAhead) asm volatile("" ::"f"(inv));
+    return {scale, inv};
+  }
+
+  template <class YT, int kVec, int kThreadsPerRow>
+  static __device__ __forceinline__ void forward(float (&v)[kVec], bool valid, const NormParams& p, long long row,
+                                                 int col, int, const RowScale& s) {
+    const float scale = s.scale, inv = s.inv;
     if (!valid) return;
     if (col == 0) p.row_scales[row] = scale;
     unsigned char* const dst = p.y_quant + row * p.row_stride + col;

@@ -67,7 +67,8 @@ struct EpilogueStart<E, decltype(void(&E::start))> {
 // row_amax: the row's largest |y|, for kRowScaled epilogues, whose rows take two passes:
 //   kPassMeasure: nothing is stored; the return value is this thread's largest |y| over its packs
 //     (NaN ignored), and the normalized packs go to `held_y` where given (register rows);
-//   kPassWrite: as for every other epilogue, normalizing again (rows read from memory);
+//   kPassWrite: as for every other epilogue, normalizing again (rows read from memory, and
+//   register rows compiled with NORMJIT_RENORMALIZE_ROW_Y: see norm_fwd.cuh);
 //   kPassWriteHeld: the epilogue and stores over `held_y` (register rows: normalized once).
 // One loop body for every pass, so they normalize alike. kStoreY: whether y is stored; kYAuto
 // (the callers') decides it once for the packs and calls this again with the answer: kYWhereSet
@@ -116,6 +117,15 @@ __device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT,
   // within a thread's kIters, every pack of an active row is valid, known without a test.
   constexpr bool kAllValid = !Epilogue::kAlwaysStoresY && !OneOutputBody<Epilogue>::value &&
                              S::kVecs % S::kThreads == 0 && S::kIters % kCount == 0;
+  // Row-scaled epilogues: what the writing pass's packs share, formed ahead of them (row_arg),
+  // except over held y (kPassWriteHeld: in the packs, where it measured no worse).
+  constexpr bool kRowArgAhead = kPass == kPassWrite;
+  const auto row_arg = [&] {
+    if constexpr (RowScaled<Epilogue>::value && kRowArgAhead)
+      return Epilogue::template row_arg<true>(row_amax);
+    else
+      return row_amax;
+  }();
   float amax = 0.f;
 #pragma unroll
   for (int i = 0; i < kCount; ++i) {
@@ -165,8 +175,11 @@ __device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT,
       }
       continue;
     }
-    if constexpr (RowScaled<typename Cfg::Epilogue>::value)
-      Cfg::Epilogue::template forward<YT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane, row_amax);
+    if constexpr (RowScaled<Epilogue>::value && kRowArgAhead)
+      Cfg::Epilogue::template forward<YT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane, row_arg);
+    else if constexpr (RowScaled<Epilogue>::value)
+      Cfg::Epilogue::template forward<YT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane,
+                                                             Epilogue::template row_arg<false>(row_amax));
     else if constexpr (EpilogueState<typename Cfg::Epilogue>::kStateful)
       Cfg::Epilogue::template forward<YT, kVec, S::kThreads>(out, valid, p, row, segment_col + col, lane, *state);
     else

@@ -135,8 +135,16 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
   constexpr const HeldWeights<WT, kVec, 0>* kNoHeldWeights = nullptr;
   float row_amax = 0.f;
   constexpr bool kRowScaled = RowScaled<typename Cfg::Epilogue>::value;
-  // Register rows of a row-scaled epilogue keep y between its two passes (normalized once).
-  float held_y[kRowScaled && Cfg::kCache == RowCache::kRegisters ? S::kIters : 1][kVec];
+  // Register rows of a row-scaled epilogue keep y between its two passes (normalized once), or,
+  // compiled with NORMJIT_RENORMALIZE_ROW_Y, normalize again in the writing pass: kIters * kVec
+  // fewer live registers for more instructions. compile() builds both and keeps this one where it
+  // fits more CTAs per SM (GeneratedSource::row_y_renormalize_option).
+#ifdef NORMJIT_RENORMALIZE_ROW_Y
+  constexpr bool kHoldsY = false;
+#else
+  constexpr bool kHoldsY = kRowScaled && Cfg::kCache == RowCache::kRegisters;
+#endif
+  float held_y[kHoldsY ? S::kIters : 1][kVec];
   if constexpr (kRowScaled) {
     __shared__ float max_scratch[kScratch];
     __shared__ float amax_slot;  // clustered rows: this CTA's part of the row's amax
@@ -144,7 +152,7 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
     if constexpr (Cfg::kCache == RowCache::kRegisters)
       amax = write_packs<Cfg, S::kIters, XT, WT, kVec, 0, kPassMeasure>(
           p, cache, 0, lane, row, active, y, gamma, beta, center, shift, rstd, segment_col, kNoHeldWeights, 0.f,
-          nullptr, held_y);
+          nullptr, kHoldsY ? held_y : nullptr);
     else
       amax = row_source_amax<Cfg, XT, WT>(p, Cfg::kCache == RowCache::kShared ? shared_row : Cfg::Prologue::reread(p, x),
                                           lane, row, active, gamma, beta, center, shift, rstd);
@@ -159,7 +167,7 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
   }
   using Epilogue = typename Cfg::Epilogue;
   typename EpilogueState<Epilogue>::type state = EpilogueStart<Epilogue>::make(p);
-  if constexpr (Cfg::kCache == RowCache::kRegisters && kRowScaled) {
+  if constexpr (kHoldsY) {
     write_packs<Cfg, S::kIters, XT, WT, kVec, 0, kPassWriteHeld>(p, cache, 0, lane, row, active, y, gamma, beta,
                                                                  center, shift, rstd, segment_col, kNoHeldWeights,
                                                                  row_amax, &state, held_y);

@@ -192,7 +192,11 @@ void check_quantized_grid(const char* what, std::initializer_list<Epilogue> form
     CHECK(r.quant_checked == c.rows * c.spec.n);
     CHECK(r.quant_mismatches == 0);
     CHECK(r.row_scale_rel_err <= 2e-5);  // per-row scales (0 elsewhere)
-    if (c.spec.n >= 32) CHECK(r.quant_ambiguous <= r.quant_checked / ambiguous_divisor + 5);  // see the fp8 case
+    // See the fp8 case. At N = 32 a row is one scale block, and a block with a small scale has a
+    // wide window for all its codes at once: boundary codes come a row at a time (MXFP8, f16 x:
+    // 39 of 1184 in one run), so that size is held to 5 %.
+    const int64_t divisor = c.spec.n <= 32 ? std::min<int64_t>(ambiguous_divisor, 20) : ambiguous_divisor;
+    if (c.spec.n >= 32) CHECK(r.quant_ambiguous <= r.quant_checked / divisor + 5);
     checked += r.quant_checked;
     ambiguous += r.quant_ambiguous;
     ++cases;

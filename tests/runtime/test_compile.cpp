@@ -266,6 +266,32 @@ TEST_CASE("a capped FP8 kernel keeps the spill its source allows, and past it co
   }
 }
 
+TEST_CASE("per-row register rows normalize again in the writing pass only where that fits more CTAs") {
+  // Which copy compile() kept: the same image as the copy compiled with the choice forced.
+  const auto renormalized = [](const GeneratedSource& src) {
+    const CompileResult kept = compile(src, Target{90});
+    const CompileResult forced = compile(src, Target{90}, {"-DNORMJIT_RENORMALIZE_ROW_Y"});
+    return kept.binary.image == forced.binary.image;
+  };
+  // RMS fp8/row at 14336, 448 threads: y held takes 52-54 registers (two CTAs a SM), normalized
+  // again about 40 (three).
+  const GeneratedSource gains = generate(Spec::parse("rmsnorm.fwd_infer.bf16.w_bf16.n14336.fp8_e4m3_row.cfg_t448_r1_v8_reg"));
+  REQUIRE(gains.row_y_renormalize_option);
+  CHECK(renormalized(gains));
+  // The same CTAs either way (LayerNorm at 448 threads: two), or 32 warps or more already (96
+  // threads, twelve CTAs): y stays held.
+  for (const char* text : {"layernorm.fwd_infer.bf16.w_bf16.n14336.bias.int8_row.cfg_t448_r1_v8_reg",
+                           "rmsnorm.fwd_infer.bf16.w_bf16.n2880.fp8_e4m3_row.cfg_t96_r1_v8_reg"}) {
+    const GeneratedSource held = generate(Spec::parse(text));
+    REQUIRE_MESSAGE(held.row_y_renormalize_option, text);
+    CHECK_MESSAGE(!renormalized(held), text);
+  }
+  // Only register rows of the per-row epilogues have the choice.
+  for (const char* text : {"rmsnorm.fwd_infer.bf16.w_bf16.n14336.fp8_e4m3.cfg_t448_r1_v8_reg",
+                           "layernorm.fwd_infer.bf16.w_bf16.n65536.bias.int8_row.cfg_t512_r1_v8_c2_smem"})
+    CHECK_MESSAGE(!generate(Spec::parse(text)).row_y_renormalize_option, text);
+}
+
 TEST_CASE("cubin_frame_bytes rejects what is not a cubin") {
   CHECK_FALSE(cubin_frame_bytes({}).has_value());
   std::vector<char> junk(4096, '\x5a');
