@@ -71,7 +71,39 @@ EpilogueBinding epilogue_binding(Epilogue e) {
   throw Error(Status::kNotSupported, std::string("epilogue '") + to_string(e) + "' has no device binding");
 }
 
+// A forward kernel's launch bounds: the CTAs per SM it asks for (0: none) and the local memory it
+// may keep for them (GeneratedSource::spill_allowance_bytes).
+struct ForwardLaunchBounds {
+  bool capped = false;  // NORMJIT_CAPPED_LAUNCH_BOUNDS: compiled uncapped past the allowance
+  int min_ctas = 0;
+  int spill_allowance_bytes = 0;
+};
+ForwardLaunchBounds forward_launch_bounds(const Spec& spec, const BlockConfig& b) {
+  // A 512-thread row in registers or one CTA's shared memory asks for two CTAs per SM (64
+  // registers): LayerNorm register rows of 5 packs per thread otherwise took 70-78, one CTA per SM.
+  // Not where two CTAs' shared memory cannot fit one SM anyway.
+  const bool two_ctas = b.rows_per_cta == 1 && b.threads_per_row == 512 && b.cluster == 1 &&
+                        (b.cache == RowCache::kRegisters ||
+                         (b.cache == RowCache::kShared && 2 * shared_row_bytes(spec, b) <= kMaxSharedRowBytes));
+  if (two_ctas) return {false, 2, 0};
+  // Per-tensor FP8 and MXFP8 register rows ask for the CTAs 48 registers a thread would allow
+  // and keep a spill of up to 32 bytes for them: LN + fp8 at 14336 (448 threads) went from 50
+  // registers and two CTAs to 40 and three, 88.5 -> 98.5 % of copy (H100). The per-row and FP4
+  // epilogues spill far more or lost speed under the same cap (docs/perf-notes.md).
+  const bool capped = (scales_per_tensor(spec.epilogue) || spec.epilogue == Epilogue::kMxfp8E4M3 ||
+                       spec.epilogue == Epilogue::kMxfp8E5M2) &&
+                      b.cache == RowCache::kRegisters && b.rows_per_cta == 1 && b.cluster == 1 &&
+                      b.threads_per_row >= 128;
+  if (const int ctas = capped ? 65536 / (b.threads_per_row * 48) : 0; ctas >= 2) return {true, ctas, 32};
+  return {};
+}
+
 }  // namespace
+
+int spill_allowance_bytes(const Spec& resolved) {
+  if (resolved.phase == Phase::kBackward || !resolved.block) return 0;
+  return forward_launch_bounds(resolved, *resolved.block).spill_allowance_bytes;
+}
 
 GeneratedSource generate(const Spec& spec) {
   validate(spec);
@@ -133,27 +165,12 @@ GeneratedSource generate(const Spec& spec) {
     }
   } else {
     values["TRAINING"] = spec.phase == Phase::kForwardTraining ? "true" : "false";
-    // A 512-thread row in registers or one CTA's shared memory asks for two CTAs per SM (64
-    // registers): LayerNorm register rows of 5 packs per thread otherwise took 70-78, one CTA per SM.
-    // Not where two CTAs' shared memory cannot fit one SM anyway.
-    const bool two_ctas = b.rows_per_cta == 1 && b.threads_per_row == 512 && b.cluster == 1 &&
-                          (b.cache == RowCache::kRegisters ||
-                           (b.cache == RowCache::kShared && 2 * shared_row_bytes(spec, b) <= kMaxSharedRowBytes));
-    values["LAUNCH_BOUNDS"] = two_ctas ? "__launch_bounds__" : "NORMJIT_LAUNCH_BOUNDS";
-    values["MIN_CTAS_PER_SM"] = two_ctas ? ", 2" : "";
-    // Per-tensor FP8 and MXFP8 register rows ask for the CTAs 48 registers a thread would allow
-    // and keep a spill of up to 32 bytes for them: LN + fp8 at 14336 (448 threads) went from 50
-    // registers and two CTAs to 40 and three, 88.5 -> 98.5 % of copy (H100). The per-row and FP4
-    // epilogues spill far more or lost speed under the same cap (docs/perf-notes.md).
-    const bool capped = (scales_per_tensor(spec.epilogue) || spec.epilogue == Epilogue::kMxfp8E4M3 ||
-                         spec.epilogue == Epilogue::kMxfp8E5M2) &&
-                        b.cache == RowCache::kRegisters && b.rows_per_cta == 1 && b.cluster == 1 &&
-                        b.threads_per_row >= 128 && !two_ctas;
-    if (const int ctas = capped ? 65536 / (b.threads_per_row * 48) : 0; ctas >= 2) {
-      values["LAUNCH_BOUNDS"] = "NORMJIT_CAPPED_LAUNCH_BOUNDS";
-      values["MIN_CTAS_PER_SM"] = ", " + std::to_string(ctas);
-      g.spill_allowance_bytes = 32;
-    }
+    const ForwardLaunchBounds bounds = forward_launch_bounds(spec, b);
+    values["LAUNCH_BOUNDS"] = bounds.capped          ? "NORMJIT_CAPPED_LAUNCH_BOUNDS"
+                              : bounds.min_ctas > 0 ? "__launch_bounds__"
+                                                    : "NORMJIT_LAUNCH_BOUNDS";
+    values["MIN_CTAS_PER_SM"] = bounds.min_ctas > 0 ? ", " + std::to_string(bounds.min_ctas) : "";
+    g.spill_allowance_bytes = bounds.spill_allowance_bytes;
     g.row_y_renormalize_option = scales_per_row(spec.epilogue) && b.cache == RowCache::kRegisters;
   }
   g.source = render(template_text(backward ? "norm_bwd.cu.in" : "norm_fwd.cu.in"), values, name);

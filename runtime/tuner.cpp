@@ -211,7 +211,7 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
       [&](const BlockConfig& b) {
         // A capped kernel's allowed spill (GeneratedSource::spill_allowance_bytes) is not pruned.
         const int local = get(with(b)).local_memory_bytes();
-        return local > generate(with(b)).spill_allowance_bytes ? local : 0;
+        return local > spill_allowance_bytes(with(b)) ? local : 0;
       },
       [&](const BlockConfig& b) {
         const Kernel& k = get(with(b));

@@ -28,6 +28,8 @@ struct GeneratedSource {
   bool row_y_renormalize_option = false;
 };
 GeneratedSource generate(const Spec& resolved_spec);
+// generate(resolved_spec).spill_allowance_bytes, without rendering the source.
+int spill_allowance_bytes(const Spec& resolved_spec);
 
 // Embedded headers the generated source includes: (name, contents).
 const std::vector<std::pair<std::string, std::string>>& device_headers();

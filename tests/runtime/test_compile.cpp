@@ -239,6 +239,7 @@ TEST_CASE("a capped FP8 kernel keeps the spill its source allows, and past it co
   // LN + fp8 at 14336 (448 threads) asks for three CTAs a SM: 40 registers and a small spill.
   const GeneratedSource capped = generate(Spec::parse("layernorm.fwd_infer.bf16.w_bf16.n14336.bias.fp8_e4m3.cfg_t448_r1_v8_reg"));
   REQUIRE(capped.spill_allowance_bytes == 32);
+  CHECK(spill_allowance_bytes(Spec::parse(capped.spec)) == 32);  // the tuner's reading, without the source
   CHECK(capped.source.find("NORMJIT_CAPPED_LAUNCH_BOUNDS(448, 3)") != std::string::npos);
   const CompileResult kept = compile(capped, Target{90});
   const auto kept_frames = cubin_frame_bytes(kept.binary.image);
@@ -262,6 +263,7 @@ TEST_CASE("a capped FP8 kernel keeps the spill its source allows, and past it co
                            "layernorm.fwd_infer.bf16.w_bf16.n14336.bias.cfg_t448_r1_v8_reg"}) {
     const GeneratedSource g = generate(Spec::parse(text));
     CHECK_MESSAGE(g.spill_allowance_bytes == 0, text);
+    CHECK_MESSAGE(spill_allowance_bytes(Spec::parse(text)) == 0, text);
     CHECK_MESSAGE(g.source.find("NORMJIT_CAPPED_LAUNCH_BOUNDS") == std::string::npos, text);
   }
 }
