@@ -171,14 +171,14 @@ CompileResult compile(const GeneratedSource& src, const Target& target, const st
     if (std::find(options.begin(), options.end(), o) == options.end()) options.push_back(o);
   const std::string ctx = "compiling " + src.spec + " for " + target.str();
   NvrtcOutput nvrtc = run_nvrtc(src, options, ptx, ctx);
-  if (src.row_y_renormalize_option && !ptx) {
+  // Only where holding y leaves fewer than 32 warps a SM is the second copy compiled at all.
+  if (const int held = ctas_by_registers(nvrtc, src.threads_per_cta);
+      src.row_y_renormalize_option && !ptx && held * src.threads_per_cta < 32 * 32) {
     std::vector<std::string> renormalize = options;
     renormalize.push_back("-DNORMJIT_RENORMALIZE_ROW_Y");
     NvrtcOutput again = run_nvrtc(src, renormalize, ptx, ctx);
-    const int held = ctas_by_registers(nvrtc, src.threads_per_cta);
     const int renormalized = ctas_by_registers(again, src.threads_per_cta);
-    const bool take = held * src.threads_per_cta < 32 * 32 && renormalized > held &&
-                      local_memory_bytes(again) <= local_memory_bytes(nvrtc);
+    const bool take = renormalized > held && local_memory_bytes(again) <= local_memory_bytes(nvrtc);
     detail::log().debug("{}: {} CTAs per SM holding y, {} normalizing again{}", src.spec, held, renormalized,
                         take ? " (kept)" : "");
     if (take) {
