@@ -117,6 +117,8 @@ GeneratedSource generate(const Spec& spec) {
     if (c == '.') c = '_';
   g.threads_per_cta = b.threads_per_row * b.rows_per_cta;
   g.rows_per_cta = b.rows_per_cta;
+  // The backward: the fused kernel or row sums and tiles, then the reduction.
+  g.kernels = spec.phase != Phase::kBackward ? 1 : b.cache != RowCache::kGlobal ? 2 : 3;
   const EpilogueBinding ep = epilogue_binding(spec.epilogue);
   const bool backward = spec.phase == Phase::kBackward;
   std::map<std::string, std::string> values = {

@@ -18,6 +18,7 @@ struct GeneratedSource {
   std::string source;       // the .cu text; deterministic for a spec
   int threads_per_cta = 0;
   int rows_per_cta = 0;
+  int kernels = 1;  // __global__ functions in the program: 1 forward; 2 or 3 backward
   // Local memory (bytes) the kernel may keep for the CTAs per SM its launch bounds ask; past it,
   // or with none allowed, a spilling kernel is compiled again asking for one CTA per SM.
   int spill_allowance_bytes = 0;

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <mutex>
 #include <set>
+#include <string_view>
 #include <thread>
 
 #include "normjit/normjit.hpp"
@@ -292,6 +293,30 @@ TEST_CASE("per-row register rows normalize again in the writing pass only where 
   for (const char* text : {"rmsnorm.fwd_infer.bf16.w_bf16.n14336.fp8_e4m3.cfg_t448_r1_v8_reg",
                            "layernorm.fwd_infer.bf16.w_bf16.n65536.bias.int8_row.cfg_t512_r1_v8_c2_smem"})
     CHECK_MESSAGE(!generate(Spec::parse(text)).row_y_renormalize_option, text);
+}
+
+TEST_CASE("a backward program compiles its kernels on two threads where a core is idle, a forward one on one") {
+  // ptxas records its options in the cubin's tool note; with nothing else compiling, a core is idle.
+  const auto split = [](const Binary& b) {
+    const std::string_view image(b.image.data(), b.image.size());
+    return image.find("-split-compile 2") != std::string_view::npos;
+  };
+  const bool idle_core = std::thread::hardware_concurrency() >= 2;
+  for (const char* text : {"layernorm.bwd.bf16.w_f32.n4096.bias", "rmsnorm.bwd.bf16.w_f32.n50000"}) {
+    const GeneratedSource src = generate(resolve(Spec::parse(text)));
+    CAPTURE(src.spec);
+    REQUIRE(src.kernels >= 2);
+    const CompileResult r = compile(src, Target{90});
+    CHECK(split(r.binary) == idle_core);
+    // The ptxas report still names every kernel of the program.
+    std::set<std::string> reported;
+    for (const KernelResources& k : parse_ptxas_report(r.log)) reported.insert(k.function);
+    CHECK(reported.count(src.kernel_name + "_reduce") == 1);
+    CHECK(reported.size() == static_cast<size_t>(src.kernels));
+  }
+  const GeneratedSource forward = generate(resolve(Spec::parse("layernorm.fwd_train.bf16.w_bf16.n4096.bias")));
+  REQUIRE(forward.kernels == 1);
+  CHECK_FALSE(split(compile(forward, Target{90}).binary));
 }
 
 TEST_CASE("cubin_frame_bytes rejects what is not a cubin") {
