@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "normjit/compiler.hpp"
@@ -183,10 +184,21 @@ CompileResult compile(const GeneratedSource& src, const Target& target, const st
     InFlight() { ++compiles_in_flight; }
     ~InFlight() { --compiles_in_flight; }
   } in_flight;
-  if (!ptx && src.kernels > 1 &&
-      compiles_in_flight.load() < static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))
-    options.push_back("--split-compile=2");
-  NvrtcOutput nvrtc = run_nvrtc(src, options, ptx, ctx);
+  // An NVRTC that does not know the option is told once (then never asked again).
+  static std::atomic<bool> split_known{true};
+  const bool split = !ptx && src.kernels > 1 && split_known.load() &&
+                     compiles_in_flight.load() < static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (split) options.push_back("--split-compile=2");
+  NvrtcOutput nvrtc;
+  try {
+    nvrtc = run_nvrtc(src, options, ptx, ctx);
+  } catch (const Error& e) {
+    if (!split || std::string_view(e.what()).find("NVRTC_ERROR_INVALID_OPTION") == std::string_view::npos) throw;
+    split_known = false;
+    options.pop_back();
+    detail::log().debug("NVRTC {} rejects --split-compile; compiling on one thread", nvrtc_version());
+    nvrtc = run_nvrtc(src, options, ptx, ctx);
+  }
   // Only where holding y leaves fewer than 32 warps a SM is the second copy compiled at all.
   if (const int held = ctas_by_registers(nvrtc, src.threads_per_cta);
       src.row_y_renormalize_option && !ptx && held * src.threads_per_cta < 32 * 32) {
