@@ -403,11 +403,12 @@ void require_cuda(const char* op, const Tensor& x) {
 std::vector<Tensor> eager_norm(const Tensor& x, const std::optional<Tensor>& residual,
                                const std::optional<Tensor>& weight, const std::optional<Tensor>& bias, int64_t norm,
                                double eps, bool zero_centered, int64_t epilogue, double clip_lower, double clip_upper) {
+  const Norm kind = checked_norm("eager_norm", norm);
   // The Ada norms' rows per batch item come from the weight's first dimension.
-  if (normjit::is_adaptive(checked_norm("eager_norm", norm)) && !(weight && weight->defined() && weight->dim() == 2)) {
+  if (normjit::is_adaptive(kind) && !(weight && weight->defined() && weight->dim() == 2)) {
     fail("eager_norm: norm=" + std::to_string(norm) + " (adaptive) needs a weight [B, N]");
   }
-  checked_epilogue("eager_norm", epilogue);
+  const normjit::Epilogue ep = checked_epilogue("eager_norm", epilogue);
   require_cuda("eager_norm", x);
   const Tensor r = residual.value_or(Tensor()), w = weight.value_or(Tensor()), b = bias.value_or(Tensor());
   const bool grad = at::GradMode::is_enabled() &&
@@ -416,8 +417,7 @@ std::vector<Tensor> eager_norm(const Tensor& x, const std::optional<Tensor>& res
   if (grad) {
     return NormFunction::apply(x, residual, weight, bias, norm, eps, zero_centered, epilogue, clip_lower, clip_upper);
   }
-  return outputs_of(run_forward(x, r, w, b, static_cast<Norm>(norm), eps, false, zero_centered,
-                                static_cast<normjit::Epilogue>(epilogue), clip_lower, clip_upper));
+  return outputs_of(run_forward(x, r, w, b, kind, eps, false, zero_centered, ep, clip_lower, clip_upper));
 }
 
 // The backward alone, with the statistics a training forward saved: what torch's own
