@@ -95,6 +95,15 @@ ForwardLaunchBounds forward_launch_bounds(const Spec& spec, const BlockConfig& b
                       b.cache == RowCache::kRegisters && b.rows_per_cta == 1 && b.cluster == 1 &&
                       b.threads_per_row >= 128;
   if (const int ctas = capped ? 65536 / (b.threads_per_row * 48) : 0; ctas >= 2) return {true, ctas, 32};
+  // A row in one CTA's shared memory asks for as many CTAs as the shared memory holds: with none
+  // asked, ptxas gave LN bf16 65536 (two CTAs of 512 threads, 64 KB each) 46 registers and two CTAs
+  // where three fit. No spill is allowed for it: a spilling copy is compiled uncapped.
+  if (b.cache == RowCache::kShared && b.rows_per_cta == 1) {
+    constexpr int64_t kSharedPerSm = 228 * 1024, kPerCtaReserve = 2048;  // the driver's 1 KB, static scratch
+    const int64_t by_shared = kSharedPerSm / (shared_row_bytes(spec, b) + kPerCtaReserve);
+    const int ctas = static_cast<int>(std::min<int64_t>(by_shared, 2048 / b.threads_per_row));
+    if (ctas >= 2) return {true, ctas, 0};
+  }
   return {};
 }
 
@@ -173,6 +182,7 @@ GeneratedSource generate(const Spec& spec) {
                                                     : "NORMJIT_LAUNCH_BOUNDS";
     values["MIN_CTAS_PER_SM"] = bounds.min_ctas > 0 ? ", " + std::to_string(bounds.min_ctas) : "";
     g.spill_allowance_bytes = bounds.spill_allowance_bytes;
+    g.capped = bounds.capped;
     g.row_y_renormalize_option = scales_per_row(spec.epilogue) && b.cache == RowCache::kRegisters;
   }
   g.source = render(template_text(backward ? "norm_bwd.cu.in" : "norm_fwd.cu.in"), values, name);

@@ -222,7 +222,7 @@ CompileResult compile(const GeneratedSource& src, const Target& target, const st
   // for the CTAs it asked (NORMJIT_CAPPED_LAUNCH_BOUNDS). Deterministic for the key.
   long local_bytes = ptx ? 0 : local_memory_bytes(nvrtc);
   long first_local_bytes = 0;
-  if (src.spill_allowance_bytes > 0 && local_bytes > src.spill_allowance_bytes) {
+  if (src.capped && local_bytes > src.spill_allowance_bytes) {
     // Past the allowance the kernel is compiled as if it had asked for nothing.
     first_local_bytes = local_bytes;
     options.push_back("-DNORMJIT_UNCAPPED");

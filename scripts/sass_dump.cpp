@@ -1,8 +1,9 @@
 // Compiles a list of resolved specs with the library's own generate() and compile() and writes each
 // kernel image to OUT_DIR/<spec>.sm_<arch>.cubin, for scripts/sass_compare.sh to disassemble.
 //   sass_dump OUT_DIR                 the default list (below); written to OUT_DIR/specs.txt
-//   sass_dump OUT_DIR SPECS           the "<arch> <resolved spec>" lines of SPECS, e.g. another
-//                                     dump's specs.txt: the same kernels even if the picks moved
+//   sass_dump OUT_DIR SPECS           the "<arch> <spec>" lines of SPECS (a spec without a block
+//                                     gets its pick), e.g. another dump's specs.txt: the same
+//                                     kernels even if the picks moved
 // The default list: the heuristic's picks for the grid, epilogues, strategies, bench sizes and
 // default manifest of tests/runtime/test_compile.cpp's spill check, the bench sizes as picked for
 // sm_80, and pinned strategies the heuristic may not pick (every row source, cluster and epilogue).
@@ -130,7 +131,10 @@ int main(int argc, char** argv) {
       if (!in) throw Error(Status::kInvalidArgument, std::string("SPECS '") + argv[2] + "' cannot be opened");
       int arch;
       std::string text;
-      while (in >> arch >> text) specs.emplace_back(arch, Spec::parse(text));
+      while (in >> arch >> text) {
+        const Spec s = Spec::parse(text);
+        specs.emplace_back(arch, s.block ? s : resolve(s));  // a spec without a block gets its pick
+      }
     } else {
       specs = default_list("manifests/default.txt");
     }

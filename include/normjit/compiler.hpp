@@ -22,6 +22,8 @@ struct GeneratedSource {
   // Local memory (bytes) the kernel may keep for the CTAs per SM its launch bounds ask; past it,
   // or with none allowed, a spilling kernel is compiled again asking for one CTA per SM.
   int spill_allowance_bytes = 0;
+  // NORMJIT_CAPPED_LAUNCH_BOUNDS: compiled again uncapped where it spills past the allowance.
+  bool capped = false;
   // Register rows of a per-row scaled epilogue: compile() builds the kernel twice, holding y between
   // its two passes and normalizing again (NORMJIT_RENORMALIZE_ROW_Y), and keeps the second where
   // it fits more CTAs per SM than the first, which leaves fewer than 32 warps (H200, RMS fp8/row

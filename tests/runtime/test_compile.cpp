@@ -269,6 +269,32 @@ TEST_CASE("a capped FP8 kernel keeps the spill its source allows, and past it co
   }
 }
 
+TEST_CASE("a row in one CTA's shared memory asks for the CTAs its shared memory holds, without spill") {
+  // LN bf16 65536 over two CTAs of 512 threads: 64 KB of row each, three fit a SM. Asking nothing,
+  // ptxas took 46 registers (two CTAs).
+  const GeneratedSource two_ctas_split = generate(Spec::parse("layernorm.fwd_train.bf16.w_bf16.n65536.bias.cfg_t512_r1_v8_c2_smem"));
+  CHECK(two_ctas_split.capped);
+  CHECK(two_ctas_split.spill_allowance_bytes == 0);
+  CHECK(two_ctas_split.source.find("NORMJIT_CAPPED_LAUNCH_BOUNDS(512, 3)") != std::string::npos);
+  const CompileResult r = compile(two_ctas_split, Target{90});
+  const auto resources = parse_ptxas_report(r.log);
+  REQUIRE(resources.size() == 1);
+  CHECK(resources[0].registers <= 65536 / (3 * 512));
+  CHECK(resources[0].stack_frame_bytes == 0);
+  CHECK(r.first_local_bytes == 0);  // compiled once
+  // 768 threads and 48 KB: two CTAs, by the threads.
+  CHECK(generate(Spec::parse("layernorm.fwd_train.bf16.w_bf16.n24576.bias.fp8_e4m3.cfg_t768_r1_v8_smem"))
+            .source.find("NORMJIT_CAPPED_LAUNCH_BOUNDS(768, 2)") != std::string::npos);
+  // 1024 threads (one CTA by the threads), and a 512-thread row whose two CTAs already ask 64
+  // registers: unchanged.
+  for (const char* text : {"rmsnorm.fwd_train.bf16.w_bf16.n65536.cfg_t1024_r1_v8_smem",
+                           "layernorm.fwd_train.bf16.w_bf16.n16384.bias.cfg_t512_r1_v8_smem"}) {
+    const GeneratedSource g = generate(Spec::parse(text));
+    CHECK_MESSAGE(!g.capped, text);
+    CHECK_MESSAGE(g.source.find("NORMJIT_CAPPED_LAUNCH_BOUNDS") == std::string::npos, text);
+  }
+}
+
 TEST_CASE("per-row register rows normalize again in the writing pass only where that fits more CTAs") {
   // Which copy compile() kept: the same image as the copy compiled with the choice forced.
   const auto renormalized = [](const GeneratedSource& src) {
