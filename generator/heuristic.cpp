@@ -215,6 +215,7 @@ std::optional<BlockConfig> detail::apply_pick_block(const TableBlock& tb, const 
   const int64_t segment = s.n / b.vec / b.cluster;
   if (tb.packs_per_thread > 0)
     b.threads_per_row = static_cast<int>(round_up((segment + tb.packs_per_thread - 1) / tb.packs_per_thread, 32));
+  if (b.threads_per_row > 1024) return std::nullopt;  // p<K> past a CTA: the next alternative
   if (tb.even_only && segment % b.threads_per_row != 0) return std::nullopt;
   if (scales_per_block(s.epilogue) && b.threads_per_row * b.vec % scale_block_size(s.epilogue) != 0) return std::nullopt;
   return b;

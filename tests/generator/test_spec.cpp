@@ -411,7 +411,9 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   // Else pipelined rows in one CTA up to 200 KB (16-byte packs), then 4-8-CTA clusters of 64 KB
   // segments; odd N keeps one buffer (LayerNorm) or streams (RMSNorm).
   CHECK(block("layernorm.fwd_train.bf16.n33792") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
-  CHECK(block("rmsnorm.fwd_train.bf16.n33792") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined});
+  CHECK(block("rmsnorm.fwd_train.bf16.n33792") == BlockConfig{544, 1, 8, RowCache::kRegisters});  // 8 packs a thread
+  // 8193 packs: no 2-CTA split, and p8 registers would take 1056 threads: the fallback streams it.
+  CHECK(block("layernorm.fwd_train.bf16.n65544").cache == RowCache::kGlobal);
   CHECK(block("layernorm.fwd_train.bf16.n40968") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
   CHECK(block("rmsnorm.fwd_train.bf16.n98304") == BlockConfig{384, 1, 8, RowCache::kShared, 4});
   CHECK(block("layernorm.fwd_train.bf16.n40961") == BlockConfig{1024, 1, 1, RowCache::kShared});
