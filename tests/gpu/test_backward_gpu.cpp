@@ -19,8 +19,8 @@ TEST_CASE("backward matches the fp64 reference over ops x dtypes x N x rows") {
   // up to 10240 (12288 without dbeta), then the split route. 12289 and 20001 are odd rows past the
   // register route (1-element packs). Ragged one-buffer cluster segments: 40960 (2 CTAs without
   // dbeta), 81920 (4 CTAs). 20480 / 22528: RMSNorm's one-CTA 3-pack rows by bulk copies; 19456:
-  // LayerNorm's 2-CTA bulk row of 608 threads. 40008 / 50000: 2 CTAs of shared memory (8- / 16-byte
-  // packs) where 4 do not divide the packs.
+  // LayerNorm's 2-CTA bulk row of 608 threads. 40008: 2 CTAs of shared memory in 8-byte packs, where 4
+  // CTAs do not divide the packs; 50000: the split route there.
   const std::vector<int64_t> ns = grid_ns({1, 7, 127, 256, 1000, 1024, 2880, 4096, 4097, 8192, 12288, 12289, 16384, 18432, 19456, 20001, 20480, 22528, 32768, 40008, 40960, 50000, 65536, 81920, 262144});
   std::vector<Case> cases;
   for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
