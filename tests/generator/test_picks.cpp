@@ -1,6 +1,7 @@
 // The heuristic as data: the per-GPU pick tables, their fallback, and a golden summary of the picks.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
@@ -236,6 +237,57 @@ TEST_CASE("every block of every table row compiles without local memory at the t
   for (const auto& s : known)
     if (!spills.count(s)) FAIL_CHECK("listed in known_spills.txt but no longer spills (update the list): " << s);
   MESSAGE(jobs.size() << " table blocks compiled at the top of their rows; " << spills.size() << " known spills");
+}
+
+namespace {
+
+// Sizes that fall between two rows of one class: a gap of a few sizes sends those N to the
+// fallback (streamed or split rows at large N) while N - vec and the next row's first N take the
+// rows' blocks. Gaps of more than 64 elements are the fallback's own ranges.
+std::vector<std::string> seams(const detail::PickTable& table) {
+  std::vector<std::string> found;
+  for (bool backward : {false, true})
+    for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm})
+      for (bool bias : {false, true})
+        for (int x_bytes : {2, 4})
+          for (int vec : {1, 2, 4, 8}) {
+            std::vector<std::pair<int64_t, int64_t>> ranges;
+            for (const detail::TableRow& r : table.rows)
+              if (r.backward == backward && !r.residual_only && !r.stream_f32_only && !r.quant_only &&
+                  (!r.norm || *r.norm == norm) && (!r.has_bias || *r.has_bias == bias) && r.x_bytes == x_bytes &&
+                  r.vec == vec)
+                ranges.emplace_back(r.n_from, r.n_to);
+            std::sort(ranges.begin(), ranges.end());
+            int64_t end = -1;
+            for (const auto& [from, to] : ranges) {
+              if (end >= 0 && from > end + vec && from - end <= 64) {
+                std::ostringstream where;
+                where << table.name << ": " << (backward ? "bwd " : "fwd ") << to_string(norm) << (bias ? " bias" : " -")
+                      << " x" << x_bytes << " v" << vec << ": N = " << end + vec << ".." << from - vec;
+                found.push_back(where.str());
+              }
+              end = std::max(end, to);
+            }
+          }
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("where two rows of a class meet, no size falls between them") {
+  // RMS forward at N = 51208 streamed its row twice where 51200 and 51216 held theirs in registers.
+  for (int sm : {80, 90}) {
+    const detail::PickTable* table = detail::pick_table_for_sm(sm);
+    REQUIRE(table != nullptr);
+    for (const std::string& seam : seams(*table)) FAIL_CHECK(seam << " falls between two rows");
+  }
+  // The check itself: 2056 falls between these rows; a gap of 512 is the fallback's range.
+  const auto seamed = detail::parse_pick_table("seamed", "fwd * * x2 v8 1024 2048 t128_r1_v8_reg\n"
+                                                         "fwd * * x2 v8 2064 4096 t256_r1_v8_reg\n"
+                                                         "fwd * * x2 v8 4608 8192 t512_r1_v8_reg\n");
+  const std::vector<std::string> found = seams(seamed);
+  REQUIRE(found.size() == 4);  // LN and RMS, with and without bias
+  CHECK(found[0] == "seamed: fwd layernorm - x2 v8: N = 2056..2056");
 }
 
 TEST_CASE("+quant rows serve quantized outputs only") {
