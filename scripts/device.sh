@@ -23,8 +23,8 @@ usage: scripts/device.sh JOB [ARGS...]
                         host time, graph replay, and its cost against normjit-bench and torch eager
 env: OUT (results, default ./.out), M (rows; default 32768, 4096 past N = 65536, sweep 16384),
   BUILD_DIR (default build), BENCH_ARGS (more normjit-bench / normjit-tune options)
-  test: GPU_TC (doctest -tc of the GPU cases; unset: every case in its own process, GPU_JOBS at a
-        time, default 4), NORMJIT_GPU_TEST_NS, CPU_TESTS=0, MEMCHECK=0, MEMCHECK_TC
+  test: GPU_TC (doctest -tc of the GPU cases; unset: all), each case in its own process, GPU_JOBS
+        at a time (default 4), NORMJIT_GPU_TEST_NS, CPU_TESTS=0, MEMCHECK=0, MEMCHECK_TC
   peers: PEER_NS, PEER_NORMS, PEER_PROVIDERS, PEER_PHASES (fwd bwd), PEER_S (seconds per phase's peers)
   sweep: FROM, TO, STEP, PHASES (fwd bwd)   tune: TUNE_BUDGET_S, TUNE_CANDIDATES
   profile: KERNEL (kernel-name regex, default normjit_), NCU_ARGS (default: a set of sections)
@@ -143,19 +143,20 @@ std_specs() {  # std_specs PHASES N...: one spec a line
   done; done
 }
 
-# run_sharded BIN JOBS LOG: each doctest test case of BIN in its own process, JOBS at a time (the
-# GPU grids spend most of their time in the host's fp64 reference, one case at a time); the logs
-# one after the other in LOG, then the summed doctest totals. Returns the worst exit code (77:
-# BIN skipped itself, as without a GPU).
+# run_sharded BIN JOBS LOG [FILTER]: each doctest test case of BIN (those FILTER, e.g. -tc=..., lets
+# through) in its own process, JOBS at a time (the GPU grids spend most of their time in the host's
+# fp64 reference, one case at a time); the logs one after the other in LOG, then the summed doctest
+# totals. Returns the worst exit code (77: BIN skipped itself, as without a GPU).
 run_sharded() {
-  local bin=$1 jobs=$2 log=$3 dir k rc=0 r i failed=0
+  local bin=$1 jobs=$2 log=$3 filter=${4:-} dir k rc=0 r i failed=0
   dir=$(mktemp -d "$WORK/shards.XXXX")
-  k=$("$bin" --list-test-cases 2>&1) || { echo "$k" >"$log"; return 77; }
+  k=$("$bin" --list-test-cases ${filter:+"$filter"} 2>&1) || { echo "$k" >"$log"; return 77; }
   k=$(sed -n 's/.*passing the current filters: //p' <<<"$k")
-  # doctest's --first / --last count the test cases from 1.
-  # shellcheck disable=SC2016  # $0 and $1 expand in the inner shell
-  seq 1 "$k" | xargs -P "$jobs" -I{} sh -c '"$0" --first={} --last={} >"$1/{}.log" 2>&1; echo $? >"$1/{}.rc"' \
-    "$bin" "$dir"
+  ((k > 0)) || { echo "no GPU test case passes the filter ${filter:-(none)}" >"$log"; return 1; }
+  # doctest's --first / --last count the test cases that pass the filters, from 1.
+  # shellcheck disable=SC2016  # $0, $1 and $2 expand in the inner shell
+  seq 1 "$k" | xargs -P "$jobs" -I{} sh -c '"$0" --first={} --last={} ${2:+"$2"} >"$1/{}.log" 2>&1; echo $? >"$1/{}.rc"' \
+    "$bin" "$dir" "$filter"
   for i in $(seq 1 "$k"); do
     cat "$dir/$i.log" >>"$log"
     r=$(cat "$dir/$i.rc" 2>/dev/null || echo 1)
@@ -186,13 +187,8 @@ job_test() {
     grep -A20 "The following tests FAILED" "$WORK/cpu_tests.log" | md
   fi
   local rc
-  if [[ -n ${GPU_TC:-} ]]; then
-    "$BUILD_DIR/tests/normjit_gpu_tests" -tc="$GPU_TC" >"$WORK/gpu_tests.log" 2>&1
-    rc=$?
-  else
-    run_sharded "$BUILD_DIR/tests/normjit_gpu_tests" "${GPU_JOBS:-4}" "$WORK/gpu_tests.log"
-    rc=$?
-  fi
+  run_sharded "$BUILD_DIR/tests/normjit_gpu_tests" "${GPU_JOBS:-4}" "$WORK/gpu_tests.log" ${GPU_TC:+"-tc=$GPU_TC"}
+  rc=$?
   if ((rc == 77)); then say "normjit_gpu_tests: skipped ($(head -1 "$WORK/gpu_tests.log"))"
   else
     ((rc == 0)) || STATUS=1
