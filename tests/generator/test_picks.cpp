@@ -290,6 +290,29 @@ TEST_CASE("where two rows of a class meet, no size falls between them") {
   CHECK(found[0] == "seamed: fwd layernorm - x2 v8: N = 2056..2056");
 }
 
+TEST_CASE("bf16 rows up to 65536 (forward) and 32768 (backward) never fall to the streamed or split route") {
+  // Off the round sizes the pick rows used to fall to the fallback's streamed forward (or a slow
+  // pipelined row) and split backward: 10-37 % slower on the H200 than register or shared rows
+  // (bench/RESULTS.md, "picks for sizes off the round grid"). Every multiple of 8 is held.
+  std::vector<std::string> fallen;
+  int checked = 0;
+  for (int64_t n = 8; n <= 65536; n += 8)
+    for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm}) {
+      const Spec f = resolve(Spec::make(norm, Phase::kForwardTraining, DType::kBF16, n, norm == Norm::kLayerNorm));
+      ++checked;
+      if (f.block->cache == RowCache::kGlobal) fallen.push_back(f.str());
+      if (n > 32768) continue;
+      Spec bwd = Spec::make(norm, Phase::kBackward, DType::kBF16, n, norm == Norm::kLayerNorm);
+      bwd.w_dtype = DType::kF32;
+      const Spec b = resolve(bwd);
+      ++checked;
+      if (b.block->cache == RowCache::kGlobal) fallen.push_back(b.str());
+    }
+  CHECK(checked == 2 * 8192 + 2 * 4096);
+  CHECK_MESSAGE(fallen.empty(), fallen.size() << " specs stream or split their rows, the first "
+                                              << (fallen.empty() ? std::string("-") : fallen.front()));
+}
+
 TEST_CASE("+quant rows serve quantized outputs only") {
   const auto pick = [](const char* text) { return testing::block_text(*resolve(Spec::parse(text), 16, 90).block); };
   // sm90.txt: fwd+residual_f32+quant layernorm * x4 v4 12288..14336 t512_r1_v4_smem.
