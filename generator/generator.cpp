@@ -99,8 +99,7 @@ ForwardLaunchBounds forward_launch_bounds(const Spec& spec, const BlockConfig& b
   // asked, ptxas gave LN bf16 65536 (two CTAs of 512 threads, 64 KB each) 46 registers and two CTAs
   // where three fit. No spill is allowed for it: a spilling copy is compiled uncapped.
   if (b.cache == RowCache::kShared && b.rows_per_cta == 1) {
-    constexpr int64_t kSharedPerSm = 228 * 1024, kPerCtaReserve = 2048;  // the driver's 1 KB, static scratch
-    const int64_t by_shared = kSharedPerSm / (shared_row_bytes(spec, b) + kPerCtaReserve);
+    const int64_t by_shared = kSharedBytesPerSm / (shared_row_bytes(spec, b) + kSharedReservePerCta);
     const int ctas = static_cast<int>(std::min<int64_t>(by_shared, 2048 / b.threads_per_row));
     if (ctas >= 2) return {true, ctas, 0};
   }

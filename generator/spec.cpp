@@ -124,8 +124,7 @@ XhatTable xhat_table(const Spec& s, const BlockConfig& b) {
   // would cost more than it saves.
   const int64_t registers = s.has_bias ? 80 : 64;
   const int64_t ctas = std::clamp<int64_t>(65536 / (registers * threads), 1, std::max<int64_t>(1, 2048 / threads));
-  constexpr int64_t kSharedPerSm = 228 * 1024, kPerCtaReserve = 2048;  // the driver's 1 KB, static scratch
-  const int64_t budget = std::min(kMaxSharedRowBytes, kSharedPerSm / ctas - kPerCtaReserve);
+  const int64_t budget = std::min(kMaxSharedRowBytes, kSharedBytesPerSm / ctas - kSharedReservePerCta);
   int64_t bytes = (in_shared_memory(b.cache) ? backward_row_bytes(s, b) : 0) + segment * 4;
   // Sub-warp and warp rows fold their sums through static shared memory at the end.
   if (b.rows_per_cta > 1) bytes += threads / 32 * segment * 4;

@@ -101,6 +101,10 @@ enum class RowCache { kRegisters, kGlobal, kShared, kSharedPipelined };
 constexpr bool in_shared_memory(RowCache c) { return c == RowCache::kShared || c == RowCache::kSharedPipelined; }
 // The most dynamic shared memory a smem row may take (sm_90's per-CTA opt-in limit, 227 KB).
 constexpr int64_t kMaxSharedRowBytes = 227 * 1024;
+// sm_90's shared memory a SM, and what each CTA takes of it beside its row (the driver's 1 KB and
+// the kernels' static scratch): how many CTAs' rows fit a SM.
+constexpr int64_t kSharedBytesPerSm = 228 * 1024;
+constexpr int64_t kSharedReservePerCta = 2048;
 
 struct BlockConfig {
   int threads_per_row = 0;  // <= 32: a power of two (sub-warp); > 32: a multiple of 32
