@@ -88,12 +88,14 @@ std::optional<int64_t> to_int(std::string_view t) {
   return v;
 }
 
-// "t1024_r1_v8_c2_tma@even" or "p8_r1_v8_c4_smem": a spec's cfg_ suffix, with p<K> allowed.
+// "t1024_r1_v8_c2_tma@even" or "p8_r1_v8_c4_smem@ragged": a spec's cfg_ suffix, with p<K> allowed.
 TableBlock parse_block(const std::string& name, int line, std::string_view text) {
   TableBlock tb;
   if (const size_t at = text.find('@'); at != std::string_view::npos) {
-    if (text.substr(at) != "@even") bad_table(name, line, "unknown block flag '" + std::string(text.substr(at)) + "'");
-    tb.even_only = true;
+    const std::string_view flag = text.substr(at);
+    if (flag == "@even") tb.even_only = true;
+    else if (flag == "@ragged") tb.ragged = true;
+    else bad_table(name, line, "unknown block flag '" + std::string(flag) + "'");
     text = text.substr(0, at);
   }
   if (text.size() < 2 || (text[0] != 't' && text[0] != 'p'))
@@ -110,6 +112,8 @@ TableBlock parse_block(const std::string& name, int line, std::string_view text)
   }
   if (by_packs) tb.packs_per_thread = static_cast<int>(*lead);
   if (tb.even_only && by_packs) bad_table(name, line, "@even needs a fixed thread count (t<T>)");
+  if (tb.ragged && (tb.block.cluster < 2 || (tb.block.cache != RowCache::kShared && tb.block.cache != RowCache::kRegisters)))
+    bad_table(name, line, "@ragged needs a cluster (c<C>) of rows in registers or smem");
   return tb;
 }
 
@@ -208,11 +212,14 @@ bool row_holds(const TableRow& r, const Spec& s, int vec) {
 
 std::optional<BlockConfig> detail::apply_pick_block(const TableBlock& tb, const Spec& s, int max_cluster) {
   BlockConfig b = tb.block;
-  if (b.cluster > max_cluster || s.n % b.vec != 0 || (s.n / b.vec) % b.cluster != 0) return std::nullopt;
-  if (b.cluster > 1 && s.epilogue == Epilogue::kReluBitmask && (s.n / b.cluster) % 8 != 0) return std::nullopt;
-  if (b.cluster > 1 && scales_per_block(s.epilogue) && (s.n / b.cluster) % scale_block_size(s.epilogue) != 0)
+  if (b.cluster > max_cluster || s.n % b.vec != 0) return std::nullopt;
+  const int64_t segment = segment_packs(s, b);
+  if (ragged_segments(s, b) &&
+      (!tb.ragged || s.phase == Phase::kBackward || s.n / b.vec - (b.cluster - 1) * segment < 1))
     return std::nullopt;
-  const int64_t segment = s.n / b.vec / b.cluster;
+  if (b.cluster > 1 && s.epilogue == Epilogue::kReluBitmask && segment * b.vec % 8 != 0) return std::nullopt;
+  if (b.cluster > 1 && scales_per_block(s.epilogue) && segment * b.vec % scale_block_size(s.epilogue) != 0)
+    return std::nullopt;
   if (tb.packs_per_thread > 0)
     b.threads_per_row = static_cast<int>(round_up((segment + tb.packs_per_thread - 1) / tb.packs_per_thread, 32));
   if (b.threads_per_row > 1024) return std::nullopt;  // p<K> past a CTA: the next alternative

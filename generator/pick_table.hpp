@@ -11,11 +11,13 @@
 namespace normjit::detail {
 
 // One block of a table row: the config with its thread count given directly (t<T>) or as packs
-// per thread (p<K>), and whether it applies only where its threads take whole packs (@even).
+// per thread (p<K>), whether it applies only where its threads take whole packs (@even), and
+// whether it applies where its cluster splits the row's packs unevenly (@ragged; forward only).
 struct TableBlock {
   BlockConfig block;
   int packs_per_thread = 0;  // > 0: threads = round_up(ceil(N / vec / cluster / K), 32)
   bool even_only = false;
+  bool ragged = false;
 };
 
 struct TableRow {
@@ -40,8 +42,9 @@ struct PickTable {
 PickTable parse_pick_table(std::string_view name, std::string_view text);
 // The table for a GPU of compute capability sm (major*10 + minor), or nullptr.
 const PickTable* pick_table_for_sm(int sm);
-// A block's config at this spec, or nullopt where it does not apply (an uneven split, a mask
-// byte shared between CTAs, a cluster over max_cluster, or @even threads that take partial packs).
+// A block's config at this spec, or nullopt where it does not apply (an uneven split without
+// @ragged, a mask byte or scale block shared between CTAs, a cluster over max_cluster, or @even
+// threads that take partial packs).
 std::optional<BlockConfig> apply_pick_block(const TableBlock& block, const Spec& spec, int max_cluster);
 
 }  // namespace normjit::detail

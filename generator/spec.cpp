@@ -139,8 +139,17 @@ int64_t xhat_table_bytes(const Spec& s, const BlockConfig& b) {
   return (t.reciprocal ? segment * 4 : 0) + (t.beta ? segment * dtype_size(s.w_dtype) : 0);
 }
 
+int64_t segment_packs(const Spec& s, const BlockConfig& b) {
+  if (b.vec < 1 || b.cluster < 1) return 0;
+  return (s.n / b.vec + b.cluster - 1) / b.cluster;
+}
+
+bool ragged_segments(const Spec& s, const BlockConfig& b) {
+  return b.vec >= 1 && b.cluster > 1 && (s.n / b.vec) % b.cluster != 0;
+}
+
 int64_t shared_row_bytes(const Spec& s, const BlockConfig& b) {
-  const int64_t segment = s.n / b.cluster;
+  const int64_t segment = segment_packs(s, b) * b.vec;
   const int64_t buffers = b.cache == RowCache::kSharedPipelined ? b.stages : 1;
   if (s.phase != Phase::kBackward) return buffers * segment * dtype_size(row_dtype(s));
   return backward_row_bytes(s, b) + (in_shared_memory(b.cache) ? xhat_table_bytes(s, b) : 0);
@@ -349,14 +358,16 @@ void validate(const Spec& s) {
       why = "must be a power of two <= 16";
     else if (sub_warp || b.cache == RowCache::kGlobal)
       why = "needs CTA-wide rows (threads_per_row > 32) held in registers or shared memory";
-    else if (packs % b.cluster != 0)
-      why = "must divide the row's packs (n / vec)";
-    else if (s.epilogue == Epilogue::kReluBitmask && (s.n / b.cluster) % 8 != 0)
-      why = "must leave each CTA whole mask bytes (n / cluster a multiple of 8)";
-    else if (scales_per_block(s.epilogue) && (s.n / b.cluster) % scale_block_size(s.epilogue) != 0)
+    else if (packs % b.cluster != 0 && (s.phase == Phase::kBackward || b.cache == RowCache::kSharedPipelined))
+      why = "must divide the row's packs (n / vec): uneven segments are for forward rows in registers or smem";
+    else if (packs - (b.cluster - 1) * segment_packs(s, b) < 1)
+      why = "leaves the last CTA no packs (n / vec rounded up per CTA)";
+    else if (s.epilogue == Epilogue::kReluBitmask && segment_packs(s, b) * b.vec % 8 != 0)
+      why = "must leave each CTA whole mask bytes (its segment of n a multiple of 8)";
+    else if (scales_per_block(s.epilogue) && segment_packs(s, b) * b.vec % scale_block_size(s.epilogue) != 0)
       why = scale_block_size(s.epilogue) == kMxBlock
-                ? "must leave each CTA whole 32-value scale blocks (n / cluster a multiple of 32)"
-                : "must leave each CTA whole 16-value scale blocks (n / cluster a multiple of 16)";
+                ? "must leave each CTA whole 32-value scale blocks (its segment of n a multiple of 32)"
+                : "must leave each CTA whole 16-value scale blocks (its segment of n a multiple of 16)";
     if (why)
       throw Error(Status::kInvalidSpec, where() + "cluster=" + std::to_string(b.cluster) + " " + why);
   }
@@ -392,7 +403,7 @@ void validate(const Spec& s) {
                                             " bytes of shared memory per CTA (max " +
                                             std::to_string(kMaxSharedRowBytes) + "; a cluster splits the row)");
   }
-  const int64_t packs_per_thread = (s.n / b.vec / b.cluster + b.threads_per_row - 1) / b.threads_per_row;
+  const int64_t packs_per_thread = (segment_packs(s, b) + b.threads_per_row - 1) / b.threads_per_row;
   if (b.cache == RowCache::kRegisters && packs_per_thread > kMaxRegisterPacks)
     throw Error(Status::kInvalidSpec, where() + "row cache 'reg' would hold " + std::to_string(packs_per_thread) +
                                           " packs per thread (max 16); use more threads or gmem");

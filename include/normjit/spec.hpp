@@ -201,6 +201,11 @@ XhatTable xhat_table(const Spec& s, const BlockConfig& b);
 // Its bytes per CTA (0 without one): after the row buffers and dbeta sums of a shared-memory row,
 // alone for a row in registers.
 int64_t xhat_table_bytes(const Spec& s, const BlockConfig& b);
+// Packs of b.vec elements in each CTA's segment of a row split over b.cluster CTAs: n / vec /
+// cluster rounded up. Where the cluster does not divide the row's packs the last CTA's segment is
+// shorter (ragged_segments): forward rows in registers or one buffer of shared memory only.
+int64_t segment_packs(const Spec& s, const BlockConfig& b);
+bool ragged_segments(const Spec& s, const BlockConfig& b);
 // Dynamic shared memory per CTA of a shared-memory row (smem or pipe) split over b.cluster
 // CTAs: the row's segment of x; in the backward, of dy too (both once per buffer for pipe), fp32 dbeta
 // sums where dbeta_sums_in_shared(), and the xhat_table.

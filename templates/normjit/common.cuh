@@ -54,22 +54,38 @@ __device__ __forceinline__ void wait_for_prerequisites() {
 
 // How a row of Cfg::kN elements maps onto Cfg::kThreadsPerRow threads in packs of Cfg::kVec:
 // pack p of a row belongs to lane p % kThreads, in its iteration p / kThreads. With a cluster
-// of kCluster CTAs per row, each CTA owns one contiguous segment of kVecs packs.
+// of kCluster CTAs per row, CTA r owns the segment of kVecs packs from r * kVecs. Where kCluster
+// does not divide the row's packs (kRagged: forward rows in registers or one buffer of shared
+// memory), each CTA takes the rounded-up share and the last CTA the rest, kLastVecs.
 template <class Cfg>
 struct RowShape {
   static constexpr int kVec = Cfg::kVec;
   static constexpr int kThreads = Cfg::kThreadsPerRow;
   static constexpr int kCluster = Cfg::kCluster;
-  static constexpr int kVecs = Cfg::kN / kVec / kCluster;           // packs per row (per CTA segment)
+  static constexpr int kRowVecs = Cfg::kN / kVec;
+  static constexpr int kVecs = (kRowVecs + kCluster - 1) / kCluster;  // packs per row (per CTA segment)
+  static constexpr int kLastVecs = kRowVecs - (kCluster - 1) * kVecs;  // the last CTA's segment
+  static constexpr bool kRagged = kLastVecs != kVecs;
   static constexpr int kSegment = kVecs * kVec;                     // elements per CTA segment
   static constexpr int kIters = (kVecs + kThreads - 1) / kThreads;  // packs per thread
   // Paths that stream a row take this many packs per thread at a time.
   static constexpr int kChunk = kIters < 4 ? kIters : 4;
   static constexpr float kInvN = 1.0f / static_cast<float>(Cfg::kN);
   static_assert(Cfg::kN % kVec == 0, "vec must divide N");
-  static_assert(Cfg::kN / kVec % kCluster == 0, "the cluster must divide the row's packs");
+  static_assert(kLastVecs > 0, "the cluster's last CTA must hold part of the row");
   static_assert(kCluster == 1 || Cfg::kRowsPerCta == 1, "a clustered row spans whole CTAs");
+
+  // This CTA's packs of a kRagged row (the others use kVecs: see NORMJIT_SEGMENT_VECS).
+  static __device__ __forceinline__ int ragged_segment_vecs() {
+    return blockIdx.x % kCluster == kCluster - 1 ? kLastVecs : kVecs;
+  }
 };
+
+// The packs of this CTA's segment of a row of shape S: kVecs unless the segments are ragged.
+// Written where it is compared, not behind a function: behind one, the even shapes' kernels came
+// out of ptxas with other SASS. (A last CTA compiled as its own instantiation, bounds constant,
+// took more registers and ran LN 262136 at 70.9 % of copy against 80.6, H200.)
+#define NORMJIT_SEGMENT_VECS(S) ((S::kRagged) ? S::ragged_segment_vecs() : S::kVecs)
 
 // AdaLayerNorm: the group (batch) of a row. validate_launch keeps such launches below 2^32 rows,
 // so 32 bits suffice: a 64-bit division expands into a called routine that needs a stack frame.

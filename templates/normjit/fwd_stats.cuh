@@ -19,7 +19,7 @@ __device__ __forceinline__ void load_chunk(Pack<XT, kVec> (&packs)[kCount], cons
   using S = FwdShape<Cfg>;
 #pragma unroll
   for (int i = 0; i < kCount; ++i)
-    if (const int pack = (first_pack + i) * S::kThreads + lane; active && pack < S::kVecs)
+    if (const int pack = (first_pack + i) * S::kThreads + lane; active && pack < NORMJIT_SEGMENT_VECS(S))
       packs[i] = load_pack<XT, kVec>(source + pack * kVec);
 }
 
@@ -31,7 +31,7 @@ __device__ __forceinline__ void load_input_chunk(const NormParams& p, Pack<XT, k
   using S = FwdShape<Cfg>;
 #pragma unroll
   for (int i = 0; i < kCount; ++i)
-    if (const int pack = (first_pack + i) * S::kThreads + lane; active && pack < S::kVecs)
+    if (const int pack = (first_pack + i) * S::kThreads + lane; active && pack < NORMJIT_SEGMENT_VECS(S))
       packs[i] = Cfg::Prologue::template load<XT, WT, kVec>(p, x + pack * kVec, segment_col + pack * kVec);
 }
 
@@ -45,7 +45,7 @@ __device__ __forceinline__ float2 pack_sums(const Pack<XT, kVec> (&packs)[kCount
   float sum = 0.f, m2 = 0.f;
 #pragma unroll
   for (int i = 0; i < kCount; ++i)
-    if ((first_pack + i) * S::kThreads + lane < S::kVecs) {
+    if ((first_pack + i) * S::kThreads + lane < NORMJIT_SEGMENT_VECS(S)) {
       float xf[kVec];
       unpack(packs[i], xf);
 #pragma unroll
@@ -87,7 +87,7 @@ __device__ __forceinline__ float pack_count(int first_pack, int lane) {
   float count = 0.f;
 #pragma unroll
   for (int i = 0; i < kCount; ++i)
-    if ((first_pack + i) * S::kThreads + lane < S::kVecs) count += Cfg::kVec;
+    if ((first_pack + i) * S::kThreads + lane < NORMJIT_SEGMENT_VECS(S)) count += Cfg::kVec;
   return count;
 }
 

@@ -116,7 +116,7 @@ __device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT,
   // Quantizing epilogues (y optional): where the threads' packs tile the row and these packs lie
   // within a thread's kIters, every pack of an active row is valid, known without a test.
   constexpr bool kAllValid = !Epilogue::kAlwaysStoresY && !OneOutputBody<Epilogue>::value &&
-                             S::kVecs % S::kThreads == 0 && S::kIters % kCount == 0;
+                             !S::kRagged && S::kVecs % S::kThreads == 0 && S::kIters % kCount == 0;
   // Row-scaled epilogues: what the writing pass's packs share, formed ahead of them (row_arg),
   // except over held y (kPassWriteHeld: in the packs; ahead, it took an fp32-stream row of 896
   // threads from 32 to 35 registers, two CTAs a SM to one).
@@ -131,7 +131,7 @@ __device__ __forceinline__ float write_packs(const NormParams& p, const Pack<XT,
 #pragma unroll
   for (int i = 0; i < kCount; ++i) {
     const int pack = (first_pack + i) * S::kThreads + lane;
-    const bool valid = active && (kAllValid || pack < S::kVecs);
+    const bool valid = active && (kAllValid || pack < NORMJIT_SEGMENT_VECS(S));
     const int col = pack * kVec;
     // The measuring pass's amax and held_y lose nothing: a skipped pack's zeros add nothing to
     // amax, and its held_y is never read.

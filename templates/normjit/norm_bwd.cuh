@@ -43,6 +43,7 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
   constexpr bool kDbetaShared = Cfg::kDbetaShared;
   static_assert(!kDbetaShared || (!Source::kInRegisters && Cfg::kHasBias),
                 "shared dbeta sums belong to shared-memory rows");
+  static_assert(!S::kRagged, "a clustered backward row takes equal segments");
   __shared__ float2 pair_scratch[S::kThreads > 32 ? S::kThreads / 32 : 1];
   // Clustered rows: the row sums' cluster slots, alternating per row so one barrier per row
   // suffices (a slot is rewritten only after every CTA passed the next row's barrier).

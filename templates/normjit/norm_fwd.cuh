@@ -54,7 +54,7 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i) {
       const int pack = i * S::kThreads + lane;
-      if (active && pack < S::kVecs)
+      if (active && pack < NORMJIT_SEGMENT_VECS(S))
         cache[i] = Cfg::Prologue::template load<XT, WT, kVec>(p, x + pack * kVec, segment_col + pack * kVec);
     }
     if constexpr (kLayerNorm) {
@@ -87,7 +87,7 @@ __device__ __forceinline__ void norm_fwd_row(const NormParams& p) {
 #pragma unroll
       for (int i = 0; i < S::kChunk; ++i) {
         const int pack = (base + i) * S::kThreads + lane;
-        if (active && pack < S::kVecs) {
+        if (active && pack < NORMJIT_SEGMENT_VECS(S)) {
           chunk[i] = Cfg::Prologue::template load<XT, WT, kVec>(p, x + pack * kVec, segment_col + pack * kVec);
           store_pack<XT, kVec>(shared_row + pack * kVec, chunk[i]);
         }
@@ -230,6 +230,7 @@ __device__ __forceinline__ void norm_fwd_pipelined(const NormParams& p) {
   constexpr int kScratch = S::kThreads / 32;
   static_assert(Cfg::kRowsPerCta == 1 && S::kThreads > 32, "a pipelined row fills its CTA");
   static_assert(kStages >= 2, "a pipelined row needs a buffer to fill while it works on another");
+  static_assert(!S::kRagged, "a pipelined row's buffers take whole, equal segments");
   static_assert(Cfg::Prologue::kNormalizesX, "pipelined rows copy x alone into their buffers");
   static_assert(sizeof(typename Cfg::YT) == sizeof(XT), "pipelined rows normalize x as given");
   __shared__ float sum_scratch[kScratch];

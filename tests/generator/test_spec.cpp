@@ -311,7 +311,9 @@ TEST_CASE("bad spec strings are rejected with a message naming the problem") {
       {"layernorm.fwd_train.bf16.w_bf16.n4096.cfg_t32_r4_v8_c2_reg", "cluster=2 needs CTA-wide rows"},
       {"layernorm.fwd_train.bf16.w_bf16.n32768.cfg_t1024_r1_v8_c2_gmem", "cluster=2 needs CTA-wide rows"},
       {"layernorm.fwd_train.bf16.w_bf16.n32768.cfg_t32_r1_v8_c2_reg", "cluster=2 needs CTA-wide rows"},
-      {"layernorm.fwd_train.bf16.w_bf16.n4104.cfg_t256_r1_v8_c2_reg", "cluster=2 must divide"},
+      {"layernorm.bwd.bf16.w_bf16.n4104.cfg_t256_r1_v8_c2_reg", "cluster=2 must divide the row's packs (n / vec): uneven segments are for forward rows in registers or smem"},
+      {"layernorm.fwd_train.bf16.w_bf16.n65608.cfg_t1024_r1_v8_c2_pipe", "cluster=2 must divide"},
+      {"layernorm.fwd_train.bf16.w_bf16.n40.cfg_t64_r1_v8_c4_reg", "cluster=4 leaves the last CTA no packs"},
       {"layernorm.fwd_train.f32.w_f32.n4104.relu_bitmask.cfg_t256_r1_v4_c2_reg", "whole mask bytes"},
       {"layernorm.bwd.bf16.w_bf16.n65536.cfg_t1024_r1_v8_smem", "262144 bytes of shared memory per CTA"},
       {"layernorm.fwd_train.bf16.w_bf16.n262144.cfg_t1024_r1_v8_smem", "524288 bytes of shared memory"},
@@ -395,7 +397,7 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.fwd_train.bf16.n40960") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n51200") == BlockConfig{800, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n57344") == BlockConfig{896, 1, 8, RowCache::kRegisters});
-  CHECK(block("layernorm.fwd_train.bf16.n61440") == BlockConfig{480, 1, 8, RowCache::kShared, 2});
+  CHECK(block("layernorm.fwd_train.bf16.n61440") == BlockConfig{960, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n40960", 16, 80).cache == RowCache::kGlobal);
   // LayerNorm's 4-pack rows of 704-768 threads in shared memory; 896 stays in registers.
   CHECK(block("layernorm.fwd_train.bf16.n24576") == BlockConfig{768, 1, 8, RowCache::kShared});
@@ -404,8 +406,14 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("rmsnorm.fwd_train.bf16.n24576") == BlockConfig{768, 1, 8, RowCache::kRegisters});
   CHECK(block("adalayernorm.fwd_infer.f16.n49152.bias") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
   CHECK(block("layernorm.fwd_train.bf16.n53248") == BlockConfig{832, 1, 8, RowCache::kRegisters});
-  // 960 threads of 8 packs would spill (AdaLayerNorm f16, fp32 weights, mask): 2 CTAs instead.
-  CHECK(block("layernorm.fwd_train.bf16.n59392") == BlockConfig{480, 1, 8, RowCache::kShared, 2});
+  // Registers of 8 packs a thread up to 61440; past it the 2-CTA shared row (faster on the H100).
+  CHECK(block("layernorm.fwd_train.bf16.n59392") == BlockConfig{928, 1, 8, RowCache::kRegisters});
+  CHECK(block("layernorm.fwd_train.bf16.n63488") == BlockConfig{512, 1, 8, RowCache::kShared, 2});
+  // Past 65536, where no cluster splits the packs evenly: unequal segments (the last CTA's shorter).
+  CHECK(block("rmsnorm.fwd_train.bf16.n65608") == BlockConfig{288, 1, 8, RowCache::kShared, 4});
+  CHECK(block("layernorm.fwd_train.bf16.n98312") == BlockConfig{224, 1, 8, RowCache::kShared, 8});
+  CHECK(block("layernorm.fwd_train.bf16.n98304") == BlockConfig{384, 1, 8, RowCache::kShared, 4});
+  CHECK(block("layernorm.fwd_train.bf16.n131112") == BlockConfig{288, 1, 8, RowCache::kShared, 8});
   CHECK(block("rmsnorm.fwd_train.bf16.n61440") == BlockConfig{1024, 1, 4, RowCache::kRegisters});
   CHECK(block("rmsnorm.fwd_train.bf16.n65536") == BlockConfig{1024, 1, 8, RowCache::kShared});
   // fp32 x at 65536: 4 CTAs of 64 KB, as the rows on either side (streamed before the rows met).
@@ -417,8 +425,9 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   // segments; odd N keeps one buffer (LayerNorm) or streams (RMSNorm).
   CHECK(block("layernorm.fwd_train.bf16.n33792") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
   CHECK(block("rmsnorm.fwd_train.bf16.n33792") == BlockConfig{544, 1, 8, RowCache::kRegisters});  // 8 packs a thread
-  // 8193 packs: no 2-CTA split, and p8 registers would take 1056 threads: the fallback streams it.
-  CHECK(block("layernorm.fwd_train.bf16.n65544").cache == RowCache::kGlobal);
+  // 8193 packs: no even 2-CTA split, and p8 registers would take 1056 threads: 4 CTAs of unequal
+  // segments (2049 packs, the last 2046).
+  CHECK(block("layernorm.fwd_train.bf16.n65544") == BlockConfig{288, 1, 8, RowCache::kShared, 4});
   CHECK(block("layernorm.fwd_train.bf16.n40968") == BlockConfig{1024, 1, 8, RowCache::kRegisters});
   CHECK(block("rmsnorm.fwd_train.bf16.n98304") == BlockConfig{384, 1, 8, RowCache::kShared, 4});
   CHECK(block("layernorm.fwd_train.bf16.n40961") == BlockConfig{1024, 1, 1, RowCache::kShared});
@@ -535,6 +544,20 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.bwd.bf16.w_f32.n1032.bias") == BlockConfig{96, 1, 8, RowCache::kRegisters});
   // A given block config is kept as is.
   CHECK(block("layernorm.fwd_train.bf16.n4096.cfg_t512_r1_v8_reg") == BlockConfig{512, 1, 8, RowCache::kRegisters});
+}
+
+TEST_CASE("a forward row's cluster may split its packs unevenly: each CTA takes the rounded-up share, the last the rest") {
+  const Spec s = Spec::parse("layernorm.fwd_train.bf16.w_bf16.n65608.cfg_t288_r1_v8_c4_smem");
+  CHECK(ragged_segments(s, *s.block));
+  CHECK(segment_packs(s, *s.block) == 2051);  // 8201 packs: 3 x 2051 + 2048
+  CHECK(shared_row_bytes(s, *s.block) == 2051 * 8 * 2);
+  CHECK(Spec::parse(s.str()) == s);
+  const Spec even = Spec::parse("layernorm.fwd_train.bf16.w_bf16.n65536.cfg_t256_r1_v8_c4_smem");
+  CHECK_FALSE(ragged_segments(even, *even.block));
+  CHECK(segment_packs(even, *even.block) == 2048);
+  const Spec reg = Spec::parse("rmsnorm.fwd_infer.bf16.w_bf16.n4104.relu_bitmask.cfg_t256_r1_v8_c2_reg");
+  CHECK(ragged_segments(reg, *reg.block));
+  CHECK(segment_packs(reg, *reg.block) == 257);  // 513 packs: 257 + 256
 }
 
 TEST_CASE("shared memory per CTA of a shared-memory row: x, dy in the backward, and dbeta sums past the registers") {

@@ -10,7 +10,8 @@ TEST_CASE("forward kernels match the fp64 reference over ops x dtypes x N x rows
   // a one-CTA shared row, 32768 in 8-byte packs, 36864-57344 in registers (up to 8 packs a
   // thread), 65536 in 2 CTAs; RMSNorm 65536 in one CTA's shared memory. 50000 / 58584: rows whose
   // packs split over no 1024 threads or cluster evenly, in registers of 8 packs a thread.
-  const std::vector<int64_t> ns = grid_ns({1, 7, 127, 256, 1000, 2880, 4096, 4097, 8192, 17408, 18432, 20001, 20480, 22528, 32768, 36864, 40960, 50000, 57344, 58584, 61440, 65536, 131072, 262144});
+  // 98312: 2-byte x past 65536 whose packs no cluster splits evenly: 4 CTAs of unequal segments.
+  const std::vector<int64_t> ns = grid_ns({1, 7, 127, 256, 1000, 2880, 4096, 4097, 8192, 17408, 18432, 20001, 20480, 22528, 32768, 36864, 40960, 50000, 57344, 58584, 61440, 65536, 98312, 131072, 262144});
   std::vector<Case> cases;
   for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
     for (Phase phase : {Phase::kForwardTraining, Phase::kForwardInference})
@@ -67,6 +68,43 @@ TEST_CASE("pinned shared-memory rows (smem), alone and across clusters, match th
     const std::string name = text;
     CAPTURE(name);
     CHECK(run_forward(c).worst <= 1.0);
+  }
+}
+
+TEST_CASE("ragged clusters: a forward row's CTAs take unequal segments, in shared memory and registers") {
+  // The cluster does not divide the row's packs: each CTA takes the rounded-up share, the last
+  // CTA the rest (65608: 8201 packs, 3 x 2051 + 2048 over 4 CTAs).
+  for (const char* text : {"layernorm.fwd_train.bf16.w_bf16.n65608.bias.cfg_t288_r1_v8_c4_smem",
+                           "rmsnorm.fwd_train.bf16.w_bf16.n65608.cfg_t544_r1_v8_c2_smem",
+                           "rmsnorm.fwd_infer.bf16.w_f32.n131112.relu_bitmask.cfg_t288_r1_v8_c8_smem",
+                           "layernorm.fwd_train.f32.w_f32.n98316.bias.cfg_t1024_r1_v4_c8_smem",
+                           "adalayernorm.fwd_train.f16.w_f32.n200008.bias.gelu.cfg_t416_r1_v8_c8_smem",
+                           "layernorm.fwd_infer.bf16.w_bf16.n262136.bias.cfg_t512_r1_v8_c8_smem",
+                           "layernorm.fwd_infer.bf16.w_bf16.n4104.bias.cfg_t160_r1_v8_c2_reg",
+                           "adarmsnorm.fwd_train.f16.w_f16.n20008.relu_bitmask.cfg_t320_r1_v8_c4_reg",
+                           "rmsnorm.fwd_train.bf16.w_bf16.n20008.residual.cfg_t320_r1_v8_c4_reg",
+                           "layernorm.fwd_train.bf16.w_bf16.n65608.bias.residual.cfg_t288_r1_v8_c4_smem"}) {
+    const Case c = pinned_case(text, 100.0);
+    const std::string name = text;
+    CAPTURE(name);
+    const ForwardRun r = run_forward(c);
+    CHECK(r.worst <= 1.0);
+    CHECK(r.mask_mismatches == 0);
+  }
+  // Quantized outputs over ragged segments: codes and scales against the host references.
+  for (const char* text : {"layernorm.fwd_train.bf16.w_bf16.n65608.bias.fp8_e4m3.cfg_t288_r1_v8_c4_smem",
+                           "rmsnorm.fwd_infer.bf16.w_bf16.n65608.int8_row.cfg_t288_r1_v8_c4_smem",
+                           "rmsnorm.fwd_infer.bf16.w_bf16.n98312.fp8_e4m3_row.cfg_t416_r1_v8_c4_smem"}) {
+    Case c = pinned_case(text);
+    c.rows = 5;
+    c.rows_per_batch = 0;
+    const std::string name = text;
+    CAPTURE(name);
+    const ForwardRun r = run_forward(c);
+    CHECK(r.worst <= 1.0);
+    CHECK(r.quant_checked == c.rows * c.spec.n);
+    CAPTURE(r.quant_first_mismatch);
+    CHECK(r.quant_mismatches == 0);
   }
 }
 
