@@ -23,7 +23,7 @@ usage: scripts/device.sh JOB [ARGS...]
                         host time, graph replay, and its cost against normjit-bench and torch eager
 env: OUT (results, default ./.out), M (rows; default 32768, 4096 past N = 65536, sweep 16384),
   BUILD_DIR (default build), BENCH_ARGS (more normjit-bench / normjit-tune options)
-  test: GPU_TC (doctest -tc of the GPU cases; unset: all), each case in its own process, GPU_JOBS
+  test: GPU_TC (doctest -tc of the GPU cases; unset: all), each case in its own process (the longest first), GPU_JOBS
         at a time (default 4), NORMJIT_GPU_TEST_NS, CPU_TESTS=0, MEMCHECK=0, MEMCHECK_TC
   peers: PEER_NS, PEER_NORMS, PEER_PROVIDERS, PEER_PHASES (fwd bwd), PEER_S (seconds per phase's peers)
   sweep: FROM, TO, STEP, PHASES (fwd bwd)   tune: TUNE_BUDGET_S, TUNE_CANDIDATES
@@ -147,15 +147,29 @@ std_specs() {  # std_specs PHASES N...: one spec a line
 # through) in its own process, JOBS at a time (the GPU grids spend most of their time in the host's
 # fp64 reference, one case at a time); the logs one after the other in LOG, then the summed doctest
 # totals. Returns the worst exit code (77: BIN skipped itself, as without a GPU).
+# The GPU test cases that run longest (the reference grids, 2-6 minutes each on an H200 from a
+# cold cache), started first so that no long case starts last.
+LONG_GPU_CASES=("backward matches the fp64" "forward kernels match" "memory_efficient backward"
+  "quantized output: MXFP4" "fusions forward" "fusions backward" "quantized output: per-row"
+  "quantized output: MXFP8" "quantized output: fp8" "fp32 residual stream")
+
 run_sharded() {
-  local bin=$1 jobs=$2 log=$3 filter=${4:-} dir k rc=0 r i failed=0
+  local bin=$1 jobs=$2 log=$3 filter=${4:-} dir k list rc=0 r i failed=0
   dir=$(mktemp -d "$WORK/shards.XXXX")
-  k=$("$bin" --list-test-cases ${filter:+"$filter"} 2>&1) || { echo "$k" >"$log"; return 77; }
-  k=$(sed -n 's/.*passing the current filters: //p' <<<"$k")
+  list=$("$bin" --list-test-cases ${filter:+"$filter"} 2>&1) || { echo "$list" >"$log"; return 77; }
+  k=$(sed -n 's/.*passing the current filters: //p' <<<"$list")
   ((k > 0)) || { echo "no GPU test case passes the filter ${filter:-(none)}" >"$log"; return 1; }
-  # doctest's --first / --last count the test cases that pass the filters, from 1.
+  # doctest's --first / --last count the test cases that pass the filters, from 1, in the order
+  # it lists them: the long ones first, then the rest.
+  local order=() names=() p
+  mapfile -t names < <(awk '/listing all test case names/ {on = 1; next}
+                            on && /^=+$/ {if (seen++) exit; next} on' <<<"$list")
+  for p in "${LONG_GPU_CASES[@]}"; do
+    for i in "${!names[@]}"; do [[ ${names[i]} == "$p"* ]] && order+=($((i + 1))); done
+  done
+  for i in $(seq 1 "$k"); do [[ " ${order[*]} " == *" $i "* ]] || order+=("$i"); done
   # shellcheck disable=SC2016  # $0, $1 and $2 expand in the inner shell
-  seq 1 "$k" | xargs -P "$jobs" -I{} sh -c '"$0" --first={} --last={} ${2:+"$2"} >"$1/{}.log" 2>&1; echo $? >"$1/{}.rc"' \
+  printf '%s\n' "${order[@]}" | xargs -P "$jobs" -I{} sh -c '"$0" --first={} --last={} ${2:+"$2"} >"$1/{}.log" 2>&1; echo $? >"$1/{}.rc"' \
     "$bin" "$dir" "$filter"
   for i in $(seq 1 "$k"); do
     cat "$dir/$i.log" >>"$log"
@@ -187,7 +201,7 @@ job_test() {
     grep -A20 "The following tests FAILED" "$WORK/cpu_tests.log" | md
   fi
   local rc
-  run_sharded "$BUILD_DIR/tests/normjit_gpu_tests" "${GPU_JOBS:-4}" "$WORK/gpu_tests.log" ${GPU_TC:+"-tc=$GPU_TC"}
+  run_sharded "$BUILD_DIR/tests/normjit_gpu_tests" "${GPU_JOBS:-6}" "$WORK/gpu_tests.log" ${GPU_TC:+"-tc=$GPU_TC"}
   rc=$?
   if ((rc == 77)); then say "normjit_gpu_tests: skipped ($(head -1 "$WORK/gpu_tests.log"))"
   else
