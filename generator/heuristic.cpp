@@ -215,7 +215,7 @@ std::optional<BlockConfig> detail::apply_pick_block(const TableBlock& tb, const 
   if (b.cluster > max_cluster || s.n % b.vec != 0) return std::nullopt;
   const int64_t segment = segment_packs(s, b);
   if (ragged_segments(s, b) &&
-      (!tb.ragged || s.phase == Phase::kBackward || s.n / b.vec - (b.cluster - 1) * segment < 1))
+      (!tb.ragged || s.phase == Phase::kBackward || last_segment_packs(s, b) < 1))
     return std::nullopt;
   if (b.cluster > 1 && s.epilogue == Epilogue::kReluBitmask && segment * b.vec % 8 != 0) return std::nullopt;
   if (b.cluster > 1 && scales_per_block(s.epilogue) && segment * b.vec % scale_block_size(s.epilogue) != 0)

@@ -144,6 +144,11 @@ int64_t segment_packs(const Spec& s, const BlockConfig& b) {
   return (s.n / b.vec + b.cluster - 1) / b.cluster;
 }
 
+int64_t last_segment_packs(const Spec& s, const BlockConfig& b) {
+  if (b.vec < 1 || b.cluster < 1) return 0;
+  return s.n / b.vec - (b.cluster - 1) * segment_packs(s, b);
+}
+
 bool ragged_segments(const Spec& s, const BlockConfig& b) {
   return b.vec >= 1 && b.cluster > 1 && (s.n / b.vec) % b.cluster != 0;
 }
@@ -360,7 +365,7 @@ void validate(const Spec& s) {
       why = "needs CTA-wide rows (threads_per_row > 32) held in registers or shared memory";
     else if (packs % b.cluster != 0 && (s.phase == Phase::kBackward || b.cache == RowCache::kSharedPipelined))
       why = "must divide the row's packs (n / vec): uneven segments are for forward rows in registers or smem";
-    else if (packs - (b.cluster - 1) * segment_packs(s, b) < 1)
+    else if (last_segment_packs(s, b) < 1)
       why = "leaves the last CTA no packs (n / vec rounded up per CTA)";
     else if (s.epilogue == Epilogue::kReluBitmask && segment_packs(s, b) * b.vec % 8 != 0)
       why = "must leave each CTA whole mask bytes (its segment of n a multiple of 8)";

@@ -205,6 +205,8 @@ int64_t xhat_table_bytes(const Spec& s, const BlockConfig& b);
 // cluster rounded up. Where the cluster does not divide the row's packs the last CTA's segment is
 // shorter (ragged_segments): forward rows in registers or one buffer of shared memory only.
 int64_t segment_packs(const Spec& s, const BlockConfig& b);
+// The last CTA's packs: segment_packs() unless ragged, then fewer (none or less: no such split).
+int64_t last_segment_packs(const Spec& s, const BlockConfig& b);
 bool ragged_segments(const Spec& s, const BlockConfig& b);
 // Dynamic shared memory per CTA of a shared-memory row (smem or pipe) split over b.cluster
 // CTAs: the row's segment of x; in the backward, of dy too (both once per buffer for pipe), fp32 dbeta

@@ -550,11 +550,13 @@ TEST_CASE("a forward row's cluster may split its packs unevenly: each CTA takes 
   const Spec s = Spec::parse("layernorm.fwd_train.bf16.w_bf16.n65608.cfg_t288_r1_v8_c4_smem");
   CHECK(ragged_segments(s, *s.block));
   CHECK(segment_packs(s, *s.block) == 2051);  // 8201 packs: 3 x 2051 + 2048
+  CHECK(last_segment_packs(s, *s.block) == 2048);
   CHECK(shared_row_bytes(s, *s.block) == 2051 * 8 * 2);
   CHECK(Spec::parse(s.str()) == s);
   const Spec even = Spec::parse("layernorm.fwd_train.bf16.w_bf16.n65536.cfg_t256_r1_v8_c4_smem");
   CHECK_FALSE(ragged_segments(even, *even.block));
   CHECK(segment_packs(even, *even.block) == 2048);
+  CHECK(last_segment_packs(even, *even.block) == 2048);
   const Spec reg = Spec::parse("rmsnorm.fwd_infer.bf16.w_bf16.n4104.relu_bitmask.cfg_t256_r1_v8_c2_reg");
   CHECK(ragged_segments(reg, *reg.block));
   CHECK(segment_packs(reg, *reg.block) == 257);  // 513 packs: 257 + 256
