@@ -217,9 +217,7 @@ std::optional<BlockConfig> detail::apply_pick_block(const TableBlock& tb, const 
   if (ragged_segments(s, b) &&
       (!tb.ragged || s.phase == Phase::kBackward || last_segment_packs(s, b) < 1))
     return std::nullopt;
-  if (b.cluster > 1 && s.epilogue == Epilogue::kReluBitmask && segment * b.vec % 8 != 0) return std::nullopt;
-  if (b.cluster > 1 && scales_per_block(s.epilogue) && segment * b.vec % scale_block_size(s.epilogue) != 0)
-    return std::nullopt;
+  if (!segments_hold_whole_epilogue_units(s, b)) return std::nullopt;
   if (tb.packs_per_thread > 0)
     b.threads_per_row = static_cast<int>(round_up((segment + tb.packs_per_thread - 1) / tb.packs_per_thread, 32));
   if (b.threads_per_row > 1024) return std::nullopt;  // p<K> past a CTA: the next alternative

@@ -153,6 +153,13 @@ bool ragged_segments(const Spec& s, const BlockConfig& b) {
   return b.vec >= 1 && b.cluster > 1 && (s.n / b.vec) % b.cluster != 0;
 }
 
+bool segments_hold_whole_epilogue_units(const Spec& s, const BlockConfig& b) {
+  if (b.cluster <= 1) return true;
+  const int64_t segment = segment_packs(s, b) * b.vec;
+  if (s.epilogue == Epilogue::kReluBitmask && segment % 8 != 0) return false;
+  return !scales_per_block(s.epilogue) || segment % scale_block_size(s.epilogue) == 0;
+}
+
 int64_t shared_row_bytes(const Spec& s, const BlockConfig& b) {
   const int64_t segment = segment_packs(s, b) * b.vec;
   const int64_t buffers = b.cache == RowCache::kSharedPipelined ? b.stages : 1;
@@ -367,9 +374,9 @@ void validate(const Spec& s) {
       why = "must divide the row's packs (n / vec): uneven segments are for forward rows in registers or smem";
     else if (last_segment_packs(s, b) < 1)
       why = "leaves the last CTA no packs (n / vec rounded up per CTA)";
-    else if (s.epilogue == Epilogue::kReluBitmask && segment_packs(s, b) * b.vec % 8 != 0)
+    else if (!segments_hold_whole_epilogue_units(s, b) && s.epilogue == Epilogue::kReluBitmask)
       why = "must leave each CTA whole mask bytes (its segment of n a multiple of 8)";
-    else if (scales_per_block(s.epilogue) && segment_packs(s, b) * b.vec % scale_block_size(s.epilogue) != 0)
+    else if (!segments_hold_whole_epilogue_units(s, b))
       why = scale_block_size(s.epilogue) == kMxBlock
                 ? "must leave each CTA whole 32-value scale blocks (its segment of n a multiple of 32)"
                 : "must leave each CTA whole 16-value scale blocks (its segment of n a multiple of 16)";

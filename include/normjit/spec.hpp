@@ -208,6 +208,9 @@ int64_t segment_packs(const Spec& s, const BlockConfig& b);
 // The last CTA's packs: segment_packs() unless ragged, then fewer (none or less: no such split).
 int64_t last_segment_packs(const Spec& s, const BlockConfig& b);
 bool ragged_segments(const Spec& s, const BlockConfig& b);
+// Whether each CTA's segment holds whole relu_bitmask mask bytes and whole block-scale blocks
+// (always true for one CTA per row).
+bool segments_hold_whole_epilogue_units(const Spec& s, const BlockConfig& b);
 // Dynamic shared memory per CTA of a shared-memory row (smem or pipe) split over b.cluster
 // CTAs: the row's segment of x; in the backward, of dy too (both once per buffer for pipe), fp32 dbeta
 // sums where dbeta_sums_in_shared(), and the xhat_table.
