@@ -123,7 +123,7 @@ GeneratedSource generate(const Spec& spec) {
   g.kernel_name = "normjit_" + name;
   for (char& c : g.kernel_name)
     if (c == '.') c = '_';
-  g.threads_per_cta = b.threads_per_row * b.rows_per_cta;
+  g.threads_per_cta = b.threads_per_row * b.rows_per_cta + (b.producer_warp ? 32 : 0);
   g.rows_per_cta = b.rows_per_cta;
   // The backward: the fused kernel or row sums and tiles, then the reduction.
   g.kernels = spec.phase != Phase::kBackward ? 1 : b.cache != RowCache::kGlobal ? 2 : 3;
@@ -165,11 +165,14 @@ GeneratedSource generate(const Spec& spec) {
     values["FUSED"] = b.cache != RowCache::kGlobal ? "1" : "0";
     values["DBETA_SHARED"] = dbeta_sums_in_shared(spec, b) ? "true" : "false";
     values["XHAT_FROM_Y"] = spec.memory_efficient ? "true" : "false";
-    // memory_efficient specs only: one more binding line each, so the other specs' source stays as it was.
-    values["XHAT_TABLE"] = "";
+    // memory_efficient and producer-warp specs only: one more binding line each, so the other
+    // specs' source stays as it was.
+    values["EXTRA_BINDINGS"] = "";
+    if (b.producer_warp)
+      values["EXTRA_BINDINGS"] = "\n  static constexpr bool kProducerWarp = true;  // the CTA's last warp fills the row buffers";
     if (spec.memory_efficient) {
       const XhatTable t = xhat_table(spec, b);
-      values["XHAT_TABLE"] = std::string("\n  static constexpr bool kReciprocalTable = ") +
+      values["EXTRA_BINDINGS"] = std::string("\n  static constexpr bool kReciprocalTable = ") +
                              (t.reciprocal ? "true" : "false") + ";  // 1/gamma' per column in shared memory" +
                              "\n  static constexpr bool kBetaTable = " + (t.beta ? "true" : "false") + ";  // beta too";
     }

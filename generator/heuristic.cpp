@@ -255,7 +255,11 @@ Spec resolve(const Spec& spec, int max_vec, int sm, int max_cluster) {
     s.block->bulk_copy = false;
   }
   // Bulk copies move x and dy as one type; an fp32 stream's rows take the per-thread copies.
-  if (s.residual_f32 && s.block->bulk_copy) s.block->bulk_copy = false;
+  if (s.residual_f32 && s.block->bulk_copy) {
+    s.block->bulk_copy = false;
+    s.block->producer_warp = false;
+    s.block->stages = std::min(s.block->stages, kMaxPipeStages);
+  }
   try {
     validate(s);
   } catch (const Error& e) {

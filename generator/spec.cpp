@@ -196,7 +196,7 @@ std::string Spec::str() const {
   if (block) {
     s += ".cfg_t" + std::to_string(block->threads_per_row) + "_r" + std::to_string(block->rows_per_cta) + "_v" +
          std::to_string(block->vec) + (block->cluster > 1 ? "_c" + std::to_string(block->cluster) : "") + "_" +
-         (block->bulk_copy ? "tma" : to_string(block->cache));
+         (block->producer_warp ? "ws" : block->bulk_copy ? "tma" : to_string(block->cache));
     if (block->cache == RowCache::kSharedPipelined && block->stages != 2) s += std::to_string(block->stages);
   }
   return s;
@@ -223,7 +223,12 @@ static BlockConfig parse_block_token(std::string_view text, std::string_view tok
   std::string_view cache_name = c.size() > 1 ? c.substr(1) : std::string_view{};
   // tma, tma3, tma4: a pipelined row filled by bulk copies; otherwise spelled like pipe.
   std::string pipe_name;
-  if (cache_name.substr(0, 3) == "tma") {
+  if (cache_name.substr(0, 2) == "ws") {  // ws, ws3 ... ws8: tma with a producer warp
+    b.bulk_copy = true;
+    b.producer_warp = true;
+    pipe_name = "pipe" + std::string(cache_name.substr(2));
+    cache_name = pipe_name;
+  } else if (cache_name.substr(0, 3) == "tma") {
     b.bulk_copy = true;
     pipe_name = "pipe" + std::string(cache_name.substr(3));
     cache_name = pipe_name;
@@ -233,12 +238,14 @@ static BlockConfig parse_block_token(std::string_view text, std::string_view tok
     b.stages = cache_name[4] - '0';
     cache_name = cache_name.substr(0, 4);
     if (b.stages == 2) {
-      const char* plain = b.bulk_copy ? "tma" : "pipe";
+      const char* plain = b.producer_warp ? "ws" : b.bulk_copy ? "tma" : "pipe";
       bad_spec(text, std::string("a 2-buffer pipelined row is spelled '") + plain + "', not '" + plain + "2'");
     }
   }
   auto cache = cache_name.empty() ? std::nullopt : lookup(kRowCaches, cache_name);
-  if (!cache) bad_spec(text, "block config row cache must be one of " + choices(kRowCaches) + "|tma (pipe3, pipe4, tma3, tma4: more buffers)");
+  if (!cache)
+    bad_spec(text, "block config row cache must be one of " + choices(kRowCaches) +
+                       "|tma|ws (pipe3, pipe4, tma3, tma4, ws3 ... ws8: more buffers)");
   b.cache = *cache;
   return b;
 }
@@ -390,10 +397,25 @@ void validate(const Spec& s) {
                                           to_string(s.epilogue) + ": a " + block + "-value scale block lies in one "
                                           "pass of the row's lanes");
   }
-  if (b.cache == RowCache::kSharedPipelined ? b.stages < 2 || b.stages > kMaxPipeStages : b.stages != 2)
+  if (b.producer_warp) {
+    const char* why = nullptr;
+    if (s.phase != Phase::kBackward)
+      why = "is a backward row source";
+    else if (!b.bulk_copy || b.cache != RowCache::kSharedPipelined)
+      why = "fills a pipelined row by bulk copies (spelled ws)";
+    else if (b.cluster != 1 || b.rows_per_cta != 1 || b.threads_per_row < 32)
+      why = "takes one CTA-wide row per CTA (rows_per_cta=1, threads_per_row >= 32, no cluster)";
+    else if (b.threads_per_row > 1024 - 32)
+      why = "needs one more warp: threads_per_row must leave room for it (<= 992)";
+    else if (s.memory_efficient)
+      why = "does not recompute xhat from y (memory_efficient): use tma or smem";
+    if (why) throw Error(Status::kInvalidSpec, where() + "producer warp (ws) " + why);
+  }
+  const int max_stages = b.producer_warp ? kMaxProducerStages : kMaxPipeStages;
+  if (b.cache == RowCache::kSharedPipelined ? b.stages < 2 || b.stages > max_stages : b.stages != 2)
     throw Error(Status::kInvalidSpec, where() + "stages=" + std::to_string(b.stages) +
                                           (b.cache == RowCache::kSharedPipelined
-                                               ? " must be 2-" + std::to_string(kMaxPipeStages) + " row buffers"
+                                               ? " must be 2-" + std::to_string(max_stages) + " row buffers"
                                                : std::string(" applies to pipelined rows (pipe) only; keep 2")));
   if (s.residual && s.phase != Phase::kBackward && b.cache == RowCache::kSharedPipelined)
     throw Error(Status::kInvalidSpec, where() + "residual forward rows cannot be pipelined (" +
@@ -407,7 +429,7 @@ void validate(const Spec& s) {
                                           std::to_string(b.vec * dtype_size(s.x_dtype)) + " bytes");
   if (in_shared_memory(b.cache)) {
     const int64_t bytes = shared_row_bytes(s, b);
-    const std::string cache = b.bulk_copy ? "tma" : to_string(b.cache);
+    const std::string cache = b.producer_warp ? "ws" : b.bulk_copy ? "tma" : to_string(b.cache);
     if (sub_warp)
       throw Error(Status::kInvalidSpec, where() + "row cache '" + cache + "' needs CTA-wide rows (threads_per_row > 32)");
     if (bytes > kMaxSharedRowBytes)

@@ -31,7 +31,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Every field of a spec in one word (n - 1 < 2^18; the row shape in 14 bits: sub-warp rows
 // (threads_per_row <= 32, a power of two) by log2(threads_per_row) and rows_per_cta - 1 < 2^10,
 // CTA-wide rows (rows_per_cta 1) by threads_per_row / 32 - 1 < 2^5; vec (at most 16 bytes of
-// 2-byte or 4-byte elements: 8) and cluster by their log2; stages 2-4). A spec without a block
+// 2-byte or 4-byte elements: 8) and cluster by their log2; stages 2-8). A spec without a block
 // config packs threads_per_row = 0, which no resolved spec has.
 uint64_t packed_key(const Spec& s) {
   const BlockConfig b = s.block.value_or(BlockConfig{});
@@ -57,9 +57,10 @@ uint64_t packed_key(const Spec& s) {
   k = k << 2 | static_cast<uint64_t>(b.vec > 0 ? __builtin_ctz(static_cast<unsigned>(b.vec)) : 0);  // 1-8
   k = k << 2 | static_cast<uint64_t>(b.cache);
   k = k << 3 | static_cast<uint64_t>(__builtin_ctz(static_cast<unsigned>(std::max(1, b.cluster))));  // 1-16
-  k = k << 2 | static_cast<uint64_t>(b.stages - 2);                          // 2, 3, 4
+  k = k << 3 | static_cast<uint64_t>(b.stages - 2);                          // 2-8
   k = k << 1 | static_cast<uint64_t>(b.bulk_copy);
-  return k;  // 18 + 2+2+2+2+1+1+1+1+1+4 + 14+2+2+3+2+1 = 59 bits
+  k = k << 1 | static_cast<uint64_t>(b.producer_warp);
+  return k;  // 18 + 2+2+2+2+1+1+1+1+1+4 + 14+2+2+3+3+1+1 = 61 bits
 }
 
 bool needs_pre_activation(Epilogue e) { return e == Epilogue::kGelu; }

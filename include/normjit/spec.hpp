@@ -119,17 +119,22 @@ struct BlockConfig {
   // Pipelined rows only: the rows arrive by bulk copies (spelled tma[3|4]) instead of each
   // thread's cp.async of its packs. Needs 16-byte packs and sm_90.
   bool bulk_copy = false;
+  // Backward bulk-copied rows only (spelled ws[3-8]): one more warp per CTA fills a ring of
+  // `stages` row buffers while the threads_per_row threads compute, each warp moving its packs
+  // into registers and releasing the buffer at once. Up to kMaxProducerStages buffers.
+  bool producer_warp = false;
   bool operator==(const BlockConfig& o) const {
     return threads_per_row == o.threads_per_row && rows_per_cta == o.rows_per_cta && vec == o.vec &&
-           cache == o.cache && cluster == o.cluster && stages == o.stages && bulk_copy == o.bulk_copy;
+           cache == o.cache && cluster == o.cluster && stages == o.stages && bulk_copy == o.bulk_copy &&
+           producer_warp == o.producer_warp;
   }
   bool operator!=(const BlockConfig& o) const { return !(*this == o); }
 };
 
 // Names one kernel. Canonical string (print/parse round-trip):
-//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.zero_centered][.residual|.residual_f32][.bias_in][.memory_efficient][.<epilogue>][.cfg_t<T>_r<R>_v<V>[_c<C>]_<reg|gmem|smem|pipe[3|4]|tma[3|4]>]
+//   <norm>.<phase>.<x dtype>.w_<weight dtype>.n<N>[.bias][.zero_centered][.residual|.residual_f32][.bias_in][.memory_efficient][.<epilogue>][.cfg_t<T>_r<R>_v<V>[_c<C>]_<reg|gmem|smem|pipe[3|4]|tma[3|4]|ws[3-8]>]
 // (_c<C> only for clusters of C > 1 CTAs per row; pipe3 / pipe4: a pipelined row of 3 / 4 buffers;
-// tma: a pipelined row filled by bulk copies)
+// tma: a pipelined row filled by bulk copies; ws: a backward tma row with a producer warp)
 // e.g. "layernorm.fwd_train.bf16.w_f32.n4096.bias" or "rmsnorm.fwd_infer.f16.w_f16.n7.cfg_t1_r256_v1_reg".
 struct Spec {
   Norm norm = Norm::kLayerNorm;
@@ -235,6 +240,7 @@ constexpr int kMaxCluster = 16;
 constexpr int kMaxPortableCluster = 8;
 // Most row buffers a pipelined row keeps.
 constexpr int kMaxPipeStages = 4;
+constexpr int kMaxProducerStages = 8;  // ws rows
 
 // Fills spec.block with the heuristic's choice when absent: the row of the GPU class's pick table
 // (generator/picks/, docs/picks.md) that holds the spec, else a rule-based fallback. max_vec caps

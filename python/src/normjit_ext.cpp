@@ -68,7 +68,8 @@ size_t spec_hash(const Spec& s) {
                     int64_t(s.residual_f32), int64_t(s.bias_in), int64_t(s.memory_efficient)})
     mix(v);
   if (const auto& b = s.block)
-    for (int v : {b->threads_per_row, b->rows_per_cta, b->vec, int(b->cache), b->cluster, b->stages, int(b->bulk_copy)})
+    for (int v : {b->threads_per_row, b->rows_per_cta, b->vec, int(b->cache), b->cluster, b->stages, int(b->bulk_copy),
+                  int(b->producer_warp)})
       mix(v);
   return h;
 }

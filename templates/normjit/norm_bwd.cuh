@@ -11,12 +11,14 @@
 //   fused (below): a persistent grid; each CTA (or cluster of CTAs sharing a row) walks its rows,
 //     keeps its columns' dgamma/dbeta sums, and writes one partial row at the end. Where the
 //     row waits is the row source: registers, shared memory, or a pipeline of shared-memory
-//     buffers filled by cp.async or bulk copies (bwd_source_*.cuh).
+//     buffers filled by cp.async or bulk copies (bwd_source_*.cuh); or, with a producer warp,
+//     a ring of buffers that one warp fills for the others (bwd_producer_warp.cuh).
 //   split (bwd_split.cuh): row sums, then column tiles that form dx and the partials.
 // norm_bwd_reduce (bwd_reduce_partials.cuh) then sums the partials of each group in slot order.
 #pragma once
 #include "normjit/bwd_common.cuh"
 #include "normjit/bwd_gamma.cuh"
+#include "normjit/bwd_producer_warp.cuh"
 #include "normjit/bwd_reduce_partials.cuh"
 #include "normjit/bwd_source_pipeline.cuh"
 #include "normjit/bwd_source_registers.cuh"
@@ -312,7 +314,9 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
 
 template <class Cfg>
 __device__ __forceinline__ void norm_bwd_fused(const NormParams& p) {
-  if constexpr (Cfg::kCache == RowCache::kRegisters) {
+  if constexpr (kBwdProducerWarp<Cfg>) {
+    norm_bwd_producer_rows<Cfg>(p);
+  } else if constexpr (Cfg::kCache == RowCache::kRegisters) {
     norm_bwd_fused_rows<Cfg, BwdRegisterRows<Cfg>>(p);
   } else if constexpr (Cfg::kCache == RowCache::kShared) {
     norm_bwd_fused_rows<Cfg, BwdSharedRows<Cfg>>(p);

@@ -627,6 +627,40 @@ TEST_CASE("shared memory per CTA of a shared-memory row: x, dy in the backward, 
                        doctest::Contains("row cache 'tma' would take"), Error);
   CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.w_f32.n4096.cfg_t256_r1_v8_tmax"),
                        doctest::Contains("row cache must be one of"), Error);
+  // ws[3-8]: backward tma rows with a producer warp; one more warp per CTA.
+  for (const char* text : {"layernorm.bwd.bf16.w_f32.n18432.bias.cfg_t576_r1_v8_ws",
+                           "rmsnorm.bwd.bf16.w_f32.n1024.cfg_t128_r1_v8_ws8",
+                           "rmsnorm.bwd.f32.w_f32.n4096.bias.gelu.cfg_t256_r1_v4_ws3"}) {
+    CAPTURE(text);
+    const Spec s = Spec::parse(text);
+    CHECK(s.str() == text);
+    CHECK(s.block->producer_warp);
+    CHECK(s.block->bulk_copy);
+    CHECK(s.block->cache == RowCache::kSharedPipelined);
+    CHECK(generate(s).threads_per_cta == s.block->threads_per_row + 32);
+    CHECK(generate(s).source.find("kProducerWarp = true") != std::string::npos);
+  }
+  CHECK(Spec::parse("rmsnorm.bwd.bf16.w_f32.n1024.cfg_t128_r1_v8_ws8").block->stages == 8);
+  CHECK(Spec::parse("rmsnorm.bwd.bf16.w_f32.n4096.cfg_t256_r1_v8_ws") !=
+        Spec::parse("rmsnorm.bwd.bf16.w_f32.n4096.cfg_t256_r1_v8_tma"));
+  CHECK(generate(Spec::parse("rmsnorm.bwd.bf16.w_f32.n4096.cfg_t256_r1_v8_tma")).source.find("kProducerWarp") ==
+        std::string::npos);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.w_f32.n4096.cfg_t256_r1_v8_ws2"),
+                       doctest::Contains("spelled 'ws', not 'ws2'"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.w_f32.n1024.cfg_t128_r1_v8_ws9"),
+                       doctest::Contains("stages=9 must be 2-8 row buffers"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.w_f32.n4096.cfg_t256_r1_v8_tma8"),
+                       doctest::Contains("stages=8 must be 2-4 row buffers"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.fwd_train.bf16.w_f32.n4096.cfg_t256_r1_v8_ws"),
+                       doctest::Contains("producer warp (ws) is a backward row source"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.w_f32.n32768.cfg_t512_r1_v8_c2_ws"),
+                       doctest::Contains("producer warp (ws) takes one CTA-wide row per CTA"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.w_f32.n8192.cfg_t1024_r1_v8_ws"),
+                       doctest::Contains("threads_per_row must leave room for it (<= 992)"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.w_f32.n4096.memory_efficient.cfg_t256_r1_v8_ws"),
+                       doctest::Contains("memory_efficient"), Error);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.w_f32.n4096.cfg_t256_r1_v4_ws"),
+                       doctest::Contains("needs a pipelined row of 16-byte packs"), Error);
   {
     Spec s = Spec::parse("rmsnorm.bwd.bf16.w_f32.n16384.cfg_t512_r1_v8_smem");
     s.block->bulk_copy = true;

@@ -167,6 +167,31 @@ TEST_CASE("pipelined rows (pipe, pipe3, pipe4, tma): later rows copied in while 
   }
 }
 
+TEST_CASE("producer-warp rows (ws): one warp fills a ring of 2-8 buffers for the others") {
+  for (const char* text : {"layernorm.bwd.bf16.w_f32.n18432.bias.cfg_t576_r1_v8_ws",  // dbeta sums in shared memory
+                           "layernorm.bwd.bf16.w_f32.n8192.bias.cfg_t512_r1_v8_ws",   // dbeta sums in registers
+                           "rmsnorm.bwd.bf16.w_f32.n16384.cfg_t512_r1_v8_ws",
+                           "rmsnorm.bwd.bf16.w_f32.n12288.cfg_t768_r1_v8_ws3",
+                           "rmsnorm.bwd.bf16.w_f32.n1024.cfg_t128_r1_v8_ws8",  // one pack a thread: held in registers
+                           "rmsnorm.bwd.bf16.w_f32.n4096.cfg_t512_r1_v8_ws4",
+                           "layernorm.bwd.bf16.w_f32.n4104.bias.cfg_t544_r1_v8_ws5",  // the last warp's lanes idle
+                           "adalayernorm.bwd.f16.w_f32.n12288.bias.relu_bitmask.cfg_t512_r1_v8_ws",
+                           "rmsnorm.bwd.f32.w_f32.n4096.bias.gelu.cfg_t256_r1_v4_ws3",
+                           "rmsnorm.bwd.bf16.w_f32.n4096.zero_centered.residual.cfg_t256_r1_v8_ws",
+                           "layernorm.bwd.bf16.w_bf16.n7168.bias.cfg_t448_r1_v8_ws6"}) {
+    Case c = pinned_case(text);
+    c.rows = 3 * 331;
+    c.rows_per_batch = is_adaptive(c.spec.norm) ? c.rows / 3 : 0;
+    const std::string name = text;
+    CAPTURE(name);
+    CAPTURE(c.rows);
+    check_within_tolerance(run_backward(c));
+    c.rows = 5;  // fewer rows than CTAs: most producers copy nothing
+    c.rows_per_batch = is_adaptive(c.spec.norm) ? 5 : 0;
+    check_within_tolerance(run_backward(c));
+  }
+}
+
 TEST_CASE("16-CTA clusters (non-portable): pinned, and the heuristic's picks past 8 CTAs' shared memory") {
   const int arch = runtime().target().arch;
   if (arch < 90) {

@@ -44,23 +44,33 @@ TEST_CASE("candidate configs: the heuristic's first, all valid, distinct, bounde
   }
 }
 
-TEST_CASE("candidate configs hold two- and three-buffer pipelined rows, bulk-copied from sm_90") {
-  const Spec spec = Spec::parse("rmsnorm.bwd.bf16.w_f32.n8192");
-  for (int sm : {80, 90}) {
-    CAPTURE(sm);
-    int pipe2 = 0, pipe3 = 0, bulk2 = 0, bulk3 = 0;
-    for (const BlockConfig& b : candidate_configs(spec, sm, 16, 400)) {
-      if (b.cache != RowCache::kSharedPipelined) continue;
-      (b.bulk_copy ? (b.stages == 3 ? bulk3 : bulk2) : (b.stages == 3 ? pipe3 : pipe2)) += 1;
-      CHECK(b.stages <= 3);
-    }
-    CHECK(pipe2 > 0);
-    CHECK(pipe3 > 0);
-    if (sm >= 90) {
-      CHECK(bulk2 > 0);
-      CHECK(bulk3 > 0);
-    } else {
-      CHECK(bulk2 + bulk3 == 0);
+TEST_CASE("candidate configs hold two- and three-buffer pipelined rows, bulk-copied from sm_90, with a producer warp in the backward") {
+  for (const char* text : {"rmsnorm.bwd.bf16.w_f32.n8192", "rmsnorm.fwd_train.bf16.w_bf16.n8192"}) {
+    const Spec spec = Spec::parse(text);
+    const bool backward = spec.phase == Phase::kBackward;
+    for (int sm : {80, 90}) {
+      CAPTURE(text);
+      CAPTURE(sm);
+      int pipe2 = 0, pipe3 = 0, bulk2 = 0, bulk3 = 0, producer = 0;
+      for (const BlockConfig& b : candidate_configs(spec, sm, 16, 400)) {
+        if (b.cache != RowCache::kSharedPipelined) continue;
+        if (b.producer_warp) {
+          ++producer;
+          CHECK(b.stages == 2);
+          continue;
+        }
+        (b.bulk_copy ? (b.stages == 3 ? bulk3 : bulk2) : (b.stages == 3 ? pipe3 : pipe2)) += 1;
+        CHECK(b.stages <= 3);
+      }
+      CHECK(pipe2 > 0);
+      CHECK(pipe3 > 0);
+      if (sm >= 90) {
+        CHECK(bulk2 > 0);
+        CHECK(bulk3 > 0);
+      } else {
+        CHECK(bulk2 + bulk3 == 0);
+      }
+      CHECK((producer > 0) == (sm >= 90 && backward));
     }
   }
 }
