@@ -214,15 +214,19 @@ std::optional<BlockConfig> detail::apply_pick_block(const TableBlock& tb, const 
   BlockConfig b = tb.block;
   if (b.cluster > max_cluster || s.n % b.vec != 0) return std::nullopt;
   const int64_t segment = segment_packs(s, b);
-  if (ragged_segments(s, b) &&
-      (!tb.ragged || s.phase == Phase::kBackward || last_segment_packs(s, b) < 1))
-    return std::nullopt;
+  if (ragged_segments(s, b) && (!tb.ragged || last_segment_packs(s, b) < 1)) return std::nullopt;
+  // The backward's @ragged blocks with an epilogue (gelu, relu_bitmask: f16 x, fp32 weights)
+  // spilled 8-88 B at the top of their rows: those specs keep the rows before them, or the split route.
+  if (tb.ragged && s.phase == Phase::kBackward && s.epilogue != Epilogue::kNone) return std::nullopt;
   if (!segments_hold_whole_epilogue_units(s, b)) return std::nullopt;
   if (tb.packs_per_thread > 0)
     b.threads_per_row = static_cast<int>(round_up((segment + tb.packs_per_thread - 1) / tb.packs_per_thread, 32));
   if (b.threads_per_row > 1024) return std::nullopt;  // p<K> past a CTA: the next alternative
   if (tb.even_only && segment % b.threads_per_row != 0) return std::nullopt;
   if (scales_per_block(s.epilogue) && b.threads_per_row * b.vec % scale_block_size(s.epilogue) != 0) return std::nullopt;
+  // A shared-memory row past a CTA's shared memory (a ragged backward row with its dbeta sums
+  // there, near the top of its range): the next alternative.
+  if (in_shared_memory(b.cache) && shared_row_bytes(s, b) > kMaxSharedRowBytes) return std::nullopt;
   return b;
 }
 

@@ -12,7 +12,7 @@ namespace normjit::detail {
 
 // One block of a table row: the config with its thread count given directly (t<T>) or as packs
 // per thread (p<K>), whether it applies only where its threads take whole packs (@even), and
-// whether it applies where its cluster splits the row's packs unevenly (@ragged; forward only).
+// whether it applies where its cluster splits the row's packs unevenly (@ragged).
 struct TableBlock {
   BlockConfig block;
   int packs_per_thread = 0;  // > 0: threads = round_up(ceil(N / vec / cluster / K), 32)

@@ -95,7 +95,7 @@ bool dbeta_sums_in_shared(const Spec& s, const BlockConfig& b) {
   if (s.phase != Phase::kBackward || !s.has_bias || !in_shared_memory(b.cache) || b.threads_per_row < 1 ||
       b.vec < 1 || b.cluster < 1)
     return false;
-  const int64_t packs = s.n / b.vec / b.cluster;
+  const int64_t packs = segment_packs(s, b);  // the rounded-up share of a ragged cluster
   const int64_t values = (packs + b.threads_per_row - 1) / b.threads_per_row * b.vec;
   // The residual's dh_out, read as dx is written, and a memory_efficient row's beta, read to recover
   // x̂, need registers too: 8 fewer values each before the move (both spilled at 768-1024 threads;
@@ -108,7 +108,8 @@ namespace {
 int64_t backward_row_bytes(const Spec& s, const BlockConfig& b) {
   const int64_t buffers = b.cache == RowCache::kSharedPipelined ? b.stages : 1;
   // An fp32 residual stream's backward keeps dy in a slot of x's (f32) size.
-  return s.n / b.cluster * (buffers * 2 * dtype_size(row_dtype(s)) + (dbeta_sums_in_shared(s, b) ? 4 : 0));
+  const int64_t segment = segment_packs(s, b) * b.vec;  // a ragged cluster's rounded-up share
+  return segment * (buffers * 2 * dtype_size(row_dtype(s)) + (dbeta_sums_in_shared(s, b) ? 4 : 0));
 }
 }  // namespace
 
@@ -117,7 +118,7 @@ XhatTable xhat_table(const Spec& s, const BlockConfig& b) {
   if (!s.memory_efficient || s.phase != Phase::kBackward || b.cache == RowCache::kGlobal || b.threads_per_row < 1 ||
       b.rows_per_cta < 1 || b.vec < 1 || b.cluster < 1)
     return t;
-  const int64_t segment = s.n / b.cluster;
+  const int64_t segment = segment_packs(s, b) * b.vec;
   const int64_t threads = int64_t{b.threads_per_row} * b.rows_per_cta;
   // CTAs per SM as the registers allow: the fused rows take up to about 80 a thread with beta, 64
   // without. A table that cost one (LN 4096 t256 with fp32 beta: 3 to 2, RMS 8192 t512: 2 to 1)
@@ -135,7 +136,7 @@ XhatTable xhat_table(const Spec& s, const BlockConfig& b) {
 
 int64_t xhat_table_bytes(const Spec& s, const BlockConfig& b) {
   const XhatTable t = xhat_table(s, b);
-  const int64_t segment = b.cluster < 1 ? 0 : s.n / b.cluster;
+  const int64_t segment = segment_packs(s, b) * b.vec;
   return (t.reciprocal ? segment * 4 : 0) + (t.beta ? segment * dtype_size(s.w_dtype) : 0);
 }
 
@@ -377,8 +378,8 @@ void validate(const Spec& s) {
       why = "must be a power of two <= 16";
     else if (sub_warp || b.cache == RowCache::kGlobal)
       why = "needs CTA-wide rows (threads_per_row > 32) held in registers or shared memory";
-    else if (packs % b.cluster != 0 && (s.phase == Phase::kBackward || b.cache == RowCache::kSharedPipelined))
-      why = "must divide the row's packs (n / vec): uneven segments are for forward rows in registers or smem";
+    else if (packs % b.cluster != 0 && b.cache == RowCache::kSharedPipelined)
+      why = "must divide the row's packs (n / vec): uneven segments are for rows in registers or smem";
     else if (last_segment_packs(s, b) < 1)
       why = "leaves the last CTA no packs (n / vec rounded up per CTA)";
     else if (!segments_hold_whole_epilogue_units(s, b) && s.epilogue == Epilogue::kReluBitmask)

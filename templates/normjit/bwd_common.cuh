@@ -64,7 +64,7 @@ __device__ __forceinline__ void fill_xhat_table(float* reciprocal, WT* beta_tabl
 #pragma unroll
   for (int i = 0; i < S::kIters; ++i) {
     const int pack = i * S::kThreads + lane;
-    if (pack < S::kVecs) {
+    if (pack < NORMJIT_SEGMENT_VECS(S)) {
       float gf[kVec];
       unpack_scale<Cfg>(load_pack<WT, kVec>(gamma + pack * kVec), gf);
       Pack<float, kVec> r;

@@ -28,7 +28,8 @@ __device__ __forceinline__ void load_held_gamma(Pack<WT, kVec> (&held)[kPacks], 
   using S = RowShape<Cfg>;
 #pragma unroll
   for (int i = 0; i < S::kIters; ++i)
-    if (const int pack = i * S::kThreads + lane; pack < S::kVecs) held[i] = load_pack<WT, kVec>(gamma + pack * kVec);
+    if (const int pack = i * S::kThreads + lane; pack < NORMJIT_SEGMENT_VECS(S))
+      held[i] = load_pack<WT, kVec>(gamma + pack * kVec);
 }
 
 // This thread's pack i of gamma, at column col of the segment: held, or read.

@@ -57,6 +57,7 @@ struct BwdPipelinedRows {
   static constexpr bool kBulk = kBulkCopy;
   static constexpr int kBuffers = Pipeline::kStages;
   static constexpr bool kStatsFirst = true;
+  static_assert(!S::kRagged, "a pipelined row's buffers take whole, equal segments");
 
   static __device__ __forceinline__ void init(unsigned long long* ready) { Pipeline::init(ready); }
 

@@ -45,7 +45,7 @@ struct BwdRegisterRows {
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i) {
       const int pack = i * S::kThreads + w.lane;
-      if (active && pack < S::kVecs) {
+      if (active && pack < NORMJIT_SEGMENT_VECS(S)) {
         xs[i] = load_pack<XT, kVec>(x + pack * kVec);
         dys[i] = load_pack<YT, kVec>(dy + pack * kVec);
       }

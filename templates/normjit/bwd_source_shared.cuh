@@ -48,7 +48,7 @@ struct BwdSharedRows {
 #pragma unroll
       for (int i = 0; i < S::kIters; ++i) {
         const int pack = i * S::kThreads + w.lane;
-        if (active && pack < S::kVecs) {
+        if (active && pack < NORMJIT_SEGMENT_VECS(S)) {
           copy_async<XT, kVec>(shared_x + pack * kVec, x + pack * kVec);
           copy_async<YT, kVec>(shared_dy + pack * kVec, dy + pack * kVec);
         }
@@ -59,7 +59,7 @@ struct BwdSharedRows {
 #pragma unroll
       for (int i = 0; i < S::kIters; ++i) {
         const int pack = i * S::kThreads + w.lane;
-        if (active && pack < S::kVecs) {
+        if (active && pack < NORMJIT_SEGMENT_VECS(S)) {
           const Pack<XT, kVec> xv = load_pack<XT, kVec>(x + pack * kVec);
           const Pack<YT, kVec> dyv = load_pack<YT, kVec>(dy + pack * kVec);
           store_pack<XT, kVec>(shared_x + pack * kVec, xv);

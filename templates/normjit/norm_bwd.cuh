@@ -45,7 +45,6 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
   constexpr bool kDbetaShared = Cfg::kDbetaShared;
   static_assert(!kDbetaShared || (!Source::kInRegisters && Cfg::kHasBias),
                 "shared dbeta sums belong to shared-memory rows");
-  static_assert(!S::kRagged, "a clustered backward row takes equal segments");
   __shared__ float2 pair_scratch[S::kThreads > 32 ? S::kThreads / 32 : 1];
   // Clustered rows: the row sums' cluster slots, alternating per row so one barrier per row
   // suffices (a slot is rewritten only after every CTA passed the next row's barrier).
@@ -94,7 +93,7 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
     for (int j = 0; j < kVec; ++j) zero.v[j] = 0.f;
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i)
-      if (const int pack = i * S::kThreads + w.lane; pack < S::kVecs)
+      if (const int pack = i * S::kThreads + w.lane; pack < NORMJIT_SEGMENT_VECS(S))
         store_pack<float, kVec>(shared_b + pack * kVec, zero);
   }
 
@@ -158,7 +157,7 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
       const int pack = i * S::kThreads + w.lane;
       const int col = pack * kVec;
       const int h = Source::kInRegisters ? i : 0;
-      if (active && pack < S::kVecs) {
+      if (active && pack < NORMJIT_SEGMENT_VECS(S)) {
         const Pack<WT, kVec> g = gamma_pack<kHoldGamma>(held_gamma, gamma, i, col);
         Pack<XT, kVec> xv;
         Pack<YT, kVec> dyv;
@@ -205,7 +204,7 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i) {
       const int pack = i * S::kThreads + w.lane;
-      if (active && pack < S::kVecs) {
+      if (active && pack < NORMJIT_SEGMENT_VECS(S)) {
         Pack<XT, kVec> xv;
         Pack<YT, kVec> dyv;
         held(i, xv, dyv);
@@ -262,7 +261,7 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i) {
       const int pack = i * S::kThreads + w.lane;
-      if (pack < S::kVecs) {
+      if (pack < NORMJIT_SEGMENT_VECS(S)) {
         Pack<float, kVec> g, b;
         if constexpr (kDbetaShared) b = load_pack<float, kVec>(shared_b + pack * kVec);
 #pragma unroll

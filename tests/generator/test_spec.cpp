@@ -311,7 +311,7 @@ TEST_CASE("bad spec strings are rejected with a message naming the problem") {
       {"layernorm.fwd_train.bf16.w_bf16.n4096.cfg_t32_r4_v8_c2_reg", "cluster=2 needs CTA-wide rows"},
       {"layernorm.fwd_train.bf16.w_bf16.n32768.cfg_t1024_r1_v8_c2_gmem", "cluster=2 needs CTA-wide rows"},
       {"layernorm.fwd_train.bf16.w_bf16.n32768.cfg_t32_r1_v8_c2_reg", "cluster=2 needs CTA-wide rows"},
-      {"layernorm.bwd.bf16.w_bf16.n4104.cfg_t256_r1_v8_c2_reg", "cluster=2 must divide the row's packs (n / vec): uneven segments are for forward rows in registers or smem"},
+      {"layernorm.bwd.bf16.w_bf16.n4104.cfg_t256_r1_v8_c2_pipe", "cluster=2 must divide the row's packs (n / vec): uneven segments are for rows in registers or smem"},
       {"layernorm.fwd_train.bf16.w_bf16.n65608.cfg_t1024_r1_v8_c2_pipe", "cluster=2 must divide"},
       {"layernorm.fwd_train.bf16.w_bf16.n40.cfg_t64_r1_v8_c4_reg", "cluster=4 leaves the last CTA no packs"},
       {"layernorm.fwd_train.f32.w_f32.n4104.relu_bitmask.cfg_t256_r1_v4_c2_reg", "whole mask bytes"},
@@ -574,6 +574,10 @@ TEST_CASE("shared memory per CTA of a shared-memory row: x, dy in the backward, 
   CHECK(bytes("layernorm.fwd_train.bf16.w_bf16.n40960.cfg_t1024_r1_v8_pipe") == std::make_pair(int64_t(163840), false));
   CHECK(bytes("layernorm.bwd.bf16.w_f32.n16384.bias.cfg_t1024_r1_v8_pipe") == std::make_pair(int64_t(131072), false));
   CHECK(bytes("layernorm.bwd.bf16.w_f32.n40960.bias.cfg_t1024_r1_v8_c4_pipe") == std::make_pair(int64_t(81920), false));
+  // A ragged cluster's CTAs each take the rounded-up segment (65608: 8201 packs, 1026 a CTA).
+  CHECK(bytes("rmsnorm.bwd.bf16.w_f32.n65608.cfg_t544_r1_v8_c8_smem") == std::make_pair(int64_t(1026 * 8 * 4), false));
+  CHECK(bytes("layernorm.bwd.bf16.w_f32.n65608.bias.cfg_t704_r1_v8_c4_smem") ==
+        std::make_pair(int64_t(2051 * 8 * 4), false));
   // Dbeta sums past 16 values per thread: one copy, after both buffers.
   CHECK(bytes("layernorm.bwd.bf16.w_f32.n12288.bias.cfg_t256_r1_v8_pipe") == std::make_pair(int64_t(12288 * 12), true));
   CHECK(Spec::parse("rmsnorm.bwd.bf16.w_f32.n8192.cfg_t512_r1_v8_pipe").str() ==

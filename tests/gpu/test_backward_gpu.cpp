@@ -20,8 +20,9 @@ TEST_CASE("backward matches the fp64 reference over ops x dtypes x N x rows") {
   // register route (1-element packs). Ragged one-buffer cluster segments: 40960 (2 CTAs without
   // dbeta), 81920 (4 CTAs). 20480 / 22528: RMSNorm's one-CTA 3-pack rows by bulk copies; 19456:
   // LayerNorm's 2-CTA bulk row of 608 threads. 40008: 2 CTAs of shared memory in 8-byte packs, where 4
-  // CTAs do not divide the packs; 50000: the split route there.
-  const std::vector<int64_t> ns = grid_ns({1, 7, 127, 256, 1000, 1024, 2880, 4096, 4097, 8192, 12288, 12289, 16384, 18432, 19456, 20001, 20480, 22528, 32768, 40008, 40960, 50000, 65536, 81920, 262144});
+  // CTAs do not divide the packs; 50000, 65608, 131112: clusters of unequal segments in shared
+  // memory (ragged), where the split route ran before.
+  const std::vector<int64_t> ns = grid_ns({1, 7, 127, 256, 1000, 1024, 2880, 4096, 4097, 8192, 12288, 12289, 16384, 18432, 19456, 20001, 20480, 22528, 32768, 40008, 40960, 50000, 65536, 65608, 81920, 131112, 262144});
   std::vector<Case> cases;
   for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
     for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
@@ -163,6 +164,26 @@ TEST_CASE("pipelined rows (pipe, pipe3, pipe4, tma): later rows copied in while 
     check_within_tolerance(run_backward(c));
     c.rows = 5;  // fewer rows than CTAs: a CTA with no row must not prefetch
     c.rows_per_batch = is_adaptive(c.spec.norm) ? 5 : 0;
+    check_within_tolerance(run_backward(c));
+  }
+}
+
+TEST_CASE("ragged clusters backward: a row's CTAs take unequal segments, in shared memory and registers") {
+  // 65608: 8201 packs, 7 x 1026 + 1019 over 8 CTAs; the last CTA's partial columns are fewer.
+  for (const char* text : {"rmsnorm.bwd.bf16.w_f32.n65608.cfg_t544_r1_v8_c8_smem",
+                           "layernorm.bwd.bf16.w_f32.n65608.bias.cfg_t544_r1_v8_c4_smem",  // dbeta sums in shared memory
+                           "layernorm.bwd.bf16.w_f32.n98312.bias.relu_bitmask.cfg_t800_r1_v8_c8_smem",
+                           "adalayernorm.bwd.f16.w_f32.n131112.bias.gelu.cfg_t704_r1_v8_c8_smem",
+                           "rmsnorm.bwd.bf16.w_f32.n65608.residual.cfg_t544_r1_v8_c8_smem",
+                           "layernorm.bwd.f32.w_f32.n98316.bias.cfg_t1024_r1_v4_c8_smem",
+                           "layernorm.bwd.bf16.w_f32.n4104.bias.cfg_t160_r1_v8_c2_reg",
+                           "rmsnorm.bwd.bf16.w_f32.n20008.memory_efficient.cfg_t320_r1_v8_c4_reg",
+                           "layernorm.bwd.bf16.w_f32.n20008.bias.memory_efficient.cfg_t320_r1_v8_c4_smem"}) {
+    Case c = pinned_case(text);
+    c.rows = 2 * 3 * 37;
+    c.rows_per_batch = is_adaptive(c.spec.norm) ? c.rows / 3 : 0;
+    const std::string name = text;
+    CAPTURE(name);
     check_within_tolerance(run_backward(c));
   }
 }
