@@ -39,9 +39,10 @@ dump)
   g++ -std=c++17 -O1 -Iinclude -I. -I"$CUDA/include" scripts/sass_dump.cpp -o "$out/sass_dump" \
     -L"$out/lib" -lnormjit -Wl,-rpath,"$(cd "$out/lib" && pwd)" -pthread
   "$out/sass_dump" "$out" $specs
-  for cubin in "$out"/*.cubin; do
-    NVDISASM_PATH=$TOOLS/nvidia/cu13/bin "$TOOLS"/nvidia/cu13/bin/cuobjdump -sass "$cubin" > "${cubin%.cubin}.sass"
-  done
+  # One cuobjdump per cubin, as many at a time as there are cores (about 1 s each).
+  export TOOLS
+  find "$out" -maxdepth 1 -name '*.cubin' -print0 |
+    xargs -0 -P "$(nproc)" -I{} sh -c 'NVDISASM_PATH="$TOOLS"/nvidia/cu13/bin "$TOOLS"/nvidia/cu13/bin/cuobjdump -sass "$1" > "${1%.cubin}.sass"' _ {}
   ;;
 diff)
   base=$2 new=$3 same=0 differ=0 missing=0
