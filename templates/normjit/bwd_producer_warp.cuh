@@ -35,35 +35,9 @@ __device__ __forceinline__ void arrive_on_barrier(unsigned long long* bar) {
 
 // The consumers' barrier: hardware barrier 1 over their kThreads threads (0 is __syncthreads).
 template <int kThreads>
-__device__ __forceinline__ void consumer_barrier() {
-  asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
-}
-
-// row_sum_pair (reduce_cta.cuh) over the consumer warps.
-template <int kThreads>
-__device__ __forceinline__ void consumer_sum_pair(float& a, float& b, float2* scratch) {
-  constexpr int kWarps = kThreads / 32;
-  a = group_sum<32>(a);
-  b = group_sum<32>(b);
-  if constexpr (kWarps > 1) {
-    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = make_float2(a, b);
-    consumer_barrier<kThreads>();
-    if constexpr (kWarps > kSerialFold) {
-      const int lane = threadIdx.x % 32;
-      const float2 part = lane < kWarps ? scratch[lane] : make_float2(0.f, 0.f);
-      a = group_sum<32>(part.x);
-      b = group_sum<32>(part.y);
-    } else {
-      a = 0.f;
-      b = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        a += scratch[w].x;
-        b += scratch[w].y;
-      }
-    }
-  }
-}
+struct ConsumerBarrier {
+  static __device__ __forceinline__ void sync() { asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory"); }
+};
 
 template <class Cfg>
 __device__ __forceinline__ void norm_bwd_producer_rows(const NormParams& p) {
@@ -228,7 +202,7 @@ __device__ __forceinline__ void norm_bwd_producer_rows(const NormParams& p) {
         }
       }
     }
-    consumer_sum_pair<kThreads>(c1, c2, pair_scratch[parity]);
+    row_sum_pair<kThreads, (kThreads / 32 > kSerialFold), ConsumerBarrier<kThreads>>(c1, c2, pair_scratch[parity]);
     c1 = kLayerNorm ? c1 * S::kInvN : 0.f;
     c2 = c2 * S::kInvN;
 

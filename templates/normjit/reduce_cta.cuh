@@ -49,8 +49,14 @@ __device__ __forceinline__ float row_max(float v, float* scratch) {
   }
 }
 
+// The barrier between the warps' partials and their fold: the CTA's, unless a caller's warps are
+// only part of it (bwd_producer_warp.cuh).
+struct CtaBarrier {
+  static __device__ __forceinline__ void sync() { __syncthreads(); }
+};
+
 // Two sums at once (one barrier); scratch holds kThreads / 32 pairs.
-template <int kThreads, bool kShuffleFold = (kThreads / 32 > kSerialFold)>
+template <int kThreads, bool kShuffleFold = (kThreads / 32 > kSerialFold), class Barrier = CtaBarrier>
 __device__ __forceinline__ void row_sum_pair(float& a, float& b, float2* scratch) {
   if constexpr (kThreads <= 32) {
     a = group_sum<kThreads>(a);
@@ -60,7 +66,7 @@ __device__ __forceinline__ void row_sum_pair(float& a, float& b, float2* scratch
     a = group_sum<32>(a);
     b = group_sum<32>(b);
     if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = make_float2(a, b);
-    __syncthreads();
+    Barrier::sync();
     if constexpr (kShuffleFold) {
       const int lane = threadIdx.x % 32;
       const float2 part = lane < kWarps ? scratch[lane] : make_float2(0.f, 0.f);
