@@ -40,12 +40,27 @@ __device__ __forceinline__ void wait_async() {
 
 // Bulk copies: one thread moves a whole row segment into shared memory, and the copy counts its
 // bytes off an mbarrier that every thread of the CTA waits on. The buffer's readers must all be
-// done (a CTA barrier) before the next copy into it.
-__device__ __forceinline__ void init_row_barrier(unsigned long long* bar) {
+// done (a CTA barrier, or kArrivals arrivals on a barrier of their own) before the next copy into it.
+template <unsigned kArrivals = 1>
+__device__ __forceinline__ void init_barrier(unsigned long long* bar) {
 #if __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_address(bar)) : "memory");
-  // Makes the initialised barrier visible to the async proxy that completes it.
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "n"(kArrivals) : "memory");
+#endif
+}
+// Makes the barriers this thread initialised visible to the async proxy that completes them.
+__device__ __forceinline__ void fence_barrier_init() {
+#if __CUDA_ARCH__ >= 900
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void init_row_barrier(unsigned long long* bar) {
+  init_barrier(bar);
+  fence_barrier_init();
+}
+// One arrival on `bar` (of the kArrivals it was initialised with).
+__device__ __forceinline__ void arrive_on_barrier(unsigned long long* bar) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
 #endif
 }
 // The calling thread arrives on `bar`, announcing `bytes`, then issues the copies that deliver them.

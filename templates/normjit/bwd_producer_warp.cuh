@@ -22,17 +22,6 @@ inline constexpr bool kBwdProducerWarp = false;
 template <class Cfg>
 inline constexpr bool kBwdProducerWarp<Cfg, decltype(void(Cfg::kProducerWarp))> = Cfg::kProducerWarp;
 
-__device__ __forceinline__ void init_arrival_barrier(unsigned long long* bar, unsigned arrivals) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(arrivals) : "memory");
-#endif
-}
-__device__ __forceinline__ void arrive_on_barrier(unsigned long long* bar) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
-#endif
-}
-
 // The consumers' barrier: hardware barrier 1 over their kThreads threads (0 is __syncthreads).
 template <int kThreads>
 struct ConsumerBarrier {
@@ -70,10 +59,10 @@ __device__ __forceinline__ void norm_bwd_producer_rows(const NormParams& p) {
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int b = 0; b < kStages; ++b) {
-      init_arrival_barrier(&full[b], 1);
-      init_arrival_barrier(&empty[b], kConsumerWarps);
+      init_barrier(&full[b]);
+      init_barrier<kConsumerWarps>(&empty[b]);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    fence_barrier_init();
   }
   __syncthreads();  // the last CTA-wide barrier: the warps part here
   allow_dependent_launch();
