@@ -185,6 +185,13 @@ bool Spec::operator==(const Spec& o) const {
          residual_f32 == o.residual_f32 && bias_in == o.bias_in && memory_efficient == o.memory_efficient && epilogue == o.epilogue && block == o.block;
 }
 
+namespace {
+// A block config's row cache as spelled: ws and tma are pipelined rows filled by bulk copies.
+std::string row_cache_spelling(const BlockConfig& b) {
+  return b.producer_warp ? "ws" : b.bulk_copy ? "tma" : to_string(b.cache);
+}
+}  // namespace
+
 std::string Spec::str() const {
   std::string s = std::string(to_string(norm)) + "." + to_string(phase) + "." + to_string(x_dtype) + ".w_" +
                   to_string(w_dtype) + ".n" + std::to_string(n);
@@ -197,7 +204,7 @@ std::string Spec::str() const {
   if (block) {
     s += ".cfg_t" + std::to_string(block->threads_per_row) + "_r" + std::to_string(block->rows_per_cta) + "_v" +
          std::to_string(block->vec) + (block->cluster > 1 ? "_c" + std::to_string(block->cluster) : "") + "_" +
-         (block->producer_warp ? "ws" : block->bulk_copy ? "tma" : to_string(block->cache));
+         row_cache_spelling(*block);
     if (block->cache == RowCache::kSharedPipelined && block->stages != 2) s += std::to_string(block->stages);
   }
   return s;
@@ -430,7 +437,7 @@ void validate(const Spec& s) {
                                           std::to_string(b.vec * dtype_size(s.x_dtype)) + " bytes");
   if (in_shared_memory(b.cache)) {
     const int64_t bytes = shared_row_bytes(s, b);
-    const std::string cache = b.producer_warp ? "ws" : b.bulk_copy ? "tma" : to_string(b.cache);
+    const std::string cache = row_cache_spelling(b);
     if (sub_warp)
       throw Error(Status::kInvalidSpec, where() + "row cache '" + cache + "' needs CTA-wide rows (threads_per_row > 32)");
     if (bytes > kMaxSharedRowBytes)

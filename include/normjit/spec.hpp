@@ -120,8 +120,9 @@ struct BlockConfig {
   // thread's cp.async of its packs. Needs 16-byte packs and sm_90.
   bool bulk_copy = false;
   // Backward bulk-copied rows only (spelled ws[3-8]): one more warp per CTA fills a ring of
-  // `stages` row buffers while the threads_per_row threads compute, each warp moving its packs
-  // into registers and releasing the buffer at once. Up to kMaxProducerStages buffers.
+  // `stages` row buffers while the threads_per_row threads compute, each of their warps releasing
+  // a buffer once done with it (at once where a thread holds one pack, moved into registers).
+  // Up to kMaxProducerStages buffers.
   bool producer_warp = false;
   bool operator==(const BlockConfig& o) const {
     return threads_per_row == o.threads_per_row && rows_per_cta == o.rows_per_cta && vec == o.vec &&
