@@ -178,6 +178,12 @@ GeneratedSource generate(const Spec& spec) {
     }
   } else {
     values["TRAINING"] = spec.phase == Phase::kForwardTraining ? "true" : "false";
+    // Segments rounded up to whole scale blocks (segment_packs): the packs a CTA takes, bound only
+    // where they differ from n / vec / cluster rounded up, so the other specs' source stays as it was.
+    values["EXTRA_BINDINGS"] = "";
+    if (const int64_t packs = segment_packs(spec, b); packs != (spec.n / b.vec + b.cluster - 1) / b.cluster)
+      values["EXTRA_BINDINGS"] = "\n  static constexpr int kSegmentPacks = " + std::to_string(packs) +
+                                 ";  // per CTA: whole scale blocks";
     const ForwardLaunchBounds bounds = forward_launch_bounds(spec, b);
     values["LAUNCH_BOUNDS"] = bounds.capped          ? "NORMJIT_CAPPED_LAUNCH_BOUNDS"
                               : bounds.min_ctas > 0 ? "__launch_bounds__"

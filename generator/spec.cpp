@@ -142,7 +142,13 @@ int64_t xhat_table_bytes(const Spec& s, const BlockConfig& b) {
 
 int64_t segment_packs(const Spec& s, const BlockConfig& b) {
   if (b.vec < 1 || b.cluster < 1) return 0;
-  return (s.n / b.vec + b.cluster - 1) / b.cluster;
+  int64_t share = (s.n / b.vec + b.cluster - 1) / b.cluster;
+  // Block-scaled outputs: every CTA's segment but the last whole scale blocks, rounded up.
+  if (b.cluster > 1 && scales_per_block(s.epilogue) && scale_block_size(s.epilogue) % b.vec == 0) {
+    const int64_t unit = scale_block_size(s.epilogue) / b.vec;
+    share = (share + unit - 1) / unit * unit;
+  }
+  return share;
 }
 
 int64_t last_segment_packs(const Spec& s, const BlockConfig& b) {
@@ -151,7 +157,7 @@ int64_t last_segment_packs(const Spec& s, const BlockConfig& b) {
 }
 
 bool ragged_segments(const Spec& s, const BlockConfig& b) {
-  return b.vec >= 1 && b.cluster > 1 && (s.n / b.vec) % b.cluster != 0;
+  return b.vec >= 1 && b.cluster > 1 && segment_packs(s, b) * b.cluster != s.n / b.vec;
 }
 
 bool segments_hold_whole_epilogue_units(const Spec& s, const BlockConfig& b) {
@@ -385,8 +391,10 @@ void validate(const Spec& s) {
       why = "must be a power of two <= 16";
     else if (sub_warp || b.cache == RowCache::kGlobal)
       why = "needs CTA-wide rows (threads_per_row > 32) held in registers or shared memory";
-    else if (packs % b.cluster != 0 && b.cache == RowCache::kSharedPipelined)
-      why = "must divide the row's packs (n / vec): uneven segments are for rows in registers or smem";
+    else if (ragged_segments(s, b) && b.cache == RowCache::kSharedPipelined)
+      why = packs % b.cluster != 0
+                ? "must divide the row's packs (n / vec): uneven segments are for rows in registers or smem"
+                : "must leave each CTA whole scale blocks: uneven segments are for rows in registers or smem";
     else if (last_segment_packs(s, b) < 1)
       why = "leaves the last CTA no packs (n / vec rounded up per CTA)";
     else if (!segments_hold_whole_epilogue_units(s, b) && s.epilogue == Epilogue::kReluBitmask)

@@ -208,8 +208,9 @@ XhatTable xhat_table(const Spec& s, const BlockConfig& b);
 // alone for a row in registers.
 int64_t xhat_table_bytes(const Spec& s, const BlockConfig& b);
 // Packs of b.vec elements in each CTA's segment of a row split over b.cluster CTAs: n / vec /
-// cluster rounded up. Where the cluster does not divide the row's packs the last CTA's segment is
-// shorter (ragged_segments): forward rows in registers or one buffer of shared memory only.
+// cluster rounded up, and for block-scaled outputs up to whole scale blocks. Where that leaves
+// the last CTA fewer packs its segment is shorter (ragged_segments): rows in registers or one
+// buffer of shared memory only.
 int64_t segment_packs(const Spec& s, const BlockConfig& b);
 // The last CTA's packs: segment_packs() unless ragged, then fewer (none or less: no such split).
 int64_t last_segment_packs(const Spec& s, const BlockConfig& b);

@@ -52,18 +52,29 @@ __device__ __forceinline__ void wait_for_prerequisites() {
 #endif
 }
 
+// A CTA's packs of a clustered row: N / vec / C rounded up, or what the spec binds
+// (kSegmentPacks: rounded up further to whole scale blocks of a block-scaled output).
+template <class Cfg, class = void>
+struct SegmentPacksOf {
+  static constexpr int value = (Cfg::kN / Cfg::kVec + Cfg::kCluster - 1) / Cfg::kCluster;
+};
+template <class Cfg>
+struct SegmentPacksOf<Cfg, decltype(void(Cfg::kSegmentPacks))> {
+  static constexpr int value = Cfg::kSegmentPacks;
+};
+
 // How a row of Cfg::kN elements maps onto Cfg::kThreadsPerRow threads in packs of Cfg::kVec:
 // pack p of a row belongs to lane p % kThreads, in its iteration p / kThreads. With a cluster
-// of kCluster CTAs per row, CTA r owns the segment of kVecs packs from r * kVecs. Where kCluster
-// does not divide the row's packs (kRagged: forward rows in registers or one buffer of shared
-// memory), each CTA takes the rounded-up share and the last CTA the rest, kLastVecs.
+// of kCluster CTAs per row, CTA r owns the segment of kVecs packs from r * kVecs. Where that
+// leaves the last CTA fewer (kRagged: rows in registers or one buffer of shared memory), each
+// CTA takes the rounded-up share and the last CTA the rest, kLastVecs.
 template <class Cfg>
 struct RowShape {
   static constexpr int kVec = Cfg::kVec;
   static constexpr int kThreads = Cfg::kThreadsPerRow;
   static constexpr int kCluster = Cfg::kCluster;
   static constexpr int kRowVecs = Cfg::kN / kVec;
-  static constexpr int kVecs = (kRowVecs + kCluster - 1) / kCluster;  // packs per row (per CTA segment)
+  static constexpr int kVecs = SegmentPacksOf<Cfg>::value;  // packs per row (per CTA segment)
   static constexpr int kLastVecs = kRowVecs - (kCluster - 1) * kVecs;  // the last CTA's segment
   static constexpr bool kRagged = kLastVecs != kVecs;
   static constexpr int kSegment = kVecs * kVec;                     // elements per CTA segment

@@ -145,11 +145,16 @@ TEST_CASE("@ragged blocks apply where the cluster splits a row's packs unevenly"
   CHECK_FALSE(detail::apply_pick_block(plain, spec("rmsnorm.bwd.bf16.w_f32.n65608"), 16));
   const auto v4 = detail::parse_pick_table("test.txt", "fwd * * x2 v4 8 262144 t1024_r1_v4_c2_smem@ragged")
                       .rows.at(0).blocks.at(0);
-  // 65612 / 4 = 16403 packs, 8202 a CTA: 32808 values, whole mask bytes but not 32-value blocks;
+  // 65612 / 4 = 16403 packs, 8202 a CTA: 32808 values, whole mask bytes; MXFP8 rounds the
+  // segments up to whole 32-value blocks, 8208 packs (the last CTA 8195);
   // 65604: 8201 a CTA, 32804 values, a mask byte shared with the next CTA.
   CHECK(detail::apply_pick_block(v4, spec("rmsnorm.fwd_train.bf16.n65612"), 16));
   CHECK(detail::apply_pick_block(v4, spec("rmsnorm.fwd_train.bf16.n65612.relu_bitmask"), 16));
-  CHECK_FALSE(detail::apply_pick_block(v4, spec("rmsnorm.fwd_train.bf16.n65612.mxfp8_e4m3"), 16));
+  const Spec mx = spec("rmsnorm.fwd_train.bf16.n65612.mxfp8_e4m3");
+  const auto mx_block = detail::apply_pick_block(v4, mx, 16);
+  REQUIRE(mx_block);
+  CHECK(segment_packs(mx, *mx_block) == 8208);
+  CHECK(last_segment_packs(mx, *mx_block) == 8195);
   CHECK(detail::apply_pick_block(v4, spec("rmsnorm.fwd_train.bf16.n65604"), 16));
   CHECK_FALSE(detail::apply_pick_block(v4, spec("rmsnorm.fwd_train.bf16.n65604.relu_bitmask"), 16));
 }

@@ -91,8 +91,10 @@ TEST_CASE("canonical form is stable and human readable") {
   CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.bwd.bf16.n64.mxfp8_e4m3"), doctest::Contains("has no backward"), Error);
   CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.fwd_infer.bf16.n64.mxfp8_e4m3.cfg_t2_r128_v8_reg"),
                        doctest::Contains("threads_per_row=2 x vec=8 must be a multiple of 32"), Error);
-  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.fwd_infer.bf16.n65552.mxfp8_e4m3.cfg_t1024_r1_v2_c2_reg"),
-                       doctest::Contains("whole 32-value scale blocks"), Error);
+  // A cluster's segments are rounded up to whole blocks (32776 packs of 2 over 4 CTAs: 8208 each).
+  const Spec mx_cluster = Spec::parse("rmsnorm.fwd_infer.bf16.n65552.mxfp8_e4m3.cfg_t1024_r1_v2_c4_reg");
+  CHECK(segment_packs(mx_cluster, *mx_cluster.block) == 8208);
+  CHECK(segments_hold_whole_epilogue_units(mx_cluster, *mx_cluster.block));
   for (int64_t n : {1, 7, 33, 100, 4096, 262144})
     for (int vec : {1, 2, 8}) {
       CAPTURE(n);
@@ -134,8 +136,8 @@ TEST_CASE("canonical form is stable and human readable") {
   CHECK_NOTHROW(Spec::parse("rmsnorm.fwd_infer.bf16.n64.nvfp4.cfg_t2_r128_v8_reg"));  // 16 values: two lanes
   CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.fwd_infer.bf16.n64.mxfp4.cfg_t2_r128_v8_reg"),
                        doctest::Contains("threads_per_row=2 x vec=8 must be a multiple of 32 for mxfp4"), Error);
-  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.fwd_infer.bf16.n65568.nvfp4.cfg_t1024_r1_v2_c4_reg"),
-                       doctest::Contains("whole 16-value scale blocks"), Error);
+  const Spec nv_cluster = Spec::parse("rmsnorm.fwd_infer.bf16.n65568.nvfp4.cfg_t1024_r1_v2_c4_reg");
+  CHECK(segment_packs(nv_cluster, *nv_cluster.block) == 8200);  // 32784 packs: 3 x 8200 + 8184
   CHECK_NOTHROW(Spec::parse("rmsnorm.fwd_infer.bf16.n65600.nvfp4.cfg_t1024_r1_v2_c4_reg"));
   for (const char* ep : {"mxfp4", "nvfp4"})
     for (int64_t n : {2, 8, 34, 100, 4096, 262144})
@@ -560,6 +562,23 @@ TEST_CASE("a forward row's cluster may split its packs unevenly: each CTA takes 
   const Spec reg = Spec::parse("rmsnorm.fwd_infer.bf16.w_bf16.n4104.relu_bitmask.cfg_t256_r1_v8_c2_reg");
   CHECK(ragged_segments(reg, *reg.block));
   CHECK(segment_packs(reg, *reg.block) == 257);  // 513 packs: 257 + 256
+  // Block-scaled outputs round the segments up to whole scale blocks (MXFP8: 4 packs of 8; NVFP4:
+  // 2), bound in the source only where that changes them.
+  const Spec mx = Spec::parse("rmsnorm.fwd_infer.bf16.w_bf16.n65608.mxfp8_e4m3.cfg_t288_r1_v8_c4_smem");
+  CHECK(segment_packs(mx, *mx.block) == 2052);
+  CHECK(last_segment_packs(mx, *mx.block) == 2045);
+  CHECK(generate(mx).source.find("kSegmentPacks = 2052;") != std::string::npos);
+  const Spec divides = Spec::parse("rmsnorm.fwd_infer.bf16.w_bf16.n65584.mxfp8_e5m2.cfg_t544_r1_v8_c2_smem");
+  CHECK(ragged_segments(divides, *divides.block));  // 8198 packs over 2 CTAs: 4100 + 4098
+  CHECK(segment_packs(divides, *divides.block) == 4100);
+  const Spec nv = Spec::parse("rmsnorm.fwd_infer.bf16.w_bf16.n131112.nvfp4.cfg_t544_r1_v8_c8_smem");
+  CHECK(segment_packs(nv, *nv.block) == 2050);
+  CHECK(last_segment_packs(nv, *nv.block) == 2039);
+  CHECK(generate(Spec::parse("rmsnorm.fwd_infer.bf16.w_bf16.n65536.mxfp8_e4m3.cfg_t256_r1_v8_c4_smem"))
+            .source.find("kSegmentPacks") == std::string::npos);
+  CHECK(generate(s).source.find("kSegmentPacks") == std::string::npos);
+  CHECK_THROWS_WITH_AS(Spec::parse("rmsnorm.fwd_infer.bf16.w_bf16.n65584.mxfp8_e5m2.cfg_t544_r1_v8_c2_pipe"),
+                       doctest::Contains("must leave each CTA whole scale blocks"), Error);
 }
 
 TEST_CASE("shared memory per CTA of a shared-memory row: x, dy in the backward, and dbeta sums past the registers") {

@@ -91,10 +91,18 @@ TEST_CASE("ragged clusters: a forward row's CTAs take unequal segments, in share
     CHECK(r.worst <= 1.0);
     CHECK(r.mask_mismatches == 0);
   }
-  // Quantized outputs over ragged segments: codes and scales against the host references.
+  // Quantized outputs over ragged segments: codes and scales against the host references. The
+  // block-scaled ones round each CTA's segment up to whole scale blocks (65608 MXFP8 over 4 CTAs:
+  // 2052 packs a CTA, 2045 in the last; 65584 over 2 CTAs divides the packs, 4099 each, but not
+  // into 32-value blocks: 4100 and 4098).
   for (const char* text : {"layernorm.fwd_train.bf16.w_bf16.n65608.bias.fp8_e4m3.cfg_t288_r1_v8_c4_smem",
                            "rmsnorm.fwd_infer.bf16.w_bf16.n65608.int8_row.cfg_t288_r1_v8_c4_smem",
-                           "rmsnorm.fwd_infer.bf16.w_bf16.n98312.fp8_e4m3_row.cfg_t416_r1_v8_c4_smem"}) {
+                           "rmsnorm.fwd_infer.bf16.w_bf16.n98312.fp8_e4m3_row.cfg_t416_r1_v8_c4_smem",
+                           "rmsnorm.fwd_infer.bf16.w_bf16.n65608.mxfp8_e4m3.cfg_t288_r1_v8_c4_smem",
+                           "rmsnorm.fwd_infer.bf16.w_bf16.n65584.mxfp8_e5m2.cfg_t544_r1_v8_c2_smem",
+                           "layernorm.fwd_train.bf16.w_bf16.n98312.bias.mxfp4.cfg_t416_r1_v8_c8_smem",
+                           "rmsnorm.fwd_infer.bf16.w_bf16.n131112.nvfp4.cfg_t544_r1_v8_c8_smem",
+                           "layernorm.fwd_infer.bf16.w_bf16.n20008.bias.mxfp8_e4m3.cfg_t320_r1_v8_c4_reg"}) {
     Case c = pinned_case(text);
     c.rows = 5;
     c.rows_per_batch = 0;
