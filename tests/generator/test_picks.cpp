@@ -359,6 +359,22 @@ TEST_CASE("bf16 rows never fall to the streamed or split route: forward up to 26
                                               << (fallen.empty() ? std::string("-") : fallen.front()));
 }
 
+TEST_CASE("block-scaled outputs past 65536 take clusters of whole scale blocks, never the streamed row") {
+  // Segments rounded up to whole scale blocks (segment_packs): before, about 75 % of the MXFP8 /
+  // MXFP4 and 50 % of the NVFP4 sizes past 65536 streamed.
+  std::vector<std::string> fallen;
+  for (int64_t n = 65544; n <= 262144; n += 8)
+    for (Epilogue e : {Epilogue::kMxfp8E4M3, Epilogue::kMxfp4, Epilogue::kNvfp4}) {
+      Spec s = Spec::make(Norm::kLayerNorm, Phase::kForwardInference, DType::kBF16, n, true);
+      s.epilogue = e;
+      const Spec r = resolve(s);
+      if (r.block->cache == RowCache::kGlobal) fallen.push_back(r.str());
+      if (r.block->cluster > 1) CHECK(segment_packs(r, *r.block) * r.block->vec % scale_block_size(e) == 0);
+    }
+  CHECK_MESSAGE(fallen.empty(), fallen.size() << " stream their rows, the first "
+                                              << (fallen.empty() ? std::string("-") : fallen.front()));
+}
+
 TEST_CASE("+quant rows serve quantized outputs only") {
   const auto pick = [](const char* text) { return testing::block_text(*resolve(Spec::parse(text), 16, 90).block); };
   // sm90.txt: fwd+residual_f32+quant layernorm * x4 v4 12288..14336 t512_r1_v4_smem.
