@@ -3,12 +3,47 @@
 #include <map>
 #include <string>
 
+#include "generator/bindings.hpp"
 #include "generator/embedded.hpp"
 #include "normjit/compiler.hpp"
 #include "normjit/error.hpp"
 
 namespace normjit {
+namespace detail {
+
+const char* device_type(DType d) {
+  switch (d) {
+    case DType::kF32: return "f32";
+    case DType::kF16: return "f16";
+    case DType::kBF16: return "bf16";
+  }
+  return "?";
+}
+
+EpilogueBinding epilogue_binding(Epilogue e) {
+  switch (e) {
+    case Epilogue::kNone: return {"epilogue_none.cuh", "EpilogueNone"};
+    case Epilogue::kReluBitmask: return {"epilogue_relu_bitmask.cuh", "EpilogueReluBitmask"};
+    case Epilogue::kGelu: return {"epilogue_gelu.cuh", "EpilogueGelu"};
+    case Epilogue::kFp8E4M3: return {"epilogue_fp8.cuh", "EpilogueFp8<false>"};
+    case Epilogue::kFp8E5M2: return {"epilogue_fp8.cuh", "EpilogueFp8<true>"};
+    case Epilogue::kFp8E4M3Row: return {"epilogue_quant_row.cuh", "EpilogueRowQuant<normjit::RowQuantFormat::kE4M3>"};
+    case Epilogue::kFp8E5M2Row: return {"epilogue_quant_row.cuh", "EpilogueRowQuant<normjit::RowQuantFormat::kE5M2>"};
+    case Epilogue::kInt8Row: return {"epilogue_quant_row.cuh", "EpilogueRowQuant<normjit::RowQuantFormat::kInt8>"};
+    case Epilogue::kMxfp8E4M3: return {"epilogue_mx.cuh", "EpilogueMx<false>"};
+    case Epilogue::kMxfp8E5M2: return {"epilogue_mx.cuh", "EpilogueMx<true>"};
+    case Epilogue::kMxfp4: return {"epilogue_fp4.cuh", "EpilogueFp4<false>"};
+    case Epilogue::kNvfp4: return {"epilogue_fp4.cuh", "EpilogueFp4<true>"};
+  }
+  throw Error(Status::kNotSupported, std::string("epilogue '") + to_string(e) + "' has no device binding");
+}
+
+}  // namespace detail
+
 namespace {
+using detail::device_type;
+using detail::epilogue_binding;
+using detail::EpilogueBinding;
 
 std::string_view template_text(std::string_view path) {
   for (const auto& f : detail::embedded_templates())
@@ -38,37 +73,6 @@ std::string render(std::string_view tpl, const std::map<std::string, std::string
   for (const auto& [key, value] : values)
     if (!used.count(key)) throw Error(Status::kNotSupported, spec + ": parameter " + key + " is not used by the template");
   return out;
-}
-
-const char* device_type(DType d) {
-  switch (d) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-  }
-  return "?";
-}
-
-struct EpilogueBinding {
-  const char* header;
-  const char* functor;
-};
-EpilogueBinding epilogue_binding(Epilogue e) {
-  switch (e) {
-    case Epilogue::kNone: return {"epilogue_none.cuh", "EpilogueNone"};
-    case Epilogue::kReluBitmask: return {"epilogue_relu_bitmask.cuh", "EpilogueReluBitmask"};
-    case Epilogue::kGelu: return {"epilogue_gelu.cuh", "EpilogueGelu"};
-    case Epilogue::kFp8E4M3: return {"epilogue_fp8.cuh", "EpilogueFp8<false>"};
-    case Epilogue::kFp8E5M2: return {"epilogue_fp8.cuh", "EpilogueFp8<true>"};
-    case Epilogue::kFp8E4M3Row: return {"epilogue_quant_row.cuh", "EpilogueRowQuant<normjit::RowQuantFormat::kE4M3>"};
-    case Epilogue::kFp8E5M2Row: return {"epilogue_quant_row.cuh", "EpilogueRowQuant<normjit::RowQuantFormat::kE5M2>"};
-    case Epilogue::kInt8Row: return {"epilogue_quant_row.cuh", "EpilogueRowQuant<normjit::RowQuantFormat::kInt8>"};
-    case Epilogue::kMxfp8E4M3: return {"epilogue_mx.cuh", "EpilogueMx<false>"};
-    case Epilogue::kMxfp8E5M2: return {"epilogue_mx.cuh", "EpilogueMx<true>"};
-    case Epilogue::kMxfp4: return {"epilogue_fp4.cuh", "EpilogueFp4<false>"};
-    case Epilogue::kNvfp4: return {"epilogue_fp4.cuh", "EpilogueFp4<true>"};
-  }
-  throw Error(Status::kNotSupported, std::string("epilogue '") + to_string(e) + "' has no device binding");
 }
 
 // A forward kernel's launch bounds: the CTAs per SM it asks for (0: none) and the local memory it

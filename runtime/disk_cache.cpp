@@ -439,6 +439,13 @@ fs::path DiskCache::entry_path(const Spec& spec, const Target& target) const {
   return dir_ / (src.spec + "." + target.str() + "." + key(src, target).substr(0, 32) + ".kernel");
 }
 
+bool DiskCache::has_entry(const Spec& spec, const Target& target) {
+  const fs::path entry = entry_path(spec, target);
+  if (bundle_entries_.count(entry.filename().string())) return true;
+  std::error_code ec;
+  return open_dir() && fs::exists(entry, ec);
+}
+
 Binary DiskCache::get_or_compile(const Spec& spec, const Target& target, double* compile_ms) {
   Lookup r = lookup(spec, target);
   if (compile_ms) *compile_ms = r.compile_ms;

@@ -169,6 +169,25 @@ long local_memory_bytes(const NvrtcOutput& out) {
 
 }  // namespace
 
+CompileResult compile_ptx(const GeneratedSource& src, int virtual_arch) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<std::string> options{"-arch=compute_" + std::to_string(virtual_arch), "-std=c++17", "--minimal",
+                                         "-DNORMJIT_JIT=1"};
+  NvrtcOutput nvrtc = run_nvrtc(src, options, true, "compiling " + src.spec + " to PTX for compute_" +
+                                                        std::to_string(virtual_arch));
+  CompileResult out;
+  out.log = std::move(nvrtc.log);
+  out.binary.spec = src.spec;
+  out.binary.kernel_name = src.kernel_name;
+  out.binary.arch = "compute_" + std::to_string(virtual_arch);
+  out.binary.is_ptx = true;
+  out.binary.image = std::move(nvrtc.image);
+  out.binary.threads_per_cta = src.threads_per_cta;
+  out.binary.rows_per_cta = src.rows_per_cta;
+  out.milliseconds = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
 CompileResult compile(const GeneratedSource& src, const Target& target, const std::vector<std::string>& extra_options) {
   const auto start = std::chrono::steady_clock::now();
   bool ptx = false;

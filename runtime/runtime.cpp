@@ -10,6 +10,7 @@
 #include <map>
 
 #include "../templates/normjit/block_scale_layout.h"
+#include "../templates/normjit/generic_flags.h"
 #include "../templates/normjit/params.h"
 #include "runtime/log.hpp"
 
@@ -73,6 +74,9 @@ static_assert(static_cast<int>(BlockScaleLayout::kRowMajor) == kBlockScaleRowMaj
               "the host's and the kernels' layout numbers agree");
 
 }  // namespace
+
+// The kernel parameters of a launch (the backward's slots and chunks aside).
+NormParams params_of(const Spec& spec, const LaunchArgs& a);
 
 const char* to_string(BlockScaleLayout v) {
   switch (v) {
@@ -279,7 +283,9 @@ size_t Kernel::workspace_bytes(int64_t rows, int64_t rows_per_batch) const {
   return plan(rows, rows_per_batch).workspace_bytes;
 }
 
-NormParams Kernel::params_for(const LaunchArgs& a) const {
+NormParams Kernel::params_for(const LaunchArgs& a) const { return params_of(spec_, a); }
+
+NormParams params_of(const Spec& spec_, const LaunchArgs& a) {
   NormParams p{};
   // A memory_efficient backward's kernels read y where the others read x.
   p.x = spec_.memory_efficient ? a.y : a.x;
@@ -447,6 +453,7 @@ Runtime::Runtime(int device, std::filesystem::path cache_dir) : disk_cache_(std:
   std::error_code ec;
   const bool db_exists = !tuning_db_path_.empty() && std::filesystem::exists(tuning_db_path_, ec);
   tuning_mode_ = tuning_mode_from_env(db_exists);
+  compile_mode_ = compile_mode_from_env();
   if (tuning_mode_ != TuningMode::kHeuristic && db_exists) {
     tuning_db_ = TuningDb::load(tuning_db_path_.string());
     detail::log().info("tuning database {}: {} entries", tuning_db_path_.string(), tuning_db_.size());
@@ -469,8 +476,10 @@ Runtime& shared_runtime(int device) {
 
 Runtime::~Runtime() {
   // Never throw from a destructor; the driver may already be shutting down at exit.
+  background_.reset();  // waits for the compiles in flight; they use disk_cache_
   const DriverApi& cu = driver();
   for (CUmodule module : modules_) cu.cuModuleUnload(module);
+  for (const auto& [x, module] : generic_modules_) cu.cuModuleUnload(module);
   if (context_) cu.cuDevicePrimaryCtxRelease(cu_device_);
 }
 
@@ -557,12 +566,18 @@ const Kernel& Runtime::get_resolved(const Spec& resolved) {
   const CacheCounters before = disk_cache_.counters();
   const auto t0 = std::chrono::steady_clock::now();
   const Binary binary = disk_cache_.get_or_compile(resolved, target_);
-  const auto t1 = std::chrono::steady_clock::now();
   const CacheCounters after = disk_cache_.counters();
   if (after.compiles > before.compiles)
     ++counters_.compiles;
   else
     ++counters_.disk_hits;
+  counters_.image_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return load_resolved(resolved, binary, name);
+}
+
+const Kernel& Runtime::load_resolved(const Spec& resolved, const Binary& binary, const std::string& name) {
+  const uint64_t key = packed_key(resolved);
+  const auto t1 = std::chrono::steady_clock::now();
   NORMJIT_CU(cuCtxSetCurrent(context_));
   CUmodule module = nullptr;
   NORMJIT_CU_CTX(cuModuleLoadData(&module, binary.image.data()), "loading " + name + " (" + binary.arch + ")");
@@ -581,7 +596,6 @@ const Kernel& Runtime::get_resolved(const Spec& resolved) {
   } else {
     kernel->function_ = function("");
   }
-  counters_.image_seconds += std::chrono::duration<double>(t1 - t0).count();
   counters_.module_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   // From the cubin: asking the driver would load a lazily loaded module's functions now.
   const auto frames = binary.is_ptx ? std::nullopt : cubin_frame_bytes(binary.image);
@@ -656,9 +670,227 @@ const Kernel& Runtime::get_resolved(const Spec& resolved) {
 }
 
 void Runtime::launch(const Spec& spec, const LaunchArgs& args, CUstream stream) {
-  if (tuning_mode_ == TuningMode::kTuneOnMiss && !spec.block) (void)tuned_choice(spec);  // tunes on a miss
+  const CompileMode mode = compile_mode_.load();
+  if (mode == CompileMode::kGeneric) return launch_generic(spec, args, stream);
   const int max_vec = max_vec_for(spec, args);
-  get_or_fall_back(spec, spec.block ? spec : choose(spec, max_vec), max_vec).launch(args, stream);
+  if (mode == CompileMode::kSync || !generic_unsupported_why(spec).empty()) {
+    if (tuning_mode_ == TuningMode::kTuneOnMiss && !spec.block) (void)tuned_choice(spec);  // tunes on a miss
+    get_or_fall_back(spec, spec.block ? spec : choose(spec, max_vec), max_vec).launch(args, stream);
+    return;
+  }
+  const Kernel* kernel = async_kernel(spec, max_vec);
+  if (kernel && kernel->spec().phase == Phase::kBackward &&
+      args.workspace_bytes < kernel->workspace_bytes(args.rows, args.rows_per_batch)) {
+    detail::log().debug("{}: workspace_bytes={} is less than the specialized kernel needs; the generic kernel runs",
+                        kernel->name(), args.workspace_bytes);
+    kernel = nullptr;
+  }
+  if (kernel) return kernel->launch(args, stream);
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (driver().cuStreamIsCapturing(stream, &capture) == CUDA_SUCCESS && capture == CU_STREAM_CAPTURE_STATUS_ACTIVE)
+    detail::log().debug("{}: captured into a CUDA graph as its generic kernel (the specialized one is not ready)",
+                        spec.str());
+  launch_generic(spec, args, stream);
+}
+
+const Kernel* Runtime::async_kernel(const Spec& spec, int max_vec) {
+  // Never tunes or compiles here: the tuning database's winner or the heuristic's pick.
+  const Spec resolved = spec.block ? spec : choose(spec, max_vec);
+  const uint64_t key = packed_key(resolved);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = kernels_.find(key); it != kernels_.end()) {
+      ++counters_.memory_hits;
+      return it->second.get();
+    }
+  }
+  BackgroundCompiler& bg = background();
+  switch (bg.state(key)) {
+    case BackgroundCompiler::State::kReady: {
+      std::optional<Binary> binary = bg.take(key);
+      if (!binary) return &get_resolved(resolved);  // taken by another thread: loaded, or on disk
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (auto it = kernels_.find(key); it != kernels_.end()) return it->second.get();
+      const Kernel& kernel = load_resolved(resolved, *binary, resolved.str());
+      ++counters_.background_compiles;
+      detail::log().debug("{}: the specialized kernel takes over from the generic one", resolved.str());
+      return &kernel;
+    }
+    case BackgroundCompiler::State::kUnknown:
+      // A disk or bundle hit loads in well under a millisecond.
+      if (disk_cache_.has_entry(resolved, target_)) return &get_or_fall_back(spec, resolved, max_vec);
+      bg.request(key, resolved);
+      detail::log().debug("{}: compiling in the background; the generic kernel runs meanwhile", resolved.str());
+      return nullptr;
+    default:  // queued, compiling, or failed (logged): the generic kernel
+      return nullptr;
+  }
+}
+
+BackgroundCompiler& Runtime::background() {
+  std::lock_guard<std::mutex> lock(background_mutex_);
+  if (!background_)
+    background_ = std::make_unique<BackgroundCompiler>(
+        [this](const Spec& resolved) { return disk_cache_.get_or_compile(resolved, target_); },
+        BackgroundCompiler::default_threads());
+  return *background_;
+}
+
+void Runtime::wait_for_background_compiles() {
+  std::lock_guard<std::mutex> lock(background_mutex_);
+  if (background_) background_->wait_idle();
+}
+
+BackgroundCompiler::State Runtime::background_state(const Spec& spec, int max_vec) {
+  const Spec resolved = spec.block ? spec : choose(spec, max_vec);
+  std::lock_guard<std::mutex> lock(background_mutex_);
+  return background_ ? background_->state(packed_key(resolved)) : BackgroundCompiler::State::kUnknown;
+}
+
+size_t Runtime::workspace_bytes(const Spec& spec, int64_t rows, int64_t rows_per_batch) {
+  if (spec.phase != Phase::kBackward) return 0;
+  const CompileMode mode = compile_mode_.load();
+  if (mode == CompileMode::kSync || (mode == CompileMode::kAsync && !generic_unsupported_why(spec).empty()))
+    return get(spec).workspace_bytes(rows, rows_per_batch);
+  if (mode == CompileMode::kAsync)
+    if (const Kernel* kernel = async_kernel(spec, 16)) return kernel->workspace_bytes(rows, rows_per_batch);
+  return generic_workspace_bytes(spec, rows, rows_per_batch);
+}
+
+// The generic kernels' launch: functions, grid and workspace.
+struct Runtime::GenericLaunch {
+  CUfunction function = nullptr, reduce = nullptr;
+  unsigned threads = 0, grid_x = 0, grid_y = 1, smem = 0;
+  int flags = 0;
+  int64_t slots = 0;  // backward: partial slots a group
+  size_t workspace_bytes = 0;
+};
+
+CUfunction Runtime::generic_function(DType x, const std::string& name) {
+  if (auto it = generic_functions_.find(name); it != generic_functions_.end()) return it->second;
+  auto mod = generic_modules_.find(x);
+  if (mod == generic_modules_.end()) {
+    const GenericImage* image = generic_image_for(x, target_.arch);
+    if (!image)
+      throw Error(Status::kNotSupported, std::string("this build of normjit has no generic kernels of x ") +
+                                             to_string(x) + " for " + target_.str() + " (" +
+                                             std::to_string(generic_images().size()) + " images built in)");
+    NORMJIT_CU(cuCtxSetCurrent(context_));
+    CUmodule module = nullptr;
+    NORMJIT_CU_CTX(cuModuleLoadData(&module, image->image.data()),
+                   std::string("loading the generic kernels of x ") + to_string(x) + " (" + image->arch + ")");
+    mod = generic_modules_.emplace(x, module).first;
+    detail::log().debug("generic kernels of x {} loaded ({}, {} bytes)", to_string(x), image->arch, image->image.size());
+  }
+  CUfunction f = nullptr;
+  NORMJIT_CU_CTX(cuModuleGetFunction(&f, mod->second, name.c_str()), "loading generic kernel " + name);
+  return generic_functions_[name] = f;
+}
+
+Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_t rows, int64_t rows_per_batch,
+                                               size_t workspace_limit) {
+  if (const std::string why = generic_unsupported_why(spec); !why.empty()) throw Error(Status::kNotSupported, why);
+  GenericLaunch g;
+  const bool backward = spec.phase == Phase::kBackward;
+  if (subtracts_mean(spec.norm)) g.flags |= kGenericSubtractsMean;
+  if (spec.has_bias) g.flags |= kGenericHasBias;
+  if (is_adaptive(spec.norm)) g.flags |= kGenericPerGroup;
+  if (spec.zero_centered) g.flags |= kGenericZeroCentered;
+  if (spec.phase == Phase::kForwardTraining) g.flags |= kGenericTraining;
+  // About kGenericUnroll packs a thread: every load of a pass in flight at once.
+  const int64_t packs = spec.n / vec;
+  g.threads = static_cast<unsigned>(std::clamp<int64_t>((ceil_div(packs, kGenericUnroll) + 31) / 32 * 32, 32, 512));
+  std::lock_guard<std::mutex> lock(mutex_);
+  g.function = generic_function(spec.x_dtype, generic_kernel_name(spec, vec));
+  if (!backward) {
+    g.grid_x = static_cast<unsigned>(std::min<int64_t>(rows, 0x7fffffff));
+    return g;
+  }
+  g.reduce = generic_function(spec.x_dtype, generic_reduce_name(spec.w_dtype));
+  if (generic_shared_optin_ < 0)
+    NORMJIT_CU(cuDeviceGetAttribute(&generic_shared_optin_, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                                    cu_device_));
+  int static_bytes = 0;  // the kernel's own scratch shares the limit
+  NORMJIT_CU(cuFuncGetAttribute(&static_bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, g.function));
+  const int64_t sums_bytes = int64_t(spec.has_bias ? 8 : 4) * spec.n;  // dgamma (and dbeta) sums, fp32
+  if (sums_bytes + static_bytes <= generic_shared_optin_) {
+    g.flags |= kGenericSharedSums;
+    g.smem = static_cast<unsigned>(sums_bytes);
+    NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                      static_cast<int>(sums_bytes)),
+                   "allowing the generic backward " + std::to_string(sums_bytes) + " bytes of shared memory");
+  }
+  int per_sm = 0;
+  NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, g.function, static_cast<int>(g.threads), g.smem));
+  const bool ada = is_adaptive(spec.norm);
+  const int64_t groups = ada && rows_per_batch > 0 ? rows / rows_per_batch : 1;
+  const int64_t rows_per_group = ada && rows_per_batch > 0 ? rows_per_batch : rows;
+  const size_t slot_bytes = size_t(8) * std::max<int64_t>(groups, 1) * spec.n;  // one slot of every group
+  int64_t slots = std::clamp<int64_t>(int64_t(std::max(1, per_sm)) * device_.sm_count / std::max<int64_t>(groups, 1),
+                                      1, std::max<int64_t>(rows_per_group, 1));
+  if (workspace_limit > 0) slots = std::clamp<int64_t>(int64_t(workspace_limit / slot_bytes), 1, slots);
+  g.slots = slots;
+  g.grid_x = static_cast<unsigned>(slots);
+  g.grid_y = static_cast<unsigned>(std::max<int64_t>(groups, 1));
+  g.workspace_bytes = slot_bytes * slots;
+  return g;
+}
+
+size_t Runtime::generic_workspace_bytes(const Spec& spec, int64_t rows, int64_t rows_per_batch, int64_t max_slots) {
+  if (spec.phase != Phase::kBackward) return 0;
+  const size_t slot_bytes = size_t(8) * std::max<int64_t>(is_adaptive(spec.norm) && rows_per_batch > 0
+                                                              ? rows / rows_per_batch : 1, 1) * spec.n;
+  return generic_launch(spec, 1, rows, rows_per_batch, max_slots > 0 ? slot_bytes * max_slots : 0).workspace_bytes;
+}
+
+void Runtime::launch_generic(const Spec& spec, const LaunchArgs& args, CUstream stream) {
+  if (const std::string why = generic_unsupported_why(spec); !why.empty()) throw Error(Status::kNotSupported, why);
+  const int vec = max_vec_for(spec, args);
+  Spec shaped = spec;  // validate_launch checks the pointers against this vector width
+  shaped.block = BlockConfig{};
+  shaped.block->threads_per_row = 32;
+  shaped.block->rows_per_cta = 1;
+  shaped.block->vec = vec;
+  try {
+    validate_launch(shaped, args);
+  } catch (const Error& e) {
+    // Named as the caller named the spec: a generic launch has no block config.
+    std::string what = std::string(e.what()).substr(std::string(to_string(e.status())).size() + 2);
+    const std::string pinned = "launch of " + shaped.str();
+    if (const size_t at = what.find(pinned); at != std::string::npos)
+      what.replace(at, pinned.size(), "launch of " + spec.str() + " (generic kernel, vec=" + std::to_string(vec) + ")");
+    throw Error(e.status(), what);
+  }
+  const bool backward = spec.phase == Phase::kBackward;
+  const GenericLaunch g = generic_launch(spec, vec, args.rows, args.rows_per_batch, backward ? args.workspace_bytes : 0);
+  if (backward && args.workspace_bytes < g.workspace_bytes)
+    throw Error(Status::kInvalidArgument, "launch of " + spec.str() + " (generic kernel): workspace_bytes=" +
+                                              std::to_string(args.workspace_bytes) + " is less than the " +
+                                              std::to_string(g.workspace_bytes) +
+                                              " bytes its one partial slot a group needs");
+  CUcontext current = nullptr;
+  NORMJIT_CU(cuCtxGetCurrent(&current));
+  if (current == nullptr) NORMJIT_CU(cuCtxSetCurrent(context_));
+  else if (current != context_)
+    throw Error(Status::kInvalidArgument, "launch of " + spec.str() +
+                                              ": the calling thread's current CUDA context is not the primary "
+                                              "context of this runtime's device");
+  NormParams p = params_of(spec, args);
+  p.n = spec.n;
+  p.generic_flags = g.flags;
+  p.partial_slots = args.rows > 0 ? static_cast<int>(g.slots) : 0;  // no rows: the sums come out zero
+  void* params[] = {&p};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++counters_.generic_launches;
+  }
+  if (args.rows > 0 && g.grid_x > 0)
+    NORMJIT_CU_CTX(cuLaunchKernel(g.function, g.grid_x, g.grid_y, 1, g.threads, 1, 1, g.smem, stream, params, nullptr),
+                   "launching the generic kernel of " + spec.str());
+  if (backward)
+    NORMJIT_CU_CTX(cuLaunchKernel(g.reduce, static_cast<unsigned>(ceil_div(spec.n, 32)), g.grid_y, 1, 256, 1, 1, 0,
+                                  stream, params, nullptr),
+                   "launching the generic dgamma/dbeta reduction of " + spec.str());
 }
 
 RuntimeCounters Runtime::counters() const {

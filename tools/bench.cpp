@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   int device = 0, warmup = 5, reps = 25, batch = 10, verify_rows = 16;
   int64_t rows_per_batch = 0;
   std::string json_path, cache_dir;
-  bool no_verify = false, graph = false;
+  bool no_verify = false, graph = false, generic = false, first_call = false;
   unsigned seed = std::random_device{}();
   app.add_option("specs", spec_args, "Spec strings")->required();
   app.add_option("-M,--rows", rows, "Rows (M)")->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 31));
@@ -134,6 +134,13 @@ int main(int argc, char** argv) {
   app.add_flag("--in-place", in_place,
                "Forward specs: y written over x (and a residual's h over residual), as FlashInfer's "
                "fused_add_rmsnorm does; outputs are not verified (the inputs are gone)");
+  app.add_flag("--generic", generic,
+               "Time the generic kernels (Runtime::launch_generic) instead of the specialized ones; rows are "
+               "labelled generic:SPEC");
+  app.add_flag("--first-call", first_call,
+               "Time each forward spec's first launch in this process as NORMJIT_COMPILE_MODE runs it (use an empty "
+               "--cache-dir): until launch() returns, until the kernel is done, until the specialized kernel is "
+               "ready (async), and the launch after");
   app.add_flag("--graph", graph,
                "Also time CUDA-graph replay: one graph of K launches (and one of K copies) over K >= 16 "
                "rotating buffer sets that exceed 4x L2; verifies a replay's outputs");
@@ -252,7 +259,8 @@ int main(int argc, char** argv) {
           gamma(groups * n * ws), beta(spec.has_bias ? groups * n * ws : 0), mean(rows * 4 * sets),
           rstd(rows * 4 * sets), mask(bitmask ? mask_bytes * sets : 0), dgamma(backward ? groups * n * ws : 0),
           dbeta(backward && spec.has_bias ? groups * n * ws : 0),
-          workspace(backward ? kernel.workspace_bytes(rows, rpb) : 0),
+          workspace(backward ? (generic ? rt.generic_workspace_bytes(spec, rows, rpb) : kernel.workspace_bytes(rows, rpb))
+                             : 0),
           residual_in(residual && (!backward || stream_f32) ? r_bytes * sets : 0),
           h_out(residual && (!backward || stream_f32) ? r_bytes * sets : 0),
           dh_out(residual && backward ? r_bytes * sets : 0), dresidual(stream_f32 && backward ? r_bytes * sets : 0),
@@ -334,9 +342,13 @@ int main(int argc, char** argv) {
         return a;
       };
       auto launch = [&](int set, CUstream stream) {
-        if (backward) kernel.launch(backward_args(set), stream);
+        if (generic) rt.launch_generic(spec, backward ? backward_args(set) : forward_args(set), stream);
+        else if (backward) kernel.launch(backward_args(set), stream);
         else kernel.launch(forward_args(set), stream);
       };
+      nj::Spec bare = spec;  // a generic kernel has no block config
+      bare.block.reset();
+      const std::string label = generic ? "generic:" + bare.str() : spec.str();
       if (backward) {
         for (int set = 0; set < sets; ++set) forward.launch(forward_args(set));
         if (from_y) NORMJIT_CU(cuMemcpyDtoDAsync(y_in.ptr, y.ptr, y.bytes, nullptr));
@@ -510,7 +522,7 @@ int main(int argc, char** argv) {
         NORMJIT_CU(cuMemcpyDtoDAsync(y.ptr + off, x.ptr + off, x_bytes, nullptr));
       });
       const double gbps = bytes / us * 1e-3, copy_gbps = 2.0 * x_bytes / copy_us * 1e-3;
-      nlohmann::json row{{"spec", spec.str()}, {"requested", requested.str()}, {"rows", rows}, {"n", n},
+      nlohmann::json row{{"spec", label}, {"requested", requested.str()}, {"rows", rows}, {"n", n},
                          {"us", us}, {"bytes", bytes}, {"gbps", gbps}, {"copy_us", copy_us}, {"copy_gbps", copy_gbps},
                          {"pct_copy", 100.0 * gbps / copy_gbps}, {"verified", !no_verify && !(in_place && !backward)},
                          {"max_err_over_tol", worst}, {"first_get", first_get_kind}, {"first_get_ms", first_get_ms},
@@ -527,7 +539,7 @@ int main(int argc, char** argv) {
             time_median_us(warmup, reps, batch, [&](int) { same_bytes_graph.replay(s); }, s) / sets;
         const double g_gbps = bytes / graph_us * 1e-3, g_copy_gbps = 2.0 * x_bytes / copy_graph_us * 1e-3;
         std::printf("%-58s %8lld %5d %10.2f %10.2f %6.3f %10.2f %6.3f %9.1f %9.1f %6.1f%% %10.2f %9.3f %s %.2f ms\n",
-                    spec.str().c_str(), (long long)rows, sets, graph_us, copy_graph_us, graph_us / copy_graph_us,
+                    label.c_str(), (long long)rows, sets, graph_us, copy_graph_us, graph_us / copy_graph_us,
                     same_bytes_us, graph_us / same_bytes_us, g_gbps, g_copy_gbps, 100.0 * g_gbps / g_copy_gbps, us,
                     worst, first_get_kind, first_get_ms);
         row["copy_same_bytes_graph_us"] = same_bytes_us;  // per copy of the launch's own bytes
@@ -546,7 +558,7 @@ int main(int argc, char** argv) {
         row["copy_graph_l2_multiple"] = 2.0 * x_bytes * sets / dev.l2_bytes;
         if (!no_verify) row["verified_by"] = "graph replay";  // rows spread over all K sets
       } else {
-        std::printf("%-58s %8lld %10.2f %9.1f %9.1f %6.1f%% %9.3f %s %.2f ms\n", spec.str().c_str(), (long long)rows,
+        std::printf("%-58s %8lld %10.2f %9.1f %9.1f %6.1f%% %9.3f %s %.2f ms\n", label.c_str(), (long long)rows,
                     us, gbps, copy_gbps, 100.0 * gbps / copy_gbps, worst, first_get_kind, first_get_ms);
       }
       if (launch_overhead && !backward) {
@@ -586,7 +598,65 @@ int main(int argc, char** argv) {
       return row;
     };
 
-    if (!tune) {
+    if (first_call) {
+      // A spec's first launch in this process, as the compile mode (NORMJIT_COMPILE_MODE) runs it:
+      // the time until launch() returns and until its kernel has finished; async mode also the
+      // time until the specialized kernel is ready, and the launch after that.
+      std::printf("%-58s %8s %12s %12s %12s %12s\n", "spec", "mode", "return ms", "done ms", "ready ms", "next us");
+      for (const std::string& text : spec_args) {
+        const nj::Spec spec = nj::Spec::parse(text);
+        if (spec.phase == nj::Phase::kBackward) {
+          std::fprintf(stderr, "normjit-bench --first-call: %s: forward specs only\n", text.c_str());
+          all_ok = false;
+          continue;
+        }
+        const int64_t n = spec.n;
+        const size_t x_bytes = size_t(rows) * n * nj::dtype_size(spec.x_dtype);
+        const int64_t groups = 1;  // AdaLayerNorm: one batch of all rows
+        DeviceBuffer x(x_bytes), y(x_bytes), gamma(groups * n * nj::dtype_size(spec.w_dtype)),
+            beta(spec.has_bias ? groups * n * nj::dtype_size(spec.w_dtype) : 0), mean(rows * 4), rstd(rows * 4),
+            mask(spec.epilogue == nj::Epilogue::kReluBitmask ? rows * nj::mask_row_bytes(n) : 0);
+        util.run(x.get(), spec.x_dtype, (long long)(rows * n), seed, 2.0f, 0.5f);
+        util.run(gamma.get(), spec.w_dtype, n, seed + 1, 0.5f, 1.0f);
+        if (spec.has_bias) util.run(beta.get(), spec.w_dtype, n, seed + 2, 0.5f, 0.0f);
+        NORMJIT_CU(cuCtxSynchronize());
+        nj::LaunchArgs a;
+        a.x = x.get();
+        a.y = y.get();
+        a.gamma = gamma.get();
+        a.beta = spec.has_bias ? beta.get() : nullptr;
+        const bool training = spec.phase == nj::Phase::kForwardTraining;
+        a.mean = training && nj::subtracts_mean(spec.norm) ? reinterpret_cast<float*>(mean.get()) : nullptr;
+        a.rstd = training ? reinterpret_cast<float*>(rstd.get()) : nullptr;
+        a.mask = mask.bytes ? reinterpret_cast<uint8_t*>(mask.get()) : nullptr;
+        a.rows = rows;
+        a.row_stride = n;
+        a.rows_per_batch = nj::is_adaptive(spec.norm) ? rows : 0;
+        const auto t0 = Clock::now();
+        rt.launch(spec, a);
+        const double return_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        NORMJIT_CU(cuCtxSynchronize());
+        const double done_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        double ready_ms = 0, next_us = 0;
+        const bool async = rt.compile_mode() == nj::CompileMode::kAsync;
+        if (async) {
+          rt.wait_for_background_compiles();
+          ready_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        }
+        const auto t1 = Clock::now();
+        rt.launch(spec, a);
+        NORMJIT_CU(cuCtxSynchronize());
+        next_us = std::chrono::duration<double, std::micro>(Clock::now() - t1).count();
+        const nj::RuntimeCounters c = rt.counters();
+        std::printf("%-58s %8s %12.3f %12.3f %12.1f %12.1f\n", spec.str().c_str(), nj::to_string(rt.compile_mode()),
+                    return_ms, done_ms, ready_ms, next_us);
+        results.push_back({{"spec", spec.str()}, {"rows", rows}, {"mode", nj::to_string(rt.compile_mode())},
+                           {"first_launch_return_ms", return_ms}, {"first_launch_done_ms", done_ms},
+                           {"specialized_ready_ms", ready_ms}, {"next_launch_us", next_us},
+                           {"generic_launches", c.generic_launches}, {"background_compiles", c.background_compiles},
+                           {"compiles", c.compiles}});
+      }
+    } else if (!tune) {
       for (size_t si = 0; si < spec_args.size(); ++si) results.push_back(measure(spec_args[si], si));
     } else {
       // Tuning: per spec, the heuristic's config and then the other candidates, nearest first,

@@ -77,6 +77,10 @@ std::vector<std::string> compile_options(const Target& target, bool* emits_ptx =
 CompileResult compile(const GeneratedSource& src, const Target& target,
                       const std::vector<std::string>& extra_options = {});
 
+// PTX of generated source for a virtual arch (compute_XY), for the driver to compile on any GPU of
+// that arch or newer.
+CompileResult compile_ptx(const GeneratedSource& src, int virtual_arch);
+
 // Per-kernel resources parsed from a ptxas -v log.
 struct KernelResources {
   std::string function;
@@ -159,6 +163,9 @@ class DiskCache {
   uint64_t size_bytes() const;
   // The entry file a resolved spec compiles to for a target (whether or not it exists yet).
   std::filesystem::path entry_path(const Spec& resolved_spec, const Target& target) const;
+  // Whether lookup() would find the spec in the bundle or the directory without compiling (an
+  // entry that turns out invalid is still compiled again then).
+  bool has_entry(const Spec& resolved_spec, const Target& target);
   // Entries are looked up in this bundle (verified when it is opened) before the directory; a
   // bundle is trusted because the user names it. Throws Error(kCacheError) naming a bad bundle.
   void use_bundle(const std::filesystem::path& bundle);

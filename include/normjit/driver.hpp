@@ -43,6 +43,7 @@ namespace normjit {
   X(cuStreamDestroy)                \
   X(cuStreamSynchronize)            \
   X(cuStreamBeginCapture)           \
+  X(cuStreamIsCapturing)            \
   X(cuStreamEndCapture)             \
   X(cuGraphInstantiate)             \
   X(cuGraphUpload)                  \

@@ -2,6 +2,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -11,6 +12,7 @@
 #include "normjit/compiler.hpp"
 #include "normjit/driver.hpp"
 #include "normjit/error.hpp"
+#include "normjit/generic.hpp"
 #include "normjit/spec.hpp"
 #include "normjit/tuning.hpp"
 
@@ -166,6 +168,8 @@ struct RuntimeCounters {
   // compile), and the driver's module load (cuModuleLoadData and cuModuleGetFunction).
   double image_seconds = 0;
   double module_seconds = 0;
+  uint64_t generic_launches = 0;     // launches that ran a generic kernel (generic or async mode)
+  uint64_t background_compiles = 0;  // specialized kernels compiled in the background and loaded (async mode)
 };
 
 class Runtime {
@@ -189,8 +193,33 @@ class Runtime {
   // NORMJIT_TUNING_DB, else tuning.json in the cache directory; empty when that directory is not
   // usable (not trusted, or cannot be created): no database is read or written then.
   const std::filesystem::path& tuning_db_path() const { return tuning_db_path_; }
-  // Picks the vector width the pointers' alignment allows, then gets and launches.
+  // Picks the vector width the pointers' alignment allows, then launches the spec's kernel as the
+  // compile mode says (generic.hpp): sync gets (compiling or loading) the specialized kernel;
+  // generic runs the generic kernel; async runs the specialized kernel where it is loaded or on disk
+  // and otherwise the generic one, queuing the specialized compile in the background. Specs no
+  // generic kernel covers (generic_unsupported_why) take the sync path in async mode, and throw in
+  // generic mode. A backward whose workspace is too small for the specialized kernel runs the
+  // generic one in async mode (size it with workspace_bytes() before each launch).
   void launch(const Spec& spec, const LaunchArgs& args, CUstream stream = nullptr);
+  // The generic kernel of a spec, whatever the mode. Its backward takes any workspace of at least
+  // generic_workspace_bytes(spec, rows, rows_per_batch, 1) bytes (fewer partial slots when smaller).
+  void launch_generic(const Spec& spec, const LaunchArgs& args, CUstream stream = nullptr);
+  // Bytes of backward workspace launch() wants now for these sizes: the specialized kernel's where
+  // the mode runs it (sync: compiling it if need be), else the generic kernel's. 0 forward.
+  size_t workspace_bytes(const Spec& spec, int64_t rows, int64_t rows_per_batch = 0);
+  // The generic backward's workspace with its full grid of partial slots (0 forward); max_slots
+  // caps the slots (the least it runs with is one a group).
+  size_t generic_workspace_bytes(const Spec& spec, int64_t rows, int64_t rows_per_batch = 0,
+                                 int64_t max_slots = 0);
+
+  // NORMJIT_COMPILE_MODE when the runtime was created (sync when unset).
+  CompileMode compile_mode() const { return compile_mode_.load(); }
+  void set_compile_mode(CompileMode mode) { compile_mode_ = mode; }
+  // Async mode: blocks until the background compiles queued so far are done (tests, benches).
+  void wait_for_background_compiles();
+  // Async mode: the background compile's state of a spec (resolved as launch() would for
+  // pointers allowing max_vec): kUnknown where none was queued.
+  BackgroundCompiler::State background_state(const Spec& spec, int max_vec = 16);
 
   const DeviceInfo& device() const { return device_; }
   // The largest cluster the heuristic picks on this device (kMaxCluster or kMaxPortableCluster).
@@ -229,6 +258,25 @@ class Runtime {
   std::unordered_map<uint64_t, std::unique_ptr<Kernel>> kernels_;
   std::vector<CUmodule> modules_;
   RuntimeCounters counters_;
+
+  // Async mode: the specialized kernel where it is loaded, compiled in the background or on disk
+  // (loading it); else nullptr, queuing its compile.
+  const Kernel* async_kernel(const Spec& spec, int max_vec);
+  // get_resolved() with a binary compiled in the background.
+  const Kernel& load_resolved(const Spec& resolved, const Binary& binary, const std::string& name);
+  // Generic kernels: one module per x dtype, loaded on first use.
+  struct GenericLaunch;
+  GenericLaunch generic_launch(const Spec& spec, int vec, int64_t rows, int64_t rows_per_batch,
+                               size_t workspace_limit);
+  CUfunction generic_function(DType x, const std::string& name);
+  std::map<DType, CUmodule> generic_modules_;
+  std::map<std::string, CUfunction> generic_functions_;
+  int generic_shared_optin_ = -1;  // bytes of shared memory a generic backward CTA may take
+  std::atomic<CompileMode> compile_mode_{CompileMode::kSync};
+  // Created on the first async launch; destroyed first (its compiles use disk_cache_).
+  std::mutex background_mutex_;
+  std::unique_ptr<BackgroundCompiler> background_;
+  BackgroundCompiler& background();
 };
 
 // The process's runtime of a device (default cache directory), created on first use and kept for

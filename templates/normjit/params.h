@@ -49,6 +49,10 @@ struct NormParams {
   // Residual add's extras, last for the same reason.
   const void* bias_in;  // forward .bias_in: [N] weight dtype, added with the residual
   void* dresidual;      // backward .residual_f32: [rows, row_stride] f32, dx unrounded (dresidual)
+  // Generic kernels (norm_generic.cuh), last for the same reason: the row's length and the spec's
+  // boolean fields (GenericFlag), which the specialized kernels have compiled in.
+  int n;
+  int generic_flags;
 };
 
 }  // namespace normjit

@@ -34,6 +34,30 @@ Shapes shapes_of(const Case& c) {
 
 // Launches through the kernel resolved for these pointers, with its workspace when backward.
 void launch(const Spec& spec, LaunchArgs a) {
+  if (Runtime* rt = launch_through()) {  // Runtime::launch, as its compile mode says
+    std::unique_ptr<DeviceMem> workspace;
+    if (spec.phase == Phase::kBackward) {
+      a.workspace_bytes = rt->workspace_bytes(spec, a.rows, a.rows_per_batch);
+      workspace = std::make_unique<DeviceMem>(a.workspace_bytes);
+      NORMJIT_CU(cuMemsetD8(workspace->ptr, 0xff, workspace->bytes));
+      a.workspace = workspace->get();
+    }
+    rt->launch(spec, a);
+    NORMJIT_CU(cuCtxSynchronize());
+    return;
+  }
+  if (use_generic_kernels()) {
+    std::unique_ptr<DeviceMem> workspace;
+    if (spec.phase == Phase::kBackward) {
+      a.workspace_bytes = runtime().generic_workspace_bytes(spec, a.rows, a.rows_per_batch);
+      workspace = std::make_unique<DeviceMem>(a.workspace_bytes);
+      NORMJIT_CU(cuMemsetD8(workspace->ptr, 0xff, workspace->bytes));  // stale partials must not matter
+      a.workspace = workspace->get();
+    }
+    runtime().launch_generic(spec, a);
+    NORMJIT_CU(cuCtxSynchronize());
+    return;
+  }
   const Kernel& k = runtime().get(spec.block ? spec : resolve(spec, max_vec_for(spec, a), runtime().target().arch));
   std::unique_ptr<DeviceMem> workspace;
   if (spec.phase == Phase::kBackward) {

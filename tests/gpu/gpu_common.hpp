@@ -149,6 +149,21 @@ struct ForwardRun {
   int64_t h_mismatches = 0;
 };
 
+// While set, run_forward / run_backward launch the generic kernels (Runtime::launch_generic).
+inline bool& use_generic_kernels() {
+  static bool on = false;
+  return on;
+}
+// While set, they launch through this runtime's Runtime::launch (its compile mode) instead.
+inline Runtime*& launch_through() {
+  static Runtime* rt = nullptr;
+  return rt;
+}
+struct GenericKernelsOn {
+  GenericKernelsOn() { use_generic_kernels() = true; }
+  ~GenericKernelsOn() { use_generic_kernels() = false; }
+};
+
 ForwardRun run_forward(const Case& c);
 
 struct BackwardRun {

@@ -1,0 +1,111 @@
+#pragma once
+// Generic kernels (templates/normjit/norm_generic.cuh): compiled when normjit is built, they take
+// N and the spec's boolean fields at run time, so a launch never waits for NVRTC. The compile
+// modes choose when they run (docs/generic.md).
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "normjit/compiler.hpp"
+#include "normjit/spec.hpp"
+
+namespace normjit {
+
+// When Runtime::launch uses the specialized kernel of a spec.
+//   sync:    the launch compiles (or loads) the specialized kernel, then runs it. Deterministic.
+//   async:   on a miss of both caches the launch runs the generic kernel at once and the
+//            specialized one compiles on a background thread, used from the launch after it is
+//            ready on. A disk-cache hit is loaded synchronously.
+//   generic: generic kernels only; no NVRTC at all.
+enum class CompileMode { kSync, kAsync, kGeneric };
+const char* to_string(CompileMode m);
+// "sync", "async" or "generic"; anything else throws Error(kInvalidArgument) naming `what` and the value.
+CompileMode parse_compile_mode(std::string_view text, std::string_view what = "compile mode");
+// NORMJIT_COMPILE_MODE, sync when unset or empty.
+CompileMode compile_mode_from_env();
+
+// Empty when a generic kernel covers the spec (any n, block config ignored); else why not, naming
+// the field and its value.
+std::string generic_unsupported_why(const Spec& spec);
+// The vector widths the generic kernels come in for a dtype: 16 bytes down to one element.
+std::vector<int> generic_vecs(DType x);
+// Kernel names. Forward specs share the forward kernel of their dtypes and epilogue (training or
+// not is a flag); backward specs run the row kernel, then the reduction of the weight dtype.
+std::string generic_kernel_name(const Spec& spec, int vec);
+std::string generic_reduce_name(DType w);
+// The program holding every generic kernel of x dtype `x`: all weight dtypes, supported
+// epilogues and vector widths, forward and backward, and the reductions.
+GeneratedSource generic_source(DType x);
+// The dtypes the generic programs are built for, one program each.
+std::vector<DType> generic_program_dtypes();
+
+// The generic images built into this library: for each x dtype, cubins (sm_80, sm_90) and PTX
+// (compute_90) that the driver compiles for newer GPUs.
+struct GenericImage {
+  DType x = DType::kBF16;
+  std::string arch;  // "sm_90", or "compute_90" for PTX
+  bool is_ptx = false;
+  std::string_view image;
+};
+const std::vector<GenericImage>& generic_images();
+namespace detail {
+const std::vector<GenericImage>& generic_image_table();  // defined by the build's generic_images.cpp
+}
+// The image for a GPU of compute capability sm (e.g. 90), or nullptr: the same arch's cubin, else
+// the newest cubin of the same major version at or below it, else PTX of an arch at or below it.
+const GenericImage* generic_image_for(DType x, int sm);
+
+// Compiles resolved specs on background threads for async mode. Each spec (by `key`) is compiled
+// at most once per compiler; a failed compile is logged and stays failed (its generic kernel keeps
+// running). The destructor drops queued work and waits for the compiles in flight (NVRTC cannot be
+// interrupted).
+class BackgroundCompiler {
+ public:
+  using CompileFn = std::function<Binary(const Spec&)>;
+  enum class State { kUnknown, kQueued, kCompiling, kReady, kFailed };
+  BackgroundCompiler(CompileFn compile, int threads);
+  ~BackgroundCompiler();
+  BackgroundCompiler(const BackgroundCompiler&) = delete;
+  BackgroundCompiler& operator=(const BackgroundCompiler&) = delete;
+
+  // Queues the spec unless its key is known; returns the key's state after the call.
+  State request(uint64_t key, const Spec& resolved);
+  State state(uint64_t key) const;
+  // The compiled binary of a ready key (moved out: later calls see kReady and get nothing).
+  std::optional<Binary> take(uint64_t key);
+  // The error of a failed key ("" otherwise).
+  std::string error(uint64_t key) const;
+  // Blocks until nothing is queued or compiling.
+  void wait_idle() const;
+  int threads() const { return static_cast<int>(workers_.size()); }
+  // NORMJIT_COMPILE_THREADS, else min(2, hardware threads), at least 1.
+  static int default_threads();
+
+ private:
+  struct Job {
+    State state = State::kQueued;
+    Spec spec;
+    std::optional<Binary> binary;
+    std::string error;
+  };
+  void work();
+
+  CompileFn compile_;
+  mutable std::mutex mutex_;
+  mutable std::condition_variable changed_;
+  std::deque<uint64_t> queue_;
+  std::map<uint64_t, Job> jobs_;
+  int busy_ = 0;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+const char* to_string(BackgroundCompiler::State s);
+
+}  // namespace normjit

@@ -1,0 +1,19 @@
+// The generic kernels' launch flags (NormParams::generic_flags) and their streaming depth, shared
+// by host and device code (norm_generic.cuh, runtime/runtime.cpp).
+#pragma once
+
+namespace normjit {
+
+enum GenericFlag : int {
+  kGenericSubtractsMean = 1,  // LayerNorm / AdaLayerNorm
+  kGenericHasBias = 2,
+  kGenericPerGroup = 4,      // AdaLayerNorm / AdaRMSNorm: weights [groups, n]
+  kGenericZeroCentered = 8,  // the scale is 1 + gamma
+  kGenericTraining = 16,     // forward: write mean (with kGenericSubtractsMean) and rstd
+  kGenericSharedSums = 32,   // backward: dgamma/dbeta sums in dynamic shared memory, else the workspace
+};
+
+// Packs in flight per thread in each streaming pass; the launch gives a row about this many a thread.
+constexpr int kGenericUnroll = 4;
+
+}  // namespace normjit

@@ -1,0 +1,294 @@
+// Generic kernels: one kernel serves every N. The row's length and the spec's boolean fields
+// (statistics with or without the mean, bias, per-group weights, zero-centred weights, training
+// outputs) are launch arguments (NormParams::n, ::generic_flags); the dtypes, the epilogue and the
+// vector width stay compile-time. They ship compiled inside the library (tools/build_generic.cpp)
+// and run while NVRTC specializes a spec, or alone where no NVRTC may run (docs/generic.md).
+//
+// One CTA per row (a grid-stride loop over rows), blockDim.x threads of any multiple of 32: pack p
+// of a row belongs to thread p % blockDim.x, the layout of the specialized kernels, so the same
+// epilogue functors apply. Each pass streams the row from global memory; the second pass finds it
+// in L2. LayerNorm sums deviations from the row's first element (the cancellation in
+// sq / N - shift^2 is bounded, as in the specialized CTA-wide rows).
+#pragma once
+#include "normjit/common.cuh"
+#include "normjit/generic_flags.h"
+
+namespace normjit {
+
+// Sums of (a, b) over the CTA, the same for every thread, added in warp order. The scratch is
+// free again when it returns.
+__device__ __forceinline__ float2 generic_cta_sum2(float a, float b, float2* scratch) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, offset);
+    b += __shfl_xor_sync(0xffffffffu, b, offset);
+  }
+  const int warps = blockDim.x / 32;
+  if (warps == 1) return make_float2(a, b);
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = make_float2(a, b);
+  __syncthreads();
+  float2 total = make_float2(0.f, 0.f);
+  for (int w = 0; w < warps; ++w) {
+    total.x += scratch[w].x;
+    total.y += scratch[w].y;
+  }
+  __syncthreads();
+  return total;
+}
+
+template <class T, int kVec>
+__device__ __forceinline__ void load_floats(const T* p, float (&out)[kVec]) {
+  unpack(load_pack<T, kVec>(p), out);
+}
+
+template <class XT, class WT, class Epilogue, int kVec>
+__device__ __forceinline__ void generic_fwd(const NormParams& p) {
+  __shared__ float2 scratch[32];
+  const int n = p.n, flags = p.generic_flags;
+  const bool subtracts_mean = flags & kGenericSubtractsMean, has_bias = flags & kGenericHasBias;
+  const float one = (flags & kGenericZeroCentered) ? 1.f : 0.f;
+  const int packs = n / kVec, threads = blockDim.x, tid = threadIdx.x;
+  const float inv_n = 1.f / static_cast<float>(n);
+  for (long long row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const XT* x = static_cast<const XT*>(p.x) + row * p.row_stride;
+    XT* y = static_cast<XT*>(p.y) + row * p.row_stride;
+    const long long weights = (flags & kGenericPerGroup) ? group_of_row(row, p.rows_per_group) * n : 0;
+    const WT* gamma = static_cast<const WT*>(p.gamma) + weights;
+    const WT* beta = has_bias ? static_cast<const WT*>(p.beta) + weights : nullptr;
+    const float center = subtracts_mean ? to_float(x[0]) : 0.f;
+    float dev = 0.f, sq = 0.f;
+    for (int base = tid; base < packs; base += threads * kGenericUnroll) {
+      Pack<XT, kVec> v[kGenericUnroll];
+#pragma unroll
+      for (int u = 0; u < kGenericUnroll; ++u)
+        if (const int pack = base + u * threads; pack < packs) v[u] = load_pack<XT, kVec>(x + pack * kVec);
+#pragma unroll
+      for (int u = 0; u < kGenericUnroll; ++u)
+        if (base + u * threads < packs) {
+          float f[kVec];
+          unpack(v[u], f);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            const float d = f[j] - center;
+            dev += d;
+            sq += d * d;
+          }
+        }
+    }
+    const float2 sums = generic_cta_sum2(dev, sq, scratch);
+    const float shift = subtracts_mean ? sums.x * inv_n : 0.f;
+    const float rstd = rsqrtf(fmaxf(sums.y * inv_n - shift * shift, 0.f) + p.eps);
+    if ((flags & kGenericTraining) && tid == 0) {
+      if (subtracts_mean) p.mean[row] = center + shift;
+      p.rstd[row] = rstd;
+    }
+    // Every thread runs every round (the epilogue may shuffle across lanes); past the row's end
+    // a pack is invalid. A round's loads all come before its stores: y may alias x for all the
+    // compiler knows, so a load after a store would wait for it.
+    for (int base = 0; base < packs; base += threads * kGenericUnroll) {
+      Pack<XT, kVec> v[kGenericUnroll];
+      Pack<WT, kVec> g[kGenericUnroll], b[kGenericUnroll];
+#pragma unroll
+      for (int u = 0; u < kGenericUnroll; ++u)
+        if (const int pack = base + u * threads + tid; pack < packs) {
+          v[u] = load_pack<XT, kVec>(x + pack * kVec);
+          g[u] = load_pack<WT, kVec>(gamma + pack * kVec);
+          if (has_bias) b[u] = load_pack<WT, kVec>(beta + pack * kVec);
+        }
+#pragma unroll
+      for (int u = 0; u < kGenericUnroll; ++u) {
+        const int pack = base + u * threads + tid;
+        const bool valid = pack < packs;
+        float out[kVec];
+        if (valid) {
+          float f[kVec], gf[kVec], bf[kVec];
+          unpack(v[u], f);
+          unpack(g[u], gf);
+          if (has_bias) unpack(b[u], bf);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j)
+            out[j] = (f[j] - center - shift) * rstd * (gf[j] + one) + (has_bias ? bf[j] : 0.f);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) out[j] = 0.f;
+        }
+        Epilogue::template forward<XT, kVec, 1024>(out, valid, p, row, pack * kVec, tid);
+        if (valid) {
+          Pack<XT, kVec> o;
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(out[j]);
+          store_pack<XT, kVec>(y + pack * kVec, o);
+        }
+      }
+    }
+  }
+}
+
+// The packs of a backward round, loaded before any of the round's stores (dx, the sums) for the
+// reason the forward's output pass gives.
+// Packs a backward round holds: x, dy and gamma (and beta for gelu) of four packs spilled.
+constexpr int kGenericBwdUnroll = 2;
+
+template <class XT, class WT, class Epilogue, int kVec>
+struct GenericBwdRound {
+  Pack<XT, kVec> x[kGenericBwdUnroll], dy[kGenericBwdUnroll];
+  Pack<WT, kVec> g[kGenericBwdUnroll], b[Epilogue::kNeedsPreActivation ? kGenericBwdUnroll : 1];
+
+  __device__ __forceinline__ void load(const XT* xr, const XT* dyr, const WT* gamma, const WT* beta, int base,
+                                       int threads, int packs, bool has_bias) {
+#pragma unroll
+    for (int u = 0; u < kGenericBwdUnroll; ++u)
+      if (const int pack = base + u * threads; pack < packs) {
+        x[u] = load_pack<XT, kVec>(xr + pack * kVec);
+        dy[u] = load_pack<XT, kVec>(dyr + pack * kVec);
+        g[u] = load_pack<WT, kVec>(gamma + pack * kVec);
+        if constexpr (Epilogue::kNeedsPreActivation)
+          if (has_bias) b[u] = load_pack<WT, kVec>(beta + pack * kVec);
+      }
+  }
+
+  // Pack u's x̂, the epilogue's gradient d of dy, and g = gamma (+ 1).
+  __device__ __forceinline__ void grad(const NormParams& p, int u, long long row, int col, float mean, float rstd,
+                                       float one, bool has_bias, float (&xhat)[kVec], float (&d)[kVec],
+                                       float (&gf)[kVec]) const {
+    float f[kVec];
+    unpack(x[u], f);
+    unpack(dy[u], d);
+    unpack(g[u], gf);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      xhat[j] = (f[j] - mean) * rstd;
+      gf[j] += one;
+    }
+    float pre[kVec];
+    if constexpr (Epilogue::kNeedsPreActivation) {
+      float bf[kVec];
+      if (has_bias) unpack(b[u], bf);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) pre[j] = xhat[j] * gf[j] + (has_bias ? bf[j] : 0.f);
+    }
+    Epilogue::template backward<kVec>(d, pre, true, p, row, col);
+  }
+};
+
+// The backward of the rows of group blockIdx.y, slot blockIdx.x of gridDim.x: dx, and this slot's
+// dgamma / dbeta sums over its rows in the workspace ([2][groups][slots][n] floats, dgamma's then
+// dbeta's), which generic_bwd_reduce adds up in slot order. A thread owns the same columns in
+// every row, so the sums need no barrier: in dynamic shared memory (kGenericSharedSums: n floats,
+// 2n with a bias), else in the slot's workspace rows.
+template <class XT, class WT, class Epilogue, int kVec>
+__device__ __forceinline__ void generic_bwd(const NormParams& p) {
+  __shared__ float2 scratch[32];
+  extern __shared__ __align__(16) unsigned char dynamic_shared[];
+  const int n = p.n, flags = p.generic_flags;
+  const bool subtracts_mean = flags & kGenericSubtractsMean, has_bias = flags & kGenericHasBias;
+  const float one = (flags & kGenericZeroCentered) ? 1.f : 0.f;
+  const int packs = n / kVec, threads = blockDim.x, tid = threadIdx.x;
+  const float inv_n = 1.f / static_cast<float>(n);
+  const long long group = blockIdx.y, groups = gridDim.y, slot = blockIdx.x, slots = gridDim.x;
+  float* const slot_g = p.workspace + (group * slots + slot) * n;
+  float* const slot_b = p.workspace + ((groups + group) * slots + slot) * n;
+  const bool shared_sums = flags & kGenericSharedSums;
+  float* const sum_g = shared_sums ? reinterpret_cast<float*>(dynamic_shared) : slot_g;
+  float* const sum_b = shared_sums ? sum_g + n : slot_b;
+  for (int c = tid * kVec; c < n; c += threads * kVec)
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      sum_g[c + j] = 0.f;
+      if (has_bias) sum_b[c + j] = 0.f;
+    }
+  const long long weights = (flags & kGenericPerGroup) ? group * n : 0;
+  const WT* gamma = static_cast<const WT*>(p.gamma) + weights;
+  const WT* beta = has_bias ? static_cast<const WT*>(p.beta) + weights : nullptr;
+  for (long long r = slot; r < p.rows_per_group; r += slots) {
+    const long long row = group * p.rows_per_group + r;
+    const XT* x = static_cast<const XT*>(p.x) + row * p.row_stride;
+    const XT* dy = static_cast<const XT*>(p.dy) + row * p.row_stride;
+    XT* dx = static_cast<XT*>(p.dx) + row * p.row_stride;
+    const float mean = subtracts_mean ? p.mean[row] : 0.f, rstd = p.rstd[row];
+    // Pass 1: the row's sums of g·d and g·d·x̂, and this thread's columns of dgamma / dbeta.
+    float c1 = 0.f, c2 = 0.f;
+    for (int base = tid; base < packs; base += threads * kGenericBwdUnroll) {
+      GenericBwdRound<XT, WT, Epilogue, kVec> round;
+      round.load(x, dy, gamma, beta, base, threads, packs, has_bias);
+#pragma unroll
+      for (int u = 0; u < kGenericBwdUnroll; ++u) {
+        const int pack = base + u * threads;
+        if (pack >= packs) break;
+        const int col = pack * kVec;
+        float xhat[kVec], d[kVec], g[kVec];
+        round.grad(p, u, row, col, mean, rstd, one, has_bias, xhat, d, g);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          c1 += g[j] * d[j];
+          c2 += g[j] * d[j] * xhat[j];
+          sum_g[col + j] += d[j] * xhat[j];
+          if (has_bias) sum_b[col + j] += d[j];
+        }
+      }
+    }
+    const float2 sums = generic_cta_sum2(c1, c2, scratch);
+    const float mean_gd = subtracts_mean ? sums.x * inv_n : 0.f, mean_gdx = sums.y * inv_n;
+    // Pass 2: dx, from the row again (in L2).
+    for (int base = tid; base < packs; base += threads * kGenericBwdUnroll) {
+      GenericBwdRound<XT, WT, Epilogue, kVec> round;
+      round.load(x, dy, gamma, beta, base, threads, packs, has_bias);
+#pragma unroll
+      for (int u = 0; u < kGenericBwdUnroll; ++u) {
+        const int pack = base + u * threads;
+        if (pack >= packs) break;
+        const int col = pack * kVec;
+        float xhat[kVec], d[kVec], g[kVec];
+        round.grad(p, u, row, col, mean, rstd, one, has_bias, xhat, d, g);
+        Pack<XT, kVec> o;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(rstd * (g[j] * d[j] - mean_gd - xhat[j] * mean_gdx));
+        store_pack<XT, kVec>(dx + col, o);
+      }
+    }
+  }
+  if (shared_sums)
+    for (int c = tid * kVec; c < n; c += threads * kVec)
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        slot_g[c + j] = sum_g[c + j];
+        if (has_bias) slot_b[c + j] = sum_b[c + j];
+      }
+}
+
+// dgamma / dbeta of group blockIdx.y: each column's slot sums added in slot order (8 lanes of
+// slots per column, then the lanes in order), so results are bitwise reproducible. 256 threads.
+template <class WT>
+__device__ __forceinline__ void generic_bwd_reduce(const NormParams& p) {
+  constexpr int kSlotLanes = 8;
+  __shared__ float fold[2][kSlotLanes][33];
+  const int n = p.n, slots = p.partial_slots;
+  const bool has_bias = p.generic_flags & kGenericHasBias;
+  const int c = threadIdx.x % 32, slot_lane = threadIdx.x / 32;
+  const int col = blockIdx.x * 32 + c;
+  const long long group = blockIdx.y, groups = gridDim.y;
+  float sum_g = 0.f, sum_b = 0.f;
+  if (col < n) {
+    const float* in_g = p.workspace + group * slots * static_cast<long long>(n) + col;
+    const float* in_b = p.workspace + (groups + group) * slots * static_cast<long long>(n) + col;
+    for (long long s = slot_lane; s < slots; s += kSlotLanes) {
+      sum_g += in_g[s * n];
+      if (has_bias) sum_b += in_b[s * n];
+    }
+  }
+  fold[0][slot_lane][c] = sum_g;
+  fold[1][slot_lane][c] = sum_b;
+  __syncthreads();
+  if (slot_lane == 0 && col < n) {
+    float g = 0.f, b = 0.f;
+#pragma unroll
+    for (int l = 0; l < kSlotLanes; ++l) {
+      g += fold[0][l][c];
+      b += fold[1][l][c];
+    }
+    static_cast<WT*>(p.dgamma)[group * n + col] = Convert<WT>::from(g);
+    if (has_bias) static_cast<WT*>(p.dbeta)[group * n + col] = Convert<WT>::from(b);
+  }
+}
+
+}  // namespace normjit

@@ -1,0 +1,208 @@
+// Generic kernels (N at run time) against the fp64 reference over the specialized kernels' grids,
+// and the compile modes: async's switch from the generic kernel to the specialized one in one
+// process, and generic mode's refusals.
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "tests/gpu/gpu_common.hpp"
+
+using namespace gpu_test;
+
+namespace {
+
+// The forward and backward grids' hidden sizes, and sizes between them no pick table names.
+const std::vector<int64_t> kGenericNs = {1,     7,     127,   256,   1000,  1024,  2880,  4096,  4097,
+                                         8192,  12289, 18432, 20001, 32768, 40008, 50000, 65536, 65608,
+                                         98312, 131072, 131112, 262144};
+
+std::vector<Case> generic_cases(Phase phase) {
+  const std::vector<int64_t> ns = grid_ns(kGenericNs);
+  std::vector<Case> cases;
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
+    for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
+      for (DType w : weight_dtypes_for(x))
+        for (int64_t n : ns)
+          for (bool bias : {false, true}) {
+            Case c;
+            c.spec = Spec::make(norm, phase, x, n, bias);
+            c.spec.w_dtype = w;
+            for (int64_t rows : {int64_t(1), n >= 65536 ? int64_t(5) : int64_t(67), n <= 1000 ? int64_t(1031) : int64_t(0)}) {
+              if (rows == 0) continue;
+              c.rows = rows;
+              c.rows_per_batch = is_adaptive(norm) ? rows : 0;
+              cases.push_back(c);
+            }
+            if (is_adaptive(norm) && n <= 32768) {  // several batches
+              c.rows = 3 * 41;
+              c.rows_per_batch = 41;
+              cases.push_back(c);
+            }
+          }
+  return cases;
+}
+
+}  // namespace
+
+TEST_CASE("generic kernels: forward matches the fp64 reference over ops x dtypes x N x rows") {
+  GenericKernelsOn generic;
+  const uint64_t compiles = runtime().counters().compiles;
+  int checked = 0;
+  for (Phase phase : {Phase::kForwardTraining, Phase::kForwardInference})
+    for (const Case& c : generic_cases(phase)) {
+      const std::string name = c.spec.str();
+      CAPTURE(name);
+      CAPTURE(c.rows);
+      CHECK(run_forward(c).worst <= 1.0);
+      ++checked;
+    }
+  CHECK(runtime().counters().compiles == compiles);  // no NVRTC
+  MESSAGE(checked << " generic forward cases on " << runtime().device().name);
+}
+
+TEST_CASE("generic kernels: backward matches the fp64 reference over ops x dtypes x N x rows") {
+  GenericKernelsOn generic;
+  int checked = 0;
+  for (const Case& c : generic_cases(Phase::kBackward)) {
+    const std::string name = c.spec.str();
+    CAPTURE(name);
+    CAPTURE(c.rows);
+    CAPTURE(c.rows_per_batch);
+    const BackwardRun r = run_backward(c);
+    CHECK(r.forward <= 1.0);
+    CHECK(r.dx <= 1.0);
+    CHECK(r.dgamma <= 1.0);
+    CHECK(r.dbeta <= 1.0);
+    ++checked;
+  }
+  MESSAGE(checked << " generic backward cases on " << runtime().device().name);
+}
+
+TEST_CASE("generic kernels: epilogues, zero-centred weights, strided and unaligned rows") {
+  GenericKernelsOn generic;
+  int checked = 0;
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
+    for (Epilogue ep : {Epilogue::kNone, Epilogue::kReluBitmask, Epilogue::kGelu})
+      for (DType x : {DType::kF32, DType::kBF16})
+        for (int64_t n : {1, 9, 768, 4097, 20001, 65536})
+          for (int layout = 0; layout < 3; ++layout) {  // contiguous; strided; strided and unaligned
+            Case c;
+            c.spec = Spec::make(norm, Phase::kBackward, x, n, true);
+            c.spec.epilogue = ep;
+            c.spec.zero_centered = (n + layout) % 2 == 1;
+            c.rows = n >= 65536 ? 3 : 37;
+            c.rows_per_batch = is_adaptive(norm) ? c.rows : 0;
+            c.row_stride = layout > 0 ? n + 9 : 0;
+            c.x_offset = layout == 2 ? 1 : 0;
+            c.clip_lower = 0.f;
+            c.clip_upper = 1.5f;
+            const std::string name = c.spec.str();
+            CAPTURE(name);
+            CAPTURE(layout);
+            Case fwd = c;
+            fwd.spec.phase = Phase::kForwardTraining;
+            const ForwardRun f = run_forward(fwd);
+            CHECK(f.worst <= 1.0);
+            CHECK(f.mask_mismatches == 0);
+            CHECK(f.mask_ref_mismatches == 0);
+            const BackwardRun b = run_backward(c);
+            CHECK(b.dx <= 1.0);
+            CHECK(b.dgamma <= 1.0);
+            CHECK(b.dbeta <= 1.0);
+            ++checked;
+          }
+  MESSAGE(checked << " generic epilogue cases (forward and backward)");
+}
+
+TEST_CASE("generic kernels: the backward is bitwise deterministic, and takes a small workspace with fewer slots") {
+  GenericKernelsOn generic;
+  Case c;
+  c.spec = Spec::make(Norm::kLayerNorm, Phase::kBackward, DType::kBF16, 5003, true);
+  c.spec.w_dtype = DType::kF32;
+  c.rows = 777;
+  std::vector<std::vector<char>> dgammas, dxs;
+  const BackwardRun r = run_backward(c, 3, &dgammas, &dxs);
+  CHECK(r.dx <= 1.0);
+  CHECK(r.dgamma <= 1.0);
+  REQUIRE(dgammas.size() == 3);
+  CHECK(dgammas[0] == dgammas[1]);
+  CHECK(dgammas[0] == dgammas[2]);
+  CHECK(dxs[0] == dxs[2]);
+  const size_t full = runtime().generic_workspace_bytes(c.spec, c.rows);
+  const size_t one_slot = runtime().generic_workspace_bytes(c.spec, c.rows, 0, 1);
+  CHECK(one_slot == size_t(8) * 5003);
+  CHECK(full > one_slot);
+}
+
+TEST_CASE("async mode: the generic kernel runs at once, the specialized one takes over once compiled") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("normjit-async-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  {
+    Runtime rt(0, dir);  // an empty cache: every spec misses both caches
+    rt.set_compile_mode(CompileMode::kAsync);
+    launch_through() = &rt;
+    struct Reset {
+      ~Reset() { launch_through() = nullptr; }
+    } reset;
+    for (Phase phase : {Phase::kForwardTraining, Phase::kBackward}) {
+      Case c;
+      c.spec = Spec::make(Norm::kLayerNorm, phase, DType::kBF16, 3000 + (phase == Phase::kBackward ? 8 : 0), true);
+      c.spec.w_dtype = DType::kF32;
+      c.rows = 301;
+      const std::string name = c.spec.str();
+      CAPTURE(name);
+      const RuntimeCounters before = rt.counters();
+      // The backward runs its forward first, through the same runtime: it queues that one too.
+      const auto t0 = std::chrono::steady_clock::now();
+      const double first = phase == Phase::kBackward ? run_backward(c).dx : run_forward(c).worst;
+      const double first_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      CHECK(first <= 1.0);
+      const RuntimeCounters after_first = rt.counters();
+      CHECK(after_first.generic_launches > before.generic_launches);
+      CHECK(after_first.compiles == before.compiles);  // nothing compiled on the launching thread
+      CHECK(rt.background_state(c.spec) != BackgroundCompiler::State::kUnknown);
+      rt.wait_for_background_compiles();
+      CHECK(rt.background_state(c.spec) == BackgroundCompiler::State::kReady);
+      const double second = phase == Phase::kBackward ? run_backward(c).dx : run_forward(c).worst;
+      CHECK(second <= 1.0);
+      const RuntimeCounters after_second = rt.counters();
+      CHECK(after_second.background_compiles > after_first.background_compiles);
+      CHECK(after_second.generic_launches == after_first.generic_launches);  // the specialized kernels ran
+      MESSAGE(name << ": first call (generic, with the test's host work) " << first_ms << " ms");
+    }
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("generic mode: no NVRTC, and a clear error for specs no generic kernel covers") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("normjit-generic-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  {
+    Runtime rt(0, dir);
+    rt.set_compile_mode(CompileMode::kGeneric);
+    launch_through() = &rt;
+    struct Reset {
+      ~Reset() { launch_through() = nullptr; }
+    } reset;
+    Case c;
+    c.spec = Spec::make(Norm::kRMSNorm, Phase::kBackward, DType::kF16, 4544, false);
+    c.rows = 129;
+    CHECK(run_backward(c).dx <= 1.0);
+    CHECK(rt.counters().compiles == 0);
+    CHECK(rt.counters().generic_launches >= 2);
+    Case q = c;
+    q.spec = Spec::make(Norm::kRMSNorm, Phase::kForwardInference, DType::kF16, 4544, false);
+    q.spec.epilogue = Epilogue::kFp8E4M3;
+    try {
+      run_forward(q);
+      FAIL("generic mode ran a spec with an fp8 epilogue");
+    } catch (const Error& e) {
+      CHECK(e.status() == Status::kNotSupported);
+      CHECK(std::string(e.what()).find("epilogue=fp8_e4m3") != std::string::npos);
+    }
+  }
+  fs::remove_all(dir);
+}
