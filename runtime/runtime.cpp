@@ -799,7 +799,7 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
   if (spec.phase == Phase::kForwardTraining) g.flags |= kGenericTraining;
   // About kGenericUnroll packs a thread: every load of a pass in flight at once.
   const int64_t packs = spec.n / vec;
-  g.threads = static_cast<unsigned>(std::clamp<int64_t>((ceil_div(packs, kGenericUnroll) + 31) / 32 * 32, 32, 512));
+  g.threads = static_cast<unsigned>(std::clamp<int64_t>((ceil_div(packs, kGenericUnroll) + 31) / 32 * 32, 32, kGenericMaxThreads));
   std::lock_guard<std::mutex> lock(mutex_);
   g.function = generic_function(spec.x_dtype, generic_kernel_name(spec, vec));
   if (!backward) {

@@ -15,5 +15,7 @@ enum GenericFlag : int {
 
 // Packs in flight per thread in each streaming pass; the launch gives a row about this many a thread.
 constexpr int kGenericUnroll = 4;
+// Most threads a generic CTA takes (their launch bounds).
+constexpr int kGenericMaxThreads = 256;
 
 }  // namespace normjit

@@ -41,6 +41,10 @@ __device__ __forceinline__ void load_floats(const T* p, float (&out)[kVec]) {
   unpack(load_pack<T, kVec>(p), out);
 }
 
+// Packs of the forward's output pass in flight per thread: x, gamma and beta each (four spilled
+// under the launch bounds' 64 registers with fp32 weights).
+constexpr int kGenericOutUnroll = 2;
+
 template <class XT, class WT, class Epilogue, int kVec>
 __device__ __forceinline__ void generic_fwd(const NormParams& p) {
   __shared__ float2 scratch[32];
@@ -85,18 +89,18 @@ __device__ __forceinline__ void generic_fwd(const NormParams& p) {
     // Every thread runs every round (the epilogue may shuffle across lanes); past the row's end
     // a pack is invalid. A round's loads all come before its stores: y may alias x for all the
     // compiler knows, so a load after a store would wait for it.
-    for (int base = 0; base < packs; base += threads * kGenericUnroll) {
-      Pack<XT, kVec> v[kGenericUnroll];
-      Pack<WT, kVec> g[kGenericUnroll], b[kGenericUnroll];
+    for (int base = 0; base < packs; base += threads * kGenericOutUnroll) {
+      Pack<XT, kVec> v[kGenericOutUnroll];
+      Pack<WT, kVec> g[kGenericOutUnroll], b[kGenericOutUnroll];
 #pragma unroll
-      for (int u = 0; u < kGenericUnroll; ++u)
+      for (int u = 0; u < kGenericOutUnroll; ++u)
         if (const int pack = base + u * threads + tid; pack < packs) {
           v[u] = load_pack<XT, kVec>(x + pack * kVec);
           g[u] = load_pack<WT, kVec>(gamma + pack * kVec);
           if (has_bias) b[u] = load_pack<WT, kVec>(beta + pack * kVec);
         }
 #pragma unroll
-      for (int u = 0; u < kGenericUnroll; ++u) {
+      for (int u = 0; u < kGenericOutUnroll; ++u) {
         const int pack = base + u * threads + tid;
         const bool valid = pack < packs;
         float out[kVec];
