@@ -21,9 +21,9 @@ constexpr int kGenericForwardCtasPerSm = 4;  // 64 registers
 // The backward asks for none: capped at 85 registers (3 CTAs) its rounds spilled 64-232 bytes and
 // ran 10-36 % of copy against 22-41 % uncapped (H200); its shared-memory sums bound its CTAs anyway.
 
-std::string kernel_name(const char* phase, DType x, DType w, Epilogue e, int vec) {
+std::string kernel_name(const char* phase, DType x, DType w, Epilogue e, int vec, bool residual) {
   return std::string("normjit_generic_") + phase + "_" + to_string(x) + "_w" + to_string(w) + "_" + to_string(e) +
-         "_v" + std::to_string(vec);
+         "_v" + std::to_string(vec) + (residual ? "_residual" : "");
 }
 
 }  // namespace
@@ -57,8 +57,7 @@ std::string generic_unsupported_why(const Spec& s) {
   for (Epilogue e : kGenericEpilogues) epilogue_ok |= e == s.epilogue;
   if (!epilogue_ok)
     return head + "epilogue=" + to_string(s.epilogue) + " (generic kernels carry none, relu_bitmask and gelu)";
-  if (s.residual) return head + "residual (the residual add)";
-  if (s.bias_in) return head + "bias_in";
+  if (s.residual_f32) return head + "residual_f32 (an fp32 residual stream; the residual add in x's dtype is covered)";
   if (s.memory_efficient) return head + "memory_efficient (a backward from y)";
   if (s.n < 1) return head + "n=" + std::to_string(s.n);
   return {};
@@ -71,7 +70,7 @@ std::vector<int> generic_vecs(DType x) {
 }
 
 std::string generic_kernel_name(const Spec& s, int vec) {
-  return kernel_name(s.phase == Phase::kBackward ? "bwd" : "fwd", s.x_dtype, s.w_dtype, s.epilogue, vec);
+  return kernel_name(s.phase == Phase::kBackward ? "bwd" : "fwd", s.x_dtype, s.w_dtype, s.epilogue, vec, s.residual);
 }
 
 std::string generic_reduce_name(DType w) { return std::string("normjit_generic_reduce_w") + to_string(w); }
@@ -89,15 +88,16 @@ GeneratedSource generic_source(DType x) {
     const std::string wt = std::string("normjit::") + detail::device_type(w);
     for (Epilogue e : kGenericEpilogues) {
       const std::string epi = std::string("normjit::") + detail::epilogue_binding(e).functor;
-      for (int vec : generic_vecs(x)) {
-        for (const char* phase : {"fwd", "bwd"}) {
-          src << "extern \"C\" __global__ void __launch_bounds__(" << kGenericMaxThreads
-              << (std::string(phase) == "fwd" ? ", " + std::to_string(kGenericForwardCtasPerSm) : std::string()) << ") "
-              << kernel_name(phase, x, w, e, vec) << "(const normjit::NormParams p) { normjit::generic_" << phase
-              << "<" << xt << ", " << wt << ", " << epi << ", " << vec << ">(p); }\n";
-          ++kernels;
-        }
-      }
+      for (int vec : generic_vecs(x))
+        for (bool residual : {false, true})
+          for (const char* phase : {"fwd", "bwd"}) {
+            src << "extern \"C\" __global__ void __launch_bounds__(" << kGenericMaxThreads
+                << (std::string(phase) == "fwd" ? ", " + std::to_string(kGenericForwardCtasPerSm) : std::string())
+                << ") " << kernel_name(phase, x, w, e, vec, residual) << "(const normjit::NormParams p) { normjit::generic_"
+                << phase << "<" << xt << ", " << wt << ", " << epi << ", " << vec << ", " << (residual ? "true" : "false")
+                << ">(p); }\n";
+            ++kernels;
+          }
     }
     src << "extern \"C\" __global__ void __launch_bounds__(256) " << generic_reduce_name(w)
         << "(const normjit::NormParams p) { normjit::generic_bwd_reduce<" << wt << ">(p); }\n";

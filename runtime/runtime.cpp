@@ -797,6 +797,7 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
   if (is_adaptive(spec.norm)) g.flags |= kGenericPerGroup;
   if (spec.zero_centered) g.flags |= kGenericZeroCentered;
   if (spec.phase == Phase::kForwardTraining) g.flags |= kGenericTraining;
+  if (spec.bias_in) g.flags |= kGenericBiasIn;
   // About kGenericUnroll packs a thread: every load of a pass in flight at once.
   const int64_t packs = spec.n / vec;
   g.threads = static_cast<unsigned>(std::clamp<int64_t>((ceil_div(packs, kGenericUnroll) + 31) / 32 * 32, 32, kGenericMaxThreads));

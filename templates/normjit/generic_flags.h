@@ -11,6 +11,7 @@ enum GenericFlag : int {
   kGenericZeroCentered = 8,  // the scale is 1 + gamma
   kGenericTraining = 16,     // forward: write mean (with kGenericSubtractsMean) and rstd
   kGenericSharedSums = 32,   // backward: dgamma/dbeta sums in dynamic shared memory, else the workspace
+  kGenericBiasIn = 64,       // forward, residual kernels: bias_in [n] (weight dtype) in the residual add
 };
 
 // Packs in flight per thread in each streaming pass; the launch gives a row about this many a thread.

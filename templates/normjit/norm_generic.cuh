@@ -41,16 +41,70 @@ __device__ __forceinline__ void load_floats(const T* p, float (&out)[kVec]) {
   unpack(load_pack<T, kVec>(p), out);
 }
 
+// The forward's statistics pass over a row: sums of deviations from `center` and of their
+// squares, kU packs a round. kResidual: the pack normalized is h = x (+ bias_in) + residual,
+// rounded once to x's dtype and stored to h.
+template <class XT, class WT, int kVec, int kU, bool kResidual>
+__device__ __forceinline__ void generic_stats_pass(const XT* x, const XT* res, const WT* bias_row, XT* h, int tid,
+                                                   int threads, int packs, bool bias_in, float center, float& dev,
+                                                   float& sq) {
+  for (int base = tid; base < packs; base += threads * kU) {
+    Pack<XT, kVec> v[kU], r[kResidual ? kU : 1];
+    Pack<WT, kVec> bi[kResidual ? kU : 1];
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      if (const int pack = base + u * threads; pack < packs) {
+        v[u] = load_pack<XT, kVec>(x + pack * kVec);
+        if constexpr (kResidual) {
+          r[u] = load_pack<XT, kVec>(res + pack * kVec);
+          if (bias_in) bi[u] = load_pack<WT, kVec>(bias_row + pack * kVec);
+        }
+      }
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+      if (const int pack = base + u * threads; pack < packs) {
+        float f[kVec];
+        unpack(v[u], f);
+        if constexpr (kResidual) {
+          float rf[kVec], bf[kVec];
+          unpack(r[u], rf);
+          if (bias_in) unpack(bi[u], bf);
+          Pack<XT, kVec> hv;
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) {
+            hv.v[j] = Convert<XT>::from((bias_in ? f[j] + bf[j] : f[j]) + rf[j]);
+            f[j] = to_float(hv.v[j]);
+          }
+          store_pack<XT, kVec>(h + pack * kVec, hv);
+        }
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          const float d = f[j] - center;
+          dev += d;
+          sq += d * d;
+        }
+      }
+  }
+}
+
+// Packs of the residual add's statistics pass in flight per thread: x, residual and bias_in each.
+constexpr int kGenericResidualUnroll = 2;
+
 // Packs of the forward's output pass in flight per thread: x, gamma and beta each (four spilled
 // under the launch bounds' 64 registers with fp32 weights).
 constexpr int kGenericOutUnroll = 2;
 
-template <class XT, class WT, class Epilogue, int kVec>
+// kResidual: the residual add in x's dtype (its own kernels: in the plain ones its registers
+// spilled the output pass).
+template <class XT, class WT, class Epilogue, int kVec, bool kResidual>
 __device__ __forceinline__ void generic_fwd(const NormParams& p) {
   __shared__ float2 scratch[32];
   const int n = p.n, flags = p.generic_flags;
   const bool subtracts_mean = flags & kGenericSubtractsMean, has_bias = flags & kGenericHasBias;
   const float one = (flags & kGenericZeroCentered) ? 1.f : 0.f;
+  constexpr bool residual = kResidual;
+  const bool bias_in = kResidual && (flags & kGenericBiasIn);
+  const WT* const bias_row = bias_in ? static_cast<const WT*>(p.bias_in) : nullptr;
   const int packs = n / kVec, threads = blockDim.x, tid = threadIdx.x;
   const float inv_n = 1.f / static_cast<float>(n);
   for (long long row = blockIdx.x; row < p.rows; row += gridDim.x) {
@@ -59,26 +113,18 @@ __device__ __forceinline__ void generic_fwd(const NormParams& p) {
     const long long weights = (flags & kGenericPerGroup) ? group_of_row(row, p.rows_per_group) * n : 0;
     const WT* gamma = static_cast<const WT*>(p.gamma) + weights;
     const WT* beta = has_bias ? static_cast<const WT*>(p.beta) + weights : nullptr;
-    const float center = subtracts_mean ? to_float(x[0]) : 0.f;
+    // The residual add: h = x (+ bias_in) + residual, summed in fp32 and rounded once to x's
+    // dtype, written out and normalized; the output pass reads h back (this thread's own stores).
+    XT* const h = residual ? static_cast<XT*>(p.h) + row * p.row_stride : nullptr;
+    const XT* const res = residual ? static_cast<const XT*>(p.residual) + row * p.row_stride : nullptr;
+    const float center =
+        !subtracts_mean ? 0.f
+        : residual      ? to_float(Convert<XT>::from(to_float(x[0]) + (bias_in ? to_float(bias_row[0]) : 0.f) +
+                                                     to_float(res[0])))
+                        : to_float(x[0]);
     float dev = 0.f, sq = 0.f;
-    for (int base = tid; base < packs; base += threads * kGenericUnroll) {
-      Pack<XT, kVec> v[kGenericUnroll];
-#pragma unroll
-      for (int u = 0; u < kGenericUnroll; ++u)
-        if (const int pack = base + u * threads; pack < packs) v[u] = load_pack<XT, kVec>(x + pack * kVec);
-#pragma unroll
-      for (int u = 0; u < kGenericUnroll; ++u)
-        if (base + u * threads < packs) {
-          float f[kVec];
-          unpack(v[u], f);
-#pragma unroll
-          for (int j = 0; j < kVec; ++j) {
-            const float d = f[j] - center;
-            dev += d;
-            sq += d * d;
-          }
-        }
-    }
+    generic_stats_pass<XT, WT, kVec, kResidual ? kGenericResidualUnroll : kGenericUnroll, kResidual>(
+        x, res, bias_row, h, tid, threads, packs, bias_in, center, dev, sq);
     const float2 sums = generic_cta_sum2(dev, sq, scratch);
     const float shift = subtracts_mean ? sums.x * inv_n : 0.f;
     const float rstd = rsqrtf(fmaxf(sums.y * inv_n - shift * shift, 0.f) + p.eps);
@@ -95,7 +141,7 @@ __device__ __forceinline__ void generic_fwd(const NormParams& p) {
 #pragma unroll
       for (int u = 0; u < kGenericOutUnroll; ++u)
         if (const int pack = base + u * threads + tid; pack < packs) {
-          v[u] = load_pack<XT, kVec>(x + pack * kVec);
+          v[u] = load_pack<XT, kVec>((residual ? h : x) + pack * kVec);
           g[u] = load_pack<WT, kVec>(gamma + pack * kVec);
           if (has_bias) b[u] = load_pack<WT, kVec>(beta + pack * kVec);
         }
@@ -137,12 +183,15 @@ template <class XT, class WT, class Epilogue, int kVec>
 struct GenericBwdRound {
   Pack<XT, kVec> x[kGenericBwdUnroll], dy[kGenericBwdUnroll];
   Pack<WT, kVec> g[kGenericBwdUnroll], b[Epilogue::kNeedsPreActivation ? kGenericBwdUnroll : 1];
+  Pack<XT, kVec> dh[kGenericBwdUnroll];  // the residual add's dh_out (dx pass)
 
+  // dhr: the row of dh_out, where the dx pass adds it (null otherwise).
   __device__ __forceinline__ void load(const XT* xr, const XT* dyr, const WT* gamma, const WT* beta, int base,
-                                       int threads, int packs, bool has_bias) {
+                                       int threads, int packs, bool has_bias, const XT* dhr = nullptr) {
 #pragma unroll
     for (int u = 0; u < kGenericBwdUnroll; ++u)
       if (const int pack = base + u * threads; pack < packs) {
+        if (dhr) dh[u] = load_pack<XT, kVec>(dhr + pack * kVec);
         x[u] = load_pack<XT, kVec>(xr + pack * kVec);
         dy[u] = load_pack<XT, kVec>(dyr + pack * kVec);
         g[u] = load_pack<WT, kVec>(gamma + pack * kVec);
@@ -180,7 +229,7 @@ struct GenericBwdRound {
 // dbeta's), which generic_bwd_reduce adds up in slot order. A thread owns the same columns in
 // every row, so the sums need no barrier: in dynamic shared memory (kGenericSharedSums: n floats,
 // 2n with a bias), else in the slot's workspace rows.
-template <class XT, class WT, class Epilogue, int kVec>
+template <class XT, class WT, class Epilogue, int kVec, bool kResidual>
 __device__ __forceinline__ void generic_bwd(const NormParams& p) {
   __shared__ float2 scratch[32];
   extern __shared__ __align__(16) unsigned char dynamic_shared[];
@@ -193,6 +242,7 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
   float* const slot_g = p.workspace + (group * slots + slot) * n;
   float* const slot_b = p.workspace + ((groups + group) * slots + slot) * n;
   const bool shared_sums = flags & kGenericSharedSums;
+  constexpr bool residual = kResidual;  // x is h; dx gets dh_out added
   float* const sum_g = shared_sums ? reinterpret_cast<float*>(dynamic_shared) : slot_g;
   float* const sum_b = shared_sums ? sum_g + n : slot_b;
   for (int c = tid * kVec; c < n; c += threads * kVec)
@@ -233,20 +283,24 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
     }
     const float2 sums = generic_cta_sum2(c1, c2, scratch);
     const float mean_gd = subtracts_mean ? sums.x * inv_n : 0.f, mean_gdx = sums.y * inv_n;
-    // Pass 2: dx, from the row again (in L2).
+    // Pass 2: dx (+ dh_out with the residual add: the gradient of x and of the residual), from
+    // the row again (in L2).
+    const XT* const dh_out = residual ? static_cast<const XT*>(p.dh_out) + row * p.row_stride : nullptr;
     for (int base = tid; base < packs; base += threads * kGenericBwdUnroll) {
       GenericBwdRound<XT, WT, Epilogue, kVec> round;
-      round.load(x, dy, gamma, beta, base, threads, packs, has_bias);
+      round.load(x, dy, gamma, beta, base, threads, packs, has_bias, dh_out);
 #pragma unroll
       for (int u = 0; u < kGenericBwdUnroll; ++u) {
         const int pack = base + u * threads;
         if (pack >= packs) break;
         const int col = pack * kVec;
-        float xhat[kVec], d[kVec], g[kVec];
+        float xhat[kVec], d[kVec], g[kVec], dh[kVec];
         round.grad(p, u, row, col, mean, rstd, one, has_bias, xhat, d, g);
+        if (residual) unpack(round.dh[u], dh);
         Pack<XT, kVec> o;
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(rstd * (g[j] * d[j] - mean_gd - xhat[j] * mean_gdx));
+        for (int j = 0; j < kVec; ++j)
+          o.v[j] = Convert<XT>::from(rstd * (g[j] * d[j] - mean_gd - xhat[j] * mean_gdx) + (residual ? dh[j] : 0.f));
         store_pack<XT, kVec>(dx + col, o);
       }
     }

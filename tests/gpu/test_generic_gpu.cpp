@@ -115,6 +115,41 @@ TEST_CASE("generic kernels: epilogues, zero-centred weights, strided and unalign
   MESSAGE(checked << " generic epilogue cases (forward and backward)");
 }
 
+TEST_CASE("generic kernels: the residual add (h written bit for bit), with bias_in, forward and backward") {
+  GenericKernelsOn generic;
+  int checked = 0;
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaRMSNorm})
+    for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
+      for (int64_t n : {1, 7, 768, 4097, 20001, 65536})
+        for (int layout = 0; layout < 3; ++layout) {  // contiguous; strided; strided and unaligned
+          Case c;
+          c.spec = Spec::make(norm, Phase::kBackward, x, n, norm == Norm::kLayerNorm);
+          c.spec.w_dtype = x == DType::kF32 ? DType::kF32 : DType::kBF16;
+          c.spec.residual = true;
+          c.rows = n >= 65536 ? 3 : 37;
+          c.rows_per_batch = is_adaptive(norm) ? c.rows : 0;
+          c.row_stride = layout > 0 ? n + 9 : 0;
+          c.x_offset = layout == 2 ? 1 : 0;
+          const std::string name = c.spec.str();
+          CAPTURE(name);
+          CAPTURE(layout);
+          for (bool bias_in : {false, true}) {
+            Case fwd = c;
+            fwd.spec.phase = Phase::kForwardTraining;
+            fwd.spec.bias_in = bias_in;
+            const ForwardRun f = run_forward(fwd);
+            CHECK(f.worst <= 1.0);
+            CHECK(f.h_mismatches == 0);
+          }
+          const BackwardRun b = run_backward(c);
+          CHECK(b.dx <= 1.0);
+          CHECK(b.dgamma <= 1.0);
+          CHECK(b.dbeta <= 1.0);
+          ++checked;
+        }
+  MESSAGE(checked << " generic residual-add cases (forward with and without bias_in, backward)");
+}
+
 TEST_CASE("generic kernels: the backward is bitwise deterministic, and takes a small workspace with fewer slots") {
   GenericKernelsOn generic;
   Case c;

@@ -67,7 +67,10 @@ TEST_CASE("generic kernels cover the plain norms and the activation epilogues; t
   CHECK(generic_unsupported_why(fp8).find("epilogue=fp8_e4m3") != std::string::npos);
   Spec residual = Spec::make(Norm::kRMSNorm, Phase::kForwardTraining, DType::kBF16, 4096, false);
   residual.residual = true;
-  CHECK(generic_unsupported_why(residual).find("residual") != std::string::npos);
+  residual.bias_in = true;
+  CHECK(generic_unsupported_why(residual).empty());  // the residual add in x's dtype, with bias_in
+  residual.residual_f32 = true;
+  CHECK(generic_unsupported_why(residual).find("residual_f32") != std::string::npos);
   Spec from_y = Spec::make(Norm::kLayerNorm, Phase::kBackward, DType::kBF16, 4096, true);
   from_y.memory_efficient = true;
   CHECK(generic_unsupported_why(from_y).find("memory_efficient") != std::string::npos);
@@ -98,10 +101,12 @@ TEST_CASE("the library carries generic images for sm_80, sm_90 and compute_90, w
         CHECK(names.count(generic_reduce_name(w)) == 1);
         for (Epilogue e : {Epilogue::kNone, Epilogue::kReluBitmask, Epilogue::kGelu})
           for (Phase phase : {Phase::kForwardTraining, Phase::kBackward})
-            for (int vec : generic_vecs(x)) {
+            for (int vec : generic_vecs(x))
+            for (bool residual : {false, true}) {
               Spec s = Spec::make(Norm::kLayerNorm, phase, x, 4096, true);
               s.w_dtype = w;
               s.epilogue = e;
+              s.residual = residual;
               CHECK_MESSAGE(names.count(generic_kernel_name(s, vec)) == 1, generic_kernel_name(s, vec));
               ++expected;
             }
