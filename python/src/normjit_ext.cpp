@@ -358,8 +358,22 @@ NB_MODULE(_normjit, m) {
         d["compiles"] = c.compiles;
         d["image_seconds"] = c.image_seconds;
         d["module_seconds"] = c.module_seconds;
+        d["generic_launches"] = c.generic_launches;
+        d["background_compiles"] = c.background_compiles;
         return d;
       })
+      .def_prop_rw(
+          "compile_mode", [](const normjit::Runtime& r) { return std::string(normjit::to_string(r.compile_mode())); },
+          [](normjit::Runtime& r, const std::string& mode) {
+            r.set_compile_mode(normjit::parse_compile_mode(mode, "compile_mode"));
+          },
+          "sync, async or generic (docs/generic.md); NORMJIT_COMPILE_MODE when the runtime was created.")
+      .def("wait_for_background_compiles",
+           [](normjit::Runtime& r) {
+             nb::gil_scoped_release release;
+             r.wait_for_background_compiles();
+           },
+           "Async mode: blocks until the background compiles queued so far are done.")
       .def("kernel",
            [](normjit::Runtime& r, nb::handle spec_h, int max_vec) -> const normjit::Kernel& {
              const Spec spec = spec_from(spec_h);
@@ -458,6 +472,18 @@ NB_MODULE(_normjit, m) {
         "NORMJIT_CACHE_DIR, else $XDG_CACHE_HOME/normjit, else ~/.cache/normjit.");
   m.def("tuning_db_path", [](std::optional<std::string> cache_dir) { return tuning_db_path(cache_dir).string(); },
         "cache_dir"_a = nb::none(), "The tuning database a Runtime of this cache directory reads.");
+  m.def("compile_mode", [] { return std::string(normjit::to_string(normjit::compile_mode_from_env())); },
+        "The compile mode a Runtime would take (NORMJIT_COMPILE_MODE): sync, async or generic.");
+  m.def("generic_unsupported_why", [](nb::handle spec) { return normjit::generic_unsupported_why(spec_from(spec)); },
+        "spec"_a, "Empty when a generic kernel (built into the library) covers the spec; else why not.");
+  m.def("generic_images",
+        [] {
+          nb::list out;
+          for (const normjit::GenericImage& g : normjit::generic_images())
+            out.append(nb::make_tuple(normjit::to_string(g.x), g.arch, g.is_ptx, g.image.size()));
+          return out;
+        },
+        "The generic kernels' images built into the library: (x dtype, arch, is_ptx, bytes) each.");
   m.def("tuning_mode",
         [](std::optional<std::string> cache_dir) {
           std::error_code ec;

@@ -204,6 +204,26 @@ def test_tuning_mode_from_the_environment(monkeypatch, tmp_path):
         normjit.tuning_mode(str(tmp_path))
 
 
+def test_compile_mode_from_the_environment(monkeypatch):
+    monkeypatch.delenv("NORMJIT_COMPILE_MODE", raising=False)
+    assert normjit.compile_mode() == "sync"
+    monkeypatch.setenv("NORMJIT_COMPILE_MODE", "async")
+    assert normjit.compile_mode() == "async"
+    monkeypatch.setenv("NORMJIT_COMPILE_MODE", "eager")
+    with pytest.raises(normjit.InvalidArgumentError, match="NORMJIT_COMPILE_MODE='eager'"):
+        normjit.compile_mode()
+
+
+def test_generic_kernels_ship_in_the_package():
+    images = normjit.generic_images()
+    assert {(x, arch) for x, arch, _, _ in images} == {
+        (x, arch) for x in ("f32", "f16", "bf16") for arch in ("sm_80", "sm_90", "compute_90")
+    }
+    assert all(size > 100_000 and is_ptx == arch.startswith("compute_") for _, arch, is_ptx, size in images)
+    assert normjit.generic_unsupported_why("rmsnorm.bwd.bf16.n50000.residual") == ""
+    assert "epilogue=fp8_e4m3" in normjit.generic_unsupported_why("rmsnorm.fwd_infer.bf16.n4096.fp8_e4m3")
+
+
 def test_max_vec_for_follows_alignment_and_stride():
     s = normjit.Spec("layernorm.fwd_train.bf16.n4096.bias")
     base = 1 << 20  # pointer values only; nothing is dereferenced
