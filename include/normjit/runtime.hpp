@@ -214,7 +214,8 @@ class Runtime {
 
   // NORMJIT_COMPILE_MODE when the runtime was created (sync when unset).
   CompileMode compile_mode() const { return compile_mode_.load(); }
-  void set_compile_mode(CompileMode mode) { compile_mode_ = mode; }
+  // async and generic load the generic kernels' modules here, not at the first launch.
+  void set_compile_mode(CompileMode mode);
   // Async mode: blocks until the background compiles queued so far are done (tests, benches).
   void wait_for_background_compiles();
   // Async mode: the background compile's state of a spec (resolved as launch() would for
@@ -269,6 +270,7 @@ class Runtime {
   GenericLaunch generic_launch(const Spec& spec, int vec, int64_t rows, int64_t rows_per_batch,
                                size_t workspace_limit);
   CUfunction generic_function(DType x, const std::string& name);
+  void preload_generic_kernels();
   std::map<DType, CUmodule> generic_modules_;
   std::map<std::string, CUfunction> generic_functions_;
   int generic_shared_optin_ = -1;  // bytes of shared memory a generic backward CTA may take
