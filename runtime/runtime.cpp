@@ -767,13 +767,16 @@ BackgroundCompiler::State Runtime::background_state(const Spec& spec, int max_ve
   return background_ ? background_->state(packed_key(resolved)) : BackgroundCompiler::State::kUnknown;
 }
 
-size_t Runtime::workspace_bytes(const Spec& spec, int64_t rows, int64_t rows_per_batch) {
+size_t Runtime::workspace_bytes(const Spec& spec, int64_t rows, int64_t rows_per_batch, int max_vec) {
   if (spec.phase != Phase::kBackward) return 0;
   const CompileMode mode = compile_mode_.load();
-  if (mode == CompileMode::kSync || (mode == CompileMode::kAsync && !generic_unsupported_why(spec).empty()))
-    return get(spec).workspace_bytes(rows, rows_per_batch);
+  if (mode == CompileMode::kSync || (mode == CompileMode::kAsync && !generic_unsupported_why(spec).empty())) {
+    if (tuning_mode_ == TuningMode::kTuneOnMiss && !spec.block) (void)tuned_choice(spec);  // as launch() would
+    return get_or_fall_back(spec, spec.block ? spec : choose(spec, max_vec), max_vec)
+        .workspace_bytes(rows, rows_per_batch);
+  }
   if (mode == CompileMode::kAsync)
-    if (const Kernel* kernel = async_kernel(spec, 16)) return kernel->workspace_bytes(rows, rows_per_batch);
+    if (const Kernel* kernel = async_kernel(spec, max_vec)) return kernel->workspace_bytes(rows, rows_per_batch);
   return generic_workspace_bytes(spec, rows, rows_per_batch);
 }
 

@@ -206,7 +206,8 @@ class Runtime {
   void launch_generic(const Spec& spec, const LaunchArgs& args, CUstream stream = nullptr);
   // Bytes of backward workspace launch() wants now for these sizes: the specialized kernel's where
   // the mode runs it (sync: compiling it if need be), else the generic kernel's. 0 forward.
-  size_t workspace_bytes(const Spec& spec, int64_t rows, int64_t rows_per_batch = 0);
+  // max_vec: max_vec_for(spec, args) of the launch's pointers (its kernel depends on them).
+  size_t workspace_bytes(const Spec& spec, int64_t rows, int64_t rows_per_batch = 0, int max_vec = 16);
   // The generic backward's workspace with its full grid of partial slots (0 forward); max_slots
   // caps the slots (the least it runs with is one a group).
   size_t generic_workspace_bytes(const Spec& spec, int64_t rows, int64_t rows_per_batch = 0,

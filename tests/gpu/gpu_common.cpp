@@ -37,7 +37,7 @@ void launch(const Spec& spec, LaunchArgs a) {
   if (Runtime* rt = launch_through()) {  // Runtime::launch, as its compile mode says
     std::unique_ptr<DeviceMem> workspace;
     if (spec.phase == Phase::kBackward) {
-      a.workspace_bytes = rt->workspace_bytes(spec, a.rows, a.rows_per_batch);
+      a.workspace_bytes = rt->workspace_bytes(spec, a.rows, a.rows_per_batch, max_vec_for(spec, a));
       workspace = std::make_unique<DeviceMem>(a.workspace_bytes);
       NORMJIT_CU(cuMemsetD8(workspace->ptr, 0xff, workspace->bytes));
       a.workspace = workspace->get();
