@@ -21,12 +21,14 @@ usage: scripts/device.sh JOB [ARGS...]
                         FlashInfer; with QUANT=1 also bench/quant.py (add + RMSNorm + FP8/int8, FlashInfer too)
   python                pip install . into the image's Python; pytest (GPU tests included); normjit.torch's
                         host time, graph replay, and its cost against normjit-bench and torch eager
+  generic               the generic kernels against the specialized ones (LN / RMS forward and backward, bf16),
+                        and each compile mode's first launch of a new spec in a fresh process
 env: OUT (results, default ./.out), M (rows; default 32768, 4096 past N = 65536, sweep 16384),
   BUILD_DIR (default build), BENCH_ARGS (more normjit-bench / normjit-tune options)
   test: GPU_TC (doctest -tc of the GPU cases; unset: all), each case in its own process (the longest first), GPU_JOBS
         at a time (default 6), NORMJIT_GPU_TEST_NS, CPU_TESTS=0, MEMCHECK=0, MEMCHECK_TC
   peers: PEER_NS, PEER_NORMS, PEER_PROVIDERS, PEER_PHASES (fwd bwd), PEER_S (seconds per phase's peers)
-  sweep: FROM, TO, STEP, PHASES (fwd bwd)   tune: TUNE_BUDGET_S, TUNE_CANDIDATES
+  sweep: FROM, TO, STEP, PHASES (fwd bwd)   tune: TUNE_BUDGET_S, TUNE_CANDIDATES   generic: GENERIC_NS
   profile: KERNEL (kernel-name regex, default normjit_), NCU_ARGS (default: a set of sections)
   fusions: FUSION_NS (sizes), FUSION_PROVIDERS (bench/fusions.py --providers), QUANT=1 (bench/quant.py too),
     QUANT_NS, QUANT_PROVIDERS (its --ns / --providers, space-separated), QUANT_ARGS (more of its options,
@@ -42,7 +44,7 @@ JOB=${1:-}
 [[ $JOB == -h || $JOB == --help ]] && usage 0
 [[ -z $JOB ]] && usage 2
 case $JOB in
-  test | bench | peers | sweep | python | fusions) ;;
+  test | bench | peers | sweep | python | fusions | generic) ;;
   tune | profile | specs | ab) (($# > 1)) || { echo "device.sh $JOB: no SPEC given" >&2; usage 2; } ;;
   *) echo "device.sh: unknown job '$JOB'" >&2; usage 2 ;;
 esac
@@ -348,6 +350,26 @@ job_ab() {
   run_grouped ab_new normjit-bench -- "$@"
   (cd .ab-base && BUILD_DIR=build run_grouped ab_again normjit-bench -- "$@")
   tables ab --base "$WORK"/ab_base_m*.json --new "$WORK"/ab_new_m*.json --again "$WORK"/ab_again_m*.json
+}
+
+# The generic kernels (normjit-bench --generic) beside the specialized ones over GENERIC_NS, then
+# each compile mode's first launch (normjit-bench --first-call) from an empty cache.
+job_generic() {
+  build normjit-bench normjit-precompile
+  local s=() n mode spec
+  # shellcheck disable=SC2086  # GENERIC_NS is a word list
+  mapfile -t s < <(std_specs "fwd bwd" ${GENERIC_NS:-1024 2880 4096 7168 8192 16384 32768 50000 65536 131072 262144})
+  precompile generic "$(nproc)" -- "${s[@]}" || exit 1
+  run_grouped specialized normjit-bench -- "${s[@]}"
+  run_grouped generic normjit-bench --generic -- "${s[@]}"
+  tables specs "$WORK"/specialized_m*.json "$WORK"/generic_m*.json
+  for mode in sync async generic; do
+    for spec in layernorm.fwd_train.bf16.n5000.bias rmsnorm.fwd_infer.bf16.n12345 layernorm.fwd_train.bf16.n30000.bias; do
+      rm -rf "$WORK/first-call-cache"
+      NORMJIT_COMPILE_MODE=$mode "$BUILD_DIR/normjit-bench" --first-call --rows 4096 --cache-dir "$WORK/first-call-cache" \
+        --json "$WORK/first_call_${mode}_$spec.json" "$spec" 2>&1 | tail -1 | md
+    done
+  done
 }
 
 job_specs() {
