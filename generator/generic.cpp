@@ -52,14 +52,15 @@ CompileMode compile_mode_from_env() {
 }
 
 std::string generic_unsupported_why(const Spec& s) {
-  const std::string head = "spec '" + s.str() + "': no generic kernel for ";
+  // Strings only on a refusal: async mode asks on every launch.
+  auto no = [&](const std::string& what) { return "spec '" + s.str() + "': no generic kernel for " + what; };
   bool epilogue_ok = false;
   for (Epilogue e : kGenericEpilogues) epilogue_ok |= e == s.epilogue;
   if (!epilogue_ok)
-    return head + "epilogue=" + to_string(s.epilogue) + " (generic kernels carry none, relu_bitmask and gelu)";
-  if (s.residual_f32) return head + "residual_f32 (an fp32 residual stream; the residual add in x's dtype is covered)";
-  if (s.memory_efficient) return head + "memory_efficient (a backward from y)";
-  if (s.n < 1) return head + "n=" + std::to_string(s.n);
+    return no(std::string("epilogue=") + to_string(s.epilogue) + " (generic kernels carry none, relu_bitmask and gelu)");
+  if (s.residual_f32) return no("residual_f32 (an fp32 residual stream; the residual add in x's dtype is covered)");
+  if (s.memory_efficient) return no("memory_efficient (a backward from y)");
+  if (s.n < 1) return no("n=" + std::to_string(s.n));
   return {};
 }
 

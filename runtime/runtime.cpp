@@ -73,6 +73,27 @@ static_assert(static_cast<int>(BlockScaleLayout::kRowMajor) == kBlockScaleRowMaj
                   static_cast<int>(BlockScaleLayout::kSwizzled) == kBlockScaleSwizzled,
               "the host's and the kernels' layout numbers agree");
 
+// Makes the runtime's primary context current on a thread with none; another current context is
+// the caller's error (`who`: the launch, for the message).
+void use_context(CUcontext context, const std::string& who) {
+  CUcontext current = nullptr;
+  NORMJIT_CU(cuCtxGetCurrent(&current));
+  if (current == nullptr) {
+    NORMJIT_CU(cuCtxSetCurrent(context));
+  } else if (current != context) {
+    throw Error(Status::kInvalidArgument, "launch of " + who +
+                                              ": the calling thread's current CUDA context is not the primary "
+                                              "context of the device this kernel was loaded on");
+  }
+}
+
+// The generic backward's workspace per partial slot: dgamma's and dbeta's fp32 sums of one slot
+// of every group ([2][groups][slots][n]).
+size_t generic_slot_bytes(const Spec& spec, int64_t rows, int64_t rows_per_batch) {
+  const int64_t groups = is_adaptive(spec.norm) && rows_per_batch > 0 ? rows / rows_per_batch : 1;
+  return size_t(8) * std::max<int64_t>(groups, 1) * spec.n;
+}
+
 }  // namespace
 
 // The kernel parameters of a launch (the backward's slots and chunks aside).
@@ -350,15 +371,7 @@ void Kernel::launch(const LaunchArgs& a, CUstream stream) const {
   // Planned once: the workspace check and the grid both use it.
   const BackwardPlan bwd_plan = backward ? plan(a.rows, a.rows_per_batch) : BackwardPlan{};
   if (backward) check_workspace(a, bwd_plan);
-  CUcontext current = nullptr;
-  NORMJIT_CU(cuCtxGetCurrent(&current));
-  if (current == nullptr) {
-    NORMJIT_CU(cuCtxSetCurrent(context_));
-  } else if (current != context_) {
-    throw Error(Status::kInvalidArgument, "launch of " + spec_string_ +
-                                              ": the calling thread's current CUDA context is not the primary "
-                                              "context of the device this kernel was loaded on");
-  }
+  use_context(context_, spec_string_);
   if (a.rows == 0 && !backward) return;
   NormParams p = params_for(a);
   void* params[] = {&p};
@@ -849,7 +862,7 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
   const bool ada = is_adaptive(spec.norm);
   const int64_t groups = ada && rows_per_batch > 0 ? rows / rows_per_batch : 1;
   const int64_t rows_per_group = ada && rows_per_batch > 0 ? rows_per_batch : rows;
-  const size_t slot_bytes = size_t(8) * std::max<int64_t>(groups, 1) * spec.n;  // one slot of every group
+  const size_t slot_bytes = generic_slot_bytes(spec, rows, rows_per_batch);
   int64_t slots = std::clamp<int64_t>(int64_t(std::max(1, per_sm)) * device_.sm_count / std::max<int64_t>(groups, 1),
                                       1, std::max<int64_t>(rows_per_group, 1));
   if (workspace_limit > 0) slots = std::clamp<int64_t>(int64_t(workspace_limit / slot_bytes), 1, slots);
@@ -862,9 +875,8 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
 
 size_t Runtime::generic_workspace_bytes(const Spec& spec, int64_t rows, int64_t rows_per_batch, int64_t max_slots) {
   if (spec.phase != Phase::kBackward) return 0;
-  const size_t slot_bytes = size_t(8) * std::max<int64_t>(is_adaptive(spec.norm) && rows_per_batch > 0
-                                                              ? rows / rows_per_batch : 1, 1) * spec.n;
-  return generic_launch(spec, 1, rows, rows_per_batch, max_slots > 0 ? slot_bytes * max_slots : 0).workspace_bytes;
+  const size_t limit = max_slots > 0 ? generic_slot_bytes(spec, rows, rows_per_batch) * max_slots : 0;
+  return generic_launch(spec, 1, rows, rows_per_batch, limit).workspace_bytes;
 }
 
 void Runtime::launch_generic(const Spec& spec, const LaunchArgs& args, CUstream stream) {
@@ -892,13 +904,7 @@ void Runtime::launch_generic(const Spec& spec, const LaunchArgs& args, CUstream 
                                               std::to_string(args.workspace_bytes) + " is less than the " +
                                               std::to_string(g.workspace_bytes) +
                                               " bytes its one partial slot a group needs");
-  CUcontext current = nullptr;
-  NORMJIT_CU(cuCtxGetCurrent(&current));
-  if (current == nullptr) NORMJIT_CU(cuCtxSetCurrent(context_));
-  else if (current != context_)
-    throw Error(Status::kInvalidArgument, "launch of " + spec.str() +
-                                              ": the calling thread's current CUDA context is not the primary "
-                                              "context of this runtime's device");
+  use_context(context_, spec.str() + " (generic kernel)");
   NormParams p = params_of(spec, args);
   p.n = spec.n;
   p.generic_flags = g.flags;

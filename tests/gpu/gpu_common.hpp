@@ -111,6 +111,34 @@ struct Case {
   double atol = -1, rtol = -1;
 };
 
+// The backward grid's cases at these sizes: every op, x dtype with its weight dtypes, bias or not;
+// 1 row, 67 (5 past 65536) and 1031 for short rows, one batch each, and 3 batches of 41 rows for
+// the Ada norms up to 32768.
+inline std::vector<Case> ops_grid_cases(Phase phase, const std::vector<int64_t>& ns) {
+  std::vector<Case> cases;
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
+    for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
+      for (DType w : weight_dtypes_for(x))
+        for (int64_t n : ns)
+          for (bool bias : {false, true}) {
+            Case c;
+            c.spec = Spec::make(norm, phase, x, n, bias);
+            c.spec.w_dtype = w;
+            for (int64_t rows : {int64_t(1), n >= 65536 ? int64_t(5) : int64_t(67), n <= 1000 ? int64_t(1031) : int64_t(0)}) {
+              if (rows == 0) continue;
+              c.rows = rows;
+              c.rows_per_batch = is_adaptive(norm) ? rows : 0;
+              cases.push_back(c);
+            }
+            if (is_adaptive(norm) && n <= 32768) {
+              c.rows = 3 * 41;
+              c.rows_per_batch = 41;
+              cases.push_back(c);
+            }
+          }
+  return cases;
+}
+
 // A pinned block config (a strategy the heuristic may not pick): 37 rows, one AdaLayerNorm
 // batch, a clip the data crosses, x = center + noise.
 inline Case pinned_case(const char* text, double center = 0.0) {

@@ -23,27 +23,7 @@ TEST_CASE("backward matches the fp64 reference over ops x dtypes x N x rows") {
   // CTAs do not divide the packs; 50000, 65608, 131112: clusters of unequal segments in shared
   // memory (ragged), where the split route ran before.
   const std::vector<int64_t> ns = grid_ns({1, 7, 127, 256, 1000, 1024, 2880, 4096, 4097, 8192, 12288, 12289, 16384, 18432, 19456, 20001, 20480, 22528, 32768, 40008, 40960, 50000, 65536, 65608, 81920, 131112, 262144});
-  std::vector<Case> cases;
-  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
-    for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
-      for (DType w : weight_dtypes_for(x))
-        for (int64_t n : ns)
-          for (bool bias : {false, true}) {
-            Case c;
-            c.spec = Spec::make(norm, Phase::kBackward, x, n, bias);
-            c.spec.w_dtype = w;
-            for (int64_t rows : {int64_t(1), n >= 65536 ? int64_t(5) : int64_t(67), n <= 1000 ? int64_t(1031) : int64_t(0)}) {
-              if (rows == 0) continue;
-              c.rows = rows;
-              c.rows_per_batch = is_adaptive(norm) ? rows : 0;
-              cases.push_back(c);
-            }
-            if (is_adaptive(norm) && n <= 32768) {
-              c.rows = 3 * 41;
-              c.rows_per_batch = 41;
-              cases.push_back(c);
-            }
-          }
+  const std::vector<Case> cases = ops_grid_cases(Phase::kBackward, ns);
   std::vector<Spec> specs;
   for (const auto& c : cases) {
     specs.push_back(c.spec);

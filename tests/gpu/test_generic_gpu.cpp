@@ -17,31 +17,7 @@ const std::vector<int64_t> kGenericNs = {1,     7,     127,   256,   1000,  1024
                                          8192,  12289, 18432, 20001, 32768, 40008, 50000, 65536, 65608,
                                          98312, 131072, 131112, 262144};
 
-std::vector<Case> generic_cases(Phase phase) {
-  const std::vector<int64_t> ns = grid_ns(kGenericNs);
-  std::vector<Case> cases;
-  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
-    for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
-      for (DType w : weight_dtypes_for(x))
-        for (int64_t n : ns)
-          for (bool bias : {false, true}) {
-            Case c;
-            c.spec = Spec::make(norm, phase, x, n, bias);
-            c.spec.w_dtype = w;
-            for (int64_t rows : {int64_t(1), n >= 65536 ? int64_t(5) : int64_t(67), n <= 1000 ? int64_t(1031) : int64_t(0)}) {
-              if (rows == 0) continue;
-              c.rows = rows;
-              c.rows_per_batch = is_adaptive(norm) ? rows : 0;
-              cases.push_back(c);
-            }
-            if (is_adaptive(norm) && n <= 32768) {  // several batches
-              c.rows = 3 * 41;
-              c.rows_per_batch = 41;
-              cases.push_back(c);
-            }
-          }
-  return cases;
-}
+std::vector<Case> generic_cases(Phase phase) { return ops_grid_cases(phase, grid_ns(kGenericNs)); }
 
 }  // namespace
 
