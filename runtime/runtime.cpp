@@ -798,6 +798,7 @@ struct Runtime::GenericLaunch {
   CUfunction function = nullptr, reduce = nullptr;
   unsigned threads = 0, grid_x = 0, grid_y = 1, smem = 0;
   int flags = 0;
+  int stage_packs = 0;  // kGenericStaged: packs of the row in shared memory
   int64_t slots = 0;  // backward: partial slots a group
   size_t workspace_bytes = 0;
 };
@@ -849,16 +850,52 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
                                     cu_device_));
   int static_bytes = 0;  // the kernel's own scratch shares the limit
   NORMJIT_CU(cuFuncGetAttribute(&static_bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, g.function));
-  const int64_t sums_bytes = int64_t(spec.has_bias ? 8 : 4) * spec.n;  // dgamma (and dbeta) sums, fp32
-  if (sums_bytes + static_bytes <= generic_shared_optin_) {
+  const int64_t free_bytes = generic_shared_optin_ - static_bytes;
+  // The kernel may take all of it, and the SM's L1 leans to shared memory: the occupancy query
+  // counts CTAs against that split, and the grid below is as many CTAs as it counts (a default
+  // split that fit fewer would leave CTAs waiting, each with its whole share of rows).
+  const std::string allowing = "allowing the generic backward " + std::to_string(free_bytes) + " bytes of shared memory";
+  NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    static_cast<int>(free_bytes)),
+                 allowing);
+  NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                    CU_SHAREDMEM_CARVEOUT_MAX_SHARED),
+                 allowing);
+  auto ctas_per_sm = [&](int64_t smem) {
+    int ctas = 0;
+    NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, g.function, static_cast<int>(g.threads),
+                                                           static_cast<size_t>(smem)));
+    return ctas;
+  };
+  // dgamma (and dbeta) sums, fp32, over whole rounds of packs (norm_generic.cuh, GenericSums).
+  const int64_t sums_bytes = int64_t(spec.has_bias ? 8 : 4) * ceil_div(packs, int64_t(g.threads)) * g.threads * vec;
+  if (sums_bytes <= free_bytes) {
     g.flags |= kGenericSharedSums;
     g.smem = static_cast<unsigned>(sums_bytes);
-    NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                      static_cast<int>(sums_bytes)),
-                   "allowing the generic backward " + std::to_string(sums_bytes) + " bytes of shared memory");
   }
-  int per_sm = 0;
-  NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, g.function, static_cast<int>(g.threads), g.smem));
+  const int unstaged = ctas_per_sm(g.smem);
+  int per_sm = unstaged;
+  // x and dy staged after the sums: two stages, else one, else the row's first packs; where that
+  // leaves at least two CTAs a SM, or as many as without. H100, bf16, M = 32768, % of copy staged /
+  // not: RMSNorm N = 4096 74.9 / 57.4 (four CTAs / three), 7168 74.7 / 72.6 (two / three), 16384
+  // 44.3 (one) / 60.5 (three); LayerNorm 16384 41.2 / 40.7 (one / one).
+  const int64_t pack_bytes = int64_t(vec) * dtype_size(spec.x_dtype);
+  if (const int64_t stage_packs = std::min<int64_t>(packs, (free_bytes - g.smem) / (2 * pack_bytes)); stage_packs > 0)
+    for (int stages = stage_packs == packs ? 2 : 1; stages >= 1; --stages) {
+      const int64_t smem = g.smem + stages * 2 * pack_bytes * stage_packs;
+      if (smem > free_bytes) continue;
+      if (const int ctas = ctas_per_sm(smem); ctas >= std::min(2, unstaged)) {
+        g.flags |= kGenericStaged | (stages == 2 ? kGenericTwoStages : 0);
+        g.stage_packs = static_cast<int>(stage_packs);
+        g.smem = static_cast<unsigned>(smem);
+        per_sm = ctas;
+        break;
+      }
+    }
+  if (g.smem == 0)  // all in L1's cache then: x and dy are read twice
+    NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                      CU_SHAREDMEM_CARVEOUT_DEFAULT),
+                   allowing);
   const bool ada = is_adaptive(spec.norm);
   const int64_t groups = ada && rows_per_batch > 0 ? rows / rows_per_batch : 1;
   const int64_t rows_per_group = ada && rows_per_batch > 0 ? rows_per_batch : rows;
@@ -908,6 +945,7 @@ void Runtime::launch_generic(const Spec& spec, const LaunchArgs& args, CUstream 
   NormParams p = params_of(spec, args);
   p.n = spec.n;
   p.generic_flags = g.flags;
+  p.generic_stage_packs = g.stage_packs;
   p.partial_slots = args.rows > 0 ? static_cast<int>(g.slots) : 0;  // no rows: the sums come out zero
   void* params[] = {&p};
   {

@@ -274,7 +274,7 @@ class Runtime {
   void preload_generic_kernels();
   std::map<DType, CUmodule> generic_modules_;
   std::map<std::string, CUfunction> generic_functions_;
-  int generic_shared_optin_ = -1;  // bytes of shared memory a generic backward CTA may take
+  int generic_shared_optin_ = -1;  // bytes of shared memory a generic CTA may take
   std::atomic<CompileMode> compile_mode_{CompileMode::kSync};
   // Created on the first async launch; destroyed first (its compiles use disk_cache_).
   std::mutex background_mutex_;

@@ -12,6 +12,10 @@ enum GenericFlag : int {
   kGenericTraining = 16,     // forward: write mean (with kGenericSubtractsMean) and rstd
   kGenericSharedSums = 32,   // backward: dgamma/dbeta sums in dynamic shared memory, else the workspace
   kGenericBiasIn = 64,       // forward, residual kernels: bias_in [n] (weight dtype) in the residual add
+  kGenericStaged = 128,      // backward: x and dy copied into shared memory (the first
+                             // NormParams::generic_stage_packs packs), the next row's while this one computes
+  kGenericTwoStages = 256,   // with kGenericStaged: two stages, the next row copied into the other one
+                             // (else one, each pack's copy after its last use)
 };
 
 // Packs in flight per thread in each streaming pass; the launch gives a row about this many a thread.

@@ -175,9 +175,9 @@ __device__ __forceinline__ void generic_fwd(const NormParams& p) {
 }
 
 // The packs of a backward round, loaded before any of the round's stores (dx, the sums) for the
-// reason the forward's output pass gives.
-// Packs a backward round holds: x, dy and gamma (and beta for gelu) of four packs spilled.
-constexpr int kGenericBwdUnroll = 2;
+// reason the forward's output pass gives. One pack: at two the kernels took 123-184 registers, two
+// CTAs of 256 threads a SM; at one 72-108, and 80 under launch bounds of three CTAs, unspilled.
+constexpr int kGenericBwdUnroll = 1;
 
 template <class XT, class WT, class Epilogue, int kVec>
 struct GenericBwdRound {
@@ -185,15 +185,18 @@ struct GenericBwdRound {
   Pack<WT, kVec> g[kGenericBwdUnroll], b[Epilogue::kNeedsPreActivation ? kGenericBwdUnroll : 1];
   Pack<XT, kVec> dh[kGenericBwdUnroll];  // the residual add's dh_out (dx pass)
 
-  // dhr: the row of dh_out, where the dx pass adds it (null otherwise).
-  __device__ __forceinline__ void load(const XT* xr, const XT* dyr, const WT* gamma, const WT* beta, int base,
-                                       int threads, int packs, bool has_bias, const XT* dhr = nullptr) {
+  // Packs below `staged` come from the shared-memory rows sx / sdy, the others from global
+  // memory. dhr: the row of dh_out, where the dx pass adds it (null otherwise).
+  __device__ __forceinline__ void load(const XT* xr, const XT* dyr, const XT* sx, const XT* sdy, int staged,
+                                       const WT* gamma, const WT* beta, int base, int threads, int packs,
+                                       bool has_bias, const XT* dhr = nullptr) {
 #pragma unroll
     for (int u = 0; u < kGenericBwdUnroll; ++u)
       if (const int pack = base + u * threads; pack < packs) {
         if (dhr) dh[u] = load_pack<XT, kVec>(dhr + pack * kVec);
-        x[u] = load_pack<XT, kVec>(xr + pack * kVec);
-        dy[u] = load_pack<XT, kVec>(dyr + pack * kVec);
+        const bool in_stage = pack < staged;
+        x[u] = load_pack<XT, kVec>((in_stage ? sx : xr) + pack * kVec);
+        dy[u] = load_pack<XT, kVec>((in_stage ? sdy : dyr) + pack * kVec);
         g[u] = load_pack<WT, kVec>(gamma + pack * kVec);
         if constexpr (Epilogue::kNeedsPreActivation)
           if (has_bias) b[u] = load_pack<WT, kVec>(beta + pack * kVec);
@@ -224,11 +227,50 @@ struct GenericBwdRound {
   }
 };
 
+// A slot's dgamma (or dbeta) sums over the thread's packs, pack = k·threads + tid. In shared
+// memory the q-th float4 of a 16-byte-or-wider pack's floats sits at (k·kQuads + q)·threads + tid:
+// a warp's float4 accesses are then conflict-free (by column, 32-byte strides conflicted and the
+// sums' shared-memory traffic bound the kernel). Narrower packs and the workspace go by column.
+template <int kVec>
+struct GenericSums {
+  static constexpr int kQuads = kVec >= 4 ? kVec / 4 : 0;
+  float* shared;  // null: in the workspace
+  float* by_column;
+
+  __device__ __forceinline__ float4* quad(int pack, int tid, int threads, int q) const {
+    return reinterpret_cast<float4*>(shared) + (pack - tid) * kQuads + q * threads + tid;
+  }
+  template <class F>  // f(float& sum, int j) for each of the pack's kVec sums
+  __device__ __forceinline__ void update(int pack, int tid, int threads, F f) const {
+    if (kQuads > 0 && shared) {
+#pragma unroll
+      for (int q = 0; q < kQuads; ++q) {
+        float4* at = quad(pack, tid, threads, q);
+        float4 v = *at;
+        f(v.x, 4 * q);
+        f(v.y, 4 * q + 1);
+        f(v.z, 4 * q + 2);
+        f(v.w, 4 * q + 3);
+        *at = v;
+      }
+    } else {
+      float* at = (shared ? shared : by_column) + pack * kVec;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) f(at[j], j);
+    }
+  }
+};
+
 // The backward of the rows of group blockIdx.y, slot blockIdx.x of gridDim.x: dx, and this slot's
 // dgamma / dbeta sums over its rows in the workspace ([2][groups][slots][n] floats, dgamma's then
 // dbeta's), which generic_bwd_reduce adds up in slot order. A thread owns the same columns in
-// every row, so the sums need no barrier: in dynamic shared memory (kGenericSharedSums: n floats,
-// 2n with a bias), else in the slot's workspace rows.
+// every row, so the sums need no barrier: in dynamic shared memory (kGenericSharedSums; two arrays
+// with a bias, see GenericSums), else in the slot's workspace rows. With kGenericStaged the first
+// generic_stage_packs packs of x and dy follow them in shared memory, copied by cp.async: with
+// kGenericTwoStages the slot's next row is copied into the other stage while this row computes;
+// with one stage, each pack's copy for the next row starts once the dx pass has stored the pack
+// (the store depends on the pack's shared-memory loads, so the copy cannot overtake them). A
+// thread copies and reads only its own packs, so no barrier guards the stages either.
 template <class XT, class WT, class Epilogue, int kVec, bool kResidual>
 __device__ __forceinline__ void generic_bwd(const NormParams& p) {
   __shared__ float2 scratch[32];
@@ -237,34 +279,62 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
   const bool subtracts_mean = flags & kGenericSubtractsMean, has_bias = flags & kGenericHasBias;
   const float one = (flags & kGenericZeroCentered) ? 1.f : 0.f;
   const int packs = n / kVec, threads = blockDim.x, tid = threadIdx.x;
+  const int staged = (flags & kGenericStaged) ? p.generic_stage_packs : 0;
   const float inv_n = 1.f / static_cast<float>(n);
   const long long group = blockIdx.y, groups = gridDim.y, slot = blockIdx.x, slots = gridDim.x;
   float* const slot_g = p.workspace + (group * slots + slot) * n;
   float* const slot_b = p.workspace + ((groups + group) * slots + slot) * n;
   const bool shared_sums = flags & kGenericSharedSums;
   constexpr bool residual = kResidual;  // x is h; dx gets dh_out added
-  float* const sum_g = shared_sums ? reinterpret_cast<float*>(dynamic_shared) : slot_g;
-  float* const sum_b = shared_sums ? sum_g + n : slot_b;
-  for (int c = tid * kVec; c < n; c += threads * kVec)
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      sum_g[c + j] = 0.f;
-      if (has_bias) sum_b[c + j] = 0.f;
-    }
+  // In shared memory each array covers whole rounds of packs (see GenericSums).
+  const int sums_floats = (packs + threads - 1) / threads * threads * kVec;
+  float* const shared_g = shared_sums ? reinterpret_cast<float*>(dynamic_shared) : nullptr;
+  const GenericSums<kVec> sum_g{shared_g, slot_g};
+  const GenericSums<kVec> sum_b{shared_sums ? shared_g + sums_floats : nullptr, slot_b};
+  // The stage after the sums (a multiple of 16 bytes).
+  XT* const stages = reinterpret_cast<XT*>(dynamic_shared + (shared_sums ? (has_bias ? 8 : 4) * sums_floats : 0));
+  const bool two_stages = flags & kGenericTwoStages;  // then staged == packs
+  for (int pack = tid; pack < packs; pack += threads) {
+    sum_g.update(pack, tid, threads, [](float& v, int) { v = 0.f; });
+    if (has_bias) sum_b.update(pack, tid, threads, [](float& v, int) { v = 0.f; });
+  }
   const long long weights = (flags & kGenericPerGroup) ? group * n : 0;
   const WT* gamma = static_cast<const WT*>(p.gamma) + weights;
   const WT* beta = has_bias ? static_cast<const WT*>(p.beta) + weights : nullptr;
-  for (long long r = slot; r < p.rows_per_group; r += slots) {
+  auto x_row = [&](long long row) { return static_cast<const XT*>(p.x) + row * p.row_stride; };
+  auto dy_row = [&](long long row) { return static_cast<const XT*>(p.dy) + row * p.row_stride; };
+  // A stage: x's first `staged` packs, then dy's.
+  auto stage_pack = [&](XT* stage, long long row, int pack) {
+    copy_async<XT, kVec>(stage + pack * kVec, x_row(row) + pack * kVec);
+    copy_async<XT, kVec>(stage + (staged + pack) * kVec, dy_row(row) + pack * kVec);
+  };
+  if (slot < p.rows_per_group)
+    for (int pack = tid; pack < staged; pack += threads) stage_pack(stages, group * p.rows_per_group + slot, pack);
+  commit_async();
+  for (long long r = slot, turn = 0; r < p.rows_per_group; r += slots, ++turn) {
     const long long row = group * p.rows_per_group + r;
-    const XT* x = static_cast<const XT*>(p.x) + row * p.row_stride;
-    const XT* dy = static_cast<const XT*>(p.dy) + row * p.row_stride;
+    const bool has_next = r + slots < p.rows_per_group;
+    const XT* x = x_row(row);
+    const XT* dy = dy_row(row);
     XT* dx = static_cast<XT*>(p.dx) + row * p.row_stride;
     const float mean = subtracts_mean ? p.mean[row] : 0.f, rstd = p.rstd[row];
+    XT* const sx = stages + (two_stages ? (turn & 1) * 2 * staged * kVec : 0);
+    XT* const sdy = sx + staged * kVec;
+    if (two_stages) {
+      // The other stage held this slot's previous row, whose packs this thread has used.
+      if (has_next)
+        for (int pack = tid; pack < staged; pack += threads)
+          stage_pack(stages + ((turn + 1) & 1) * 2 * staged * kVec, row + slots, pack);
+      commit_async();
+      wait_async<1>();
+    } else {
+      wait_async<0>();
+    }
     // Pass 1: the row's sums of g·d and g·d·x̂, and this thread's columns of dgamma / dbeta.
     float c1 = 0.f, c2 = 0.f;
     for (int base = tid; base < packs; base += threads * kGenericBwdUnroll) {
       GenericBwdRound<XT, WT, Epilogue, kVec> round;
-      round.load(x, dy, gamma, beta, base, threads, packs, has_bias);
+      round.load(x, dy, sx, sdy, staged, gamma, beta, base, threads, packs, has_bias);
 #pragma unroll
       for (int u = 0; u < kGenericBwdUnroll; ++u) {
         const int pack = base + u * threads;
@@ -274,21 +344,24 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
         round.grad(p, u, row, col, mean, rstd, one, has_bias, xhat, d, g);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          c1 += g[j] * d[j];
-          c2 += g[j] * d[j] * xhat[j];
-          sum_g[col + j] += d[j] * xhat[j];
-          if (has_bias) sum_b[col + j] += d[j];
+          // g·d rounded alone in both passes (no fused multiply-add), so that at N = 1, where
+          // x̂ = 0, dx = rstd · (g·d − g·d) is exactly 0 and not rstd times a rounding residue.
+          const float gd = __fmul_rn(g[j], d[j]);
+          c1 += gd;
+          c2 += gd * xhat[j];
         }
+        sum_g.update(pack, tid, threads, [&](float& v, int j) { v += d[j] * xhat[j]; });
+        if (has_bias) sum_b.update(pack, tid, threads, [&](float& v, int j) { v += d[j]; });
       }
     }
     const float2 sums = generic_cta_sum2(c1, c2, scratch);
     const float mean_gd = subtracts_mean ? sums.x * inv_n : 0.f, mean_gdx = sums.y * inv_n;
     // Pass 2: dx (+ dh_out with the residual add: the gradient of x and of the residual), from
-    // the row again (in L2).
+    // the stage or from the row again (in L2).
     const XT* const dh_out = residual ? static_cast<const XT*>(p.dh_out) + row * p.row_stride : nullptr;
     for (int base = tid; base < packs; base += threads * kGenericBwdUnroll) {
       GenericBwdRound<XT, WT, Epilogue, kVec> round;
-      round.load(x, dy, gamma, beta, base, threads, packs, has_bias, dh_out);
+      round.load(x, dy, sx, sdy, staged, gamma, beta, base, threads, packs, has_bias, dh_out);
 #pragma unroll
       for (int u = 0; u < kGenericBwdUnroll; ++u) {
         const int pack = base + u * threads;
@@ -300,18 +373,20 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
         Pack<XT, kVec> o;
 #pragma unroll
         for (int j = 0; j < kVec; ++j)
-          o.v[j] = Convert<XT>::from(rstd * (g[j] * d[j] - mean_gd - xhat[j] * mean_gdx) + (residual ? dh[j] : 0.f));
+          o.v[j] = Convert<XT>::from(rstd * (__fmul_rn(g[j], d[j]) - mean_gd - xhat[j] * mean_gdx) +
+                                     (residual ? dh[j] : 0.f));
         store_pack<XT, kVec>(dx + col, o);
+        // The store depends on the pack's shared-memory loads: the copy cannot overtake them.
+        if (!two_stages && has_next && pack < staged) stage_pack(sx, row + slots, pack);
       }
     }
+    if (!two_stages) commit_async();
   }
   if (shared_sums)
-    for (int c = tid * kVec; c < n; c += threads * kVec)
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        slot_g[c + j] = sum_g[c + j];
-        if (has_bias) slot_b[c + j] = sum_b[c + j];
-      }
+    for (int pack = tid; pack < packs; pack += threads) {
+      sum_g.update(pack, tid, threads, [&](float& v, int j) { slot_g[pack * kVec + j] = v; });
+      if (has_bias) sum_b.update(pack, tid, threads, [&](float& v, int j) { slot_b[pack * kVec + j] = v; });
+    }
 }
 
 // dgamma / dbeta of group blockIdx.y: each column's slot sums added in slot order (8 lanes of

@@ -53,6 +53,7 @@ struct NormParams {
   // boolean fields (GenericFlag), which the specialized kernels have compiled in.
   int n;
   int generic_flags;
+  int generic_stage_packs;  // backward, kGenericStaged: packs of x and dy staged in shared memory
 };
 
 }  // namespace normjit

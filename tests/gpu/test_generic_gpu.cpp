@@ -96,7 +96,7 @@ TEST_CASE("generic kernels: the residual add (h written bit for bit), with bias_
   int checked = 0;
   for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaRMSNorm})
     for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
-      for (int64_t n : {1, 7, 768, 4097, 20001, 65536})
+      for (int64_t n : {1, 7, 768, 4097, 20001, 40000, 65536})
         for (int layout = 0; layout < 3; ++layout) {  // contiguous; strided; strided and unaligned
           Case c;
           c.spec = Spec::make(norm, Phase::kBackward, x, n, norm == Norm::kLayerNorm);
@@ -124,6 +124,46 @@ TEST_CASE("generic kernels: the residual add (h written bit for bit), with bias_
           ++checked;
         }
   MESSAGE(checked << " generic residual-add cases (forward with and without bias_in, backward)");
+}
+
+TEST_CASE("generic kernels: many rows a slot, each staged backward row copied while the one before computes") {
+  // The grids above give most backward slots one or two rows; here every slot takes several, so
+  // each row's copy into shared memory lands while the slot's previous row is still in use.
+  GenericKernelsOn generic;
+  int checked = 0;
+  for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm})
+    for (DType x : {DType::kF32, DType::kBF16})
+      for (int64_t n : {1000, 4097, 12288})
+        for (int variant = 0; variant < 3; ++variant) {  // plain; relu_bitmask, strided; residual add, unaligned
+          if (x == DType::kF32 && variant > 0) continue;
+          Case c;
+          c.spec = Spec::make(norm, Phase::kBackward, x, n, norm != Norm::kRMSNorm);
+          c.spec.epilogue = variant == 1 ? Epilogue::kReluBitmask : Epilogue::kNone;
+          c.spec.residual = variant == 2 && norm != Norm::kAdaLayerNorm;
+          // Three to four CTAs a SM: several rows a slot on 132 SMs.
+          c.rows = n == 1000 ? 9000 : 1500;
+          c.rows_per_batch = is_adaptive(norm) ? c.rows / 3 : 0;
+          c.row_stride = variant > 0 ? n + 9 : 0;
+          c.x_offset = variant == 2 ? 1 : 0;
+          c.clip_lower = 0.f;
+          c.clip_upper = 1.5f;
+          const std::string name = c.spec.str();
+          CAPTURE(name);
+          CAPTURE(variant);
+          Case fwd = c;
+          fwd.spec.phase = Phase::kForwardTraining;
+          fwd.spec.bias_in = c.spec.residual && norm == Norm::kLayerNorm;
+          const ForwardRun f = run_forward(fwd);
+          CHECK(f.worst <= 1.0);
+          CHECK(f.mask_mismatches == 0);
+          CHECK(f.h_mismatches == 0);
+          const BackwardRun b = run_backward(c);
+          CHECK(b.dx <= 1.0);
+          CHECK(b.dgamma <= 1.0);
+          CHECK(b.dbeta <= 1.0);
+          ++checked;
+        }
+  MESSAGE(checked << " generic cases of several rows a slot (forward and backward)");
 }
 
 TEST_CASE("generic kernels: the backward is bitwise deterministic, and takes a small workspace with fewer slots") {
