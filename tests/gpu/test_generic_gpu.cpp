@@ -19,6 +19,23 @@ const std::vector<int64_t> kGenericNs = {1,     7,     127,   256,   1000,  1024
 
 std::vector<Case> generic_cases(Phase phase) { return ops_grid_cases(phase, grid_ns(kGenericNs)); }
 
+// A backward case's forward (training, with bias_in where given), then the case itself, each
+// against fp64; the mask and h bit for bit where the spec writes them.
+void check_forward_then_backward(const Case& c, bool bias_in = false) {
+  Case fwd = c;
+  fwd.spec.phase = Phase::kForwardTraining;
+  fwd.spec.bias_in = bias_in;
+  const ForwardRun f = run_forward(fwd);
+  CHECK(f.worst <= 1.0);
+  CHECK(f.mask_mismatches == 0);
+  CHECK(f.mask_ref_mismatches == 0);
+  CHECK(f.h_mismatches == 0);
+  const BackwardRun b = run_backward(c);
+  CHECK(b.dx <= 1.0);
+  CHECK(b.dgamma <= 1.0);
+  CHECK(b.dbeta <= 1.0);
+}
+
 }  // namespace
 
 TEST_CASE("generic kernels: forward matches the fp64 reference over ops x dtypes x N x rows") {
@@ -76,16 +93,7 @@ TEST_CASE("generic kernels: epilogues, zero-centred weights, strided and unalign
             const std::string name = c.spec.str();
             CAPTURE(name);
             CAPTURE(layout);
-            Case fwd = c;
-            fwd.spec.phase = Phase::kForwardTraining;
-            const ForwardRun f = run_forward(fwd);
-            CHECK(f.worst <= 1.0);
-            CHECK(f.mask_mismatches == 0);
-            CHECK(f.mask_ref_mismatches == 0);
-            const BackwardRun b = run_backward(c);
-            CHECK(b.dx <= 1.0);
-            CHECK(b.dgamma <= 1.0);
-            CHECK(b.dbeta <= 1.0);
+            check_forward_then_backward(c);
             ++checked;
           }
   MESSAGE(checked << " generic epilogue cases (forward and backward)");
@@ -150,17 +158,7 @@ TEST_CASE("generic kernels: many rows a slot, each staged backward row copied wh
           const std::string name = c.spec.str();
           CAPTURE(name);
           CAPTURE(variant);
-          Case fwd = c;
-          fwd.spec.phase = Phase::kForwardTraining;
-          fwd.spec.bias_in = c.spec.residual && norm == Norm::kLayerNorm;
-          const ForwardRun f = run_forward(fwd);
-          CHECK(f.worst <= 1.0);
-          CHECK(f.mask_mismatches == 0);
-          CHECK(f.h_mismatches == 0);
-          const BackwardRun b = run_backward(c);
-          CHECK(b.dx <= 1.0);
-          CHECK(b.dgamma <= 1.0);
-          CHECK(b.dbeta <= 1.0);
+          check_forward_then_backward(c, c.spec.residual && norm == Norm::kLayerNorm);
           ++checked;
         }
   MESSAGE(checked << " generic cases of several rows a slot (forward and backward)");
