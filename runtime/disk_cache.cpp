@@ -454,8 +454,37 @@ Binary DiskCache::get_or_compile(const Spec& spec, const Target& target, double*
 
 DiskCache::Lookup DiskCache::lookup(const Spec& spec, const Target& target) {
   if (!spec.block) throw Error(Status::kInvalidArgument, "DiskCache::lookup(" + spec.str() + "): resolve() the spec first");
+  return lookup_source(generate(spec), target, nullptr);
+}
+
+std::vector<DiskCache::Lookup> DiskCache::lookup_batch(const std::vector<Spec>& specs, const Target& target) {
+  std::vector<GeneratedSource> srcs;
+  for (const Spec& spec : specs) {
+    if (!spec.block)
+      throw Error(Status::kInvalidArgument, "DiskCache::lookup_batch(" + spec.str() + "): resolve() the spec first");
+    srcs.push_back(generate(spec));
+  }
+  // The misses compiled together first; each spec then goes through lookup_source as lookup()
+  // does (its key's lock, a second look, the write), with its compiled result in hand. The
+  // compile does not wait for the keys' locks: two processes may compile a batch both, and the
+  // second then finds the first's entries.
+  std::vector<GeneratedSource> missing;
+  std::vector<size_t> missing_index;
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (!has_entry(specs[i], target)) {
+      missing.push_back(srcs[i]);
+      missing_index.push_back(i);
+    }
+  std::vector<CompileResult> compiled = compile_batch(missing, target);
+  std::vector<CompileResult*> precompiled(specs.size(), nullptr);
+  for (size_t m = 0; m < missing_index.size(); ++m) precompiled[missing_index[m]] = &compiled[m];
+  std::vector<Lookup> out;
+  for (size_t i = 0; i < specs.size(); ++i) out.push_back(lookup_source(srcs[i], target, precompiled[i]));
+  return out;
+}
+
+DiskCache::Lookup DiskCache::lookup_source(const GeneratedSource& src, const Target& target, CompileResult* precompiled) {
   Lookup result;
-  const GeneratedSource src = generate(spec);
   const std::string k = key(src, target);
   const fs::path stem = dir_ / (src.spec + "." + target.str() + "." + k.substr(0, 32));
   const fs::path entry = stem.string() + ".kernel";
@@ -558,7 +587,7 @@ DiskCache::Lookup DiskCache::lookup(const Spec& spec, const Target& target) {
     }
   }
 
-  CompileResult r = compile(src, target);
+  CompileResult r = precompiled ? std::move(*precompiled) : compile(src, target);
   result.compile_ms = r.milliseconds;
   {
     std::lock_guard<std::mutex> lock(mutex_);

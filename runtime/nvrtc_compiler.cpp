@@ -6,6 +6,8 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstdio>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <string_view>
 #include <thread>
@@ -277,6 +279,99 @@ CompileResult compile(const GeneratedSource& src, const Target& target, const st
   out.milliseconds = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   detail::log().debug("compiled {} for {} in {:.1f} ms{}", src.spec, b.arch, out.milliseconds,
                       out.log.empty() ? "" : "; log: " + out.log);
+  return out;
+}
+
+namespace {
+
+// One program of several specs' sources: their #include lines once, at the top, then each body in
+// a namespace of its own (every body defines the same names in an anonymous namespace).
+GeneratedSource combined_source(const std::vector<const GeneratedSource*>& members) {
+  std::set<std::string> included;
+  std::string includes, bodies;
+  int kernels = 0;
+  for (size_t i = 0; i < members.size(); ++i) {
+    std::istringstream lines(members[i]->source);
+    bodies += "namespace normjit_batch_" + std::to_string(i) + " {\n";
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("#include", 0) == 0) {
+        if (included.insert(line).second) includes += line + "\n";
+      } else {
+        bodies += line + "\n";
+      }
+    }
+    bodies += "}  // namespace normjit_batch_" + std::to_string(i) + "\n";
+    kernels += members[i]->kernels;
+  }
+  GeneratedSource g;
+  g.spec = members.front()->spec + " and " + std::to_string(members.size() - 1) + " more (batch)";
+  g.kernel_name = members.front()->kernel_name + "_batch";
+  g.source = includes + bodies;
+  g.kernels = kernels;
+  return g;
+}
+
+}  // namespace
+
+std::vector<CompileResult> compile_batch(const std::vector<GeneratedSource>& srcs, const Target& target) {
+  std::vector<CompileResult> out(srcs.size());
+  std::vector<bool> done(srcs.size(), false);
+  bool ptx = false;
+  (void)compile_options(target, &ptx);
+  // Batched: the batchable ones, whose compile() takes a single NVRTC run unless they spill (seen
+  // below, per kernel).
+  std::vector<const GeneratedSource*> members;
+  std::vector<size_t> member_index;
+  for (size_t i = 0; i < srcs.size(); ++i)
+    if (!ptx && srcs[i].batchable && srcs[i].kernels == 1 && !srcs[i].row_y_renormalize_option) {
+      members.push_back(&srcs[i]);
+      member_index.push_back(i);
+    }
+  if (members.size() >= 2) {
+    const auto start = std::chrono::steady_clock::now();
+    const GeneratedSource combined = combined_source(members);
+    std::vector<std::string> options = compile_options(target);
+    std::optional<NvrtcOutput> batch;
+    {
+      // Its kernels on two threads where a core is idle, as compile() does for several kernels.
+      struct InFlight {
+        InFlight() { ++compiles_in_flight; }
+        ~InFlight() { --compiles_in_flight; }
+      } in_flight;
+      if (compiles_in_flight.load() < static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))
+        options.push_back("--split-compile=2");
+      try {
+        batch = run_nvrtc(combined, options, false, "compiling " + combined.spec + " for " + target.str());
+      } catch (const Error& e) {
+        // Each member compiled alone below: a failure then names its own spec.
+        detail::log().debug("a batch of {} specs did not compile ({}); compiling them one at a time", members.size(),
+                            e.what());
+      }
+    }
+    const auto frames = batch ? cubin_frame_bytes(batch->image) : std::nullopt;
+    if (frames) {
+      const double each = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
+                          static_cast<double>(members.size());
+      for (size_t m = 0; m < members.size(); ++m) {
+        const GeneratedSource& src = *members[m];
+        const auto frame = frames->find(src.kernel_name);
+        // Local memory: compile() alone would try other launch bounds for it.
+        if (frame == frames->end() || frame->second > 0) continue;
+        CompileResult& r = out[member_index[m]];
+        r.binary.image = batch->image;  // the batch's image: every member's kernel is in it
+        r.binary.arch = target.str();
+        r.binary.spec = src.spec;
+        r.binary.kernel_name = src.kernel_name;
+        r.binary.threads_per_cta = src.threads_per_cta;
+        r.binary.rows_per_cta = src.rows_per_cta;
+        r.log = batch->log;
+        r.milliseconds = each;
+        done[member_index[m]] = true;
+      }
+    }
+  }
+  for (size_t i = 0; i < srcs.size(); ++i)
+    if (!done[i]) out[i] = compile(srcs[i], target);
   return out;
 }
 

@@ -633,8 +633,10 @@ const Kernel& Runtime::load_resolved(const Spec& resolved, const Binary& binary,
   // From the cubin: asking the driver would load a lazily loaded module's functions now.
   const auto frames = binary.is_ptx ? std::nullopt : cubin_frame_bytes(binary.image);
   if (frames) {
+    // This spec's kernels only: a batched compile's image holds other specs' kernels too.
     for (const auto& [function_name, bytes] : *frames)
-      kernel->local_memory_bytes_ = std::max(kernel->local_memory_bytes_, bytes);
+      if (function_name.rfind(binary.kernel_name, 0) == 0)
+        kernel->local_memory_bytes_ = std::max(kernel->local_memory_bytes_, bytes);
   } else {
     for (CUfunction f : {kernel->function_, kernel->tiles_, kernel->reduce_}) {
       if (!f) continue;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
   std::string cache_dir, json_path, bundle_path, import_path;
   unsigned jobs = std::max(1u, std::thread::hardware_concurrency());
   bool quiet = false;
+  unsigned batch = 1;
   app.add_option("specs", spec_args, "Spec strings, e.g. layernorm.fwd_train.bf16.w_bf16.n4096");
   app.add_option("-m,--manifest", manifests, "Manifest file: one spec per line, # comments")->check(CLI::ExistingFile);
   app.add_option("-a,--arch", archs, "Target arch(s), e.g. sm_90 (repeatable)")->capture_default_str();
@@ -29,6 +31,11 @@ int main(int argc, char** argv) {
   app.add_option("-j,--jobs", jobs, "Parallel compile threads")->capture_default_str()->check(CLI::Range(1u, 256u));
   app.add_option("--json", json_path, "Write a JSON summary to this file ('-' for stdout)");
   app.add_flag("-q,--quiet", quiet, "No per-kernel progress lines");
+  app.add_option("--batch", batch,
+                 "Forward specs compiled together, up to this many in one NVRTC program (each cache entry then "
+                 "holds the whole program's cubin)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 64u));
   app.add_option("--bundle", bundle_path, "Also write this run's kernels (every spec x arch) into one bundle file");
   app.add_option("--import", import_path, "Verify a bundle and import its entries into the cache; nothing else")
       ->check(CLI::ExistingFile);
@@ -77,37 +84,82 @@ int main(int argc, char** argv) {
     for (const auto& t : targets)
       for (const auto& s : specs) work.push_back({normjit::resolve(s, 16, t.arch), t});
 
+    // Units of work: forward specs of one target in groups of up to `batch` (one NVRTC program
+    // each; compile_batch compiles the backward alone), every other spec alone.
+    std::vector<std::vector<size_t>> units;
+    std::map<std::string, size_t> open_unit;  // target -> its forward group being filled
+    for (size_t i = 0; i < work.size(); ++i) {
+      const std::string target = work[i].target.str();
+      if (batch < 2 || work[i].spec.phase == normjit::Phase::kBackward) {
+        units.push_back({i});
+        continue;
+      }
+      auto it = open_unit.find(target);
+      if (it == open_unit.end() || units[it->second].size() >= batch) {
+        units.push_back({});
+        it = open_unit.insert_or_assign(target, units.size() - 1).first;
+      }
+      units[it->second].push_back(i);
+    }
+
     std::atomic<size_t> next{0}, done{0};
     std::mutex print_mutex;
     const auto start = std::chrono::steady_clock::now();
+    auto record = [&](Job& job, const normjit::DiskCache::Lookup& r, double wall_ms) {
+      job.compile_ms = r.compile_ms;
+      job.cached = r.source != normjit::DiskCache::Lookup::Source::kCompiled;
+      job.stored = r.on_disk;
+      job.not_stored_why = r.not_stored_why;
+      job.wall_ms = wall_ms;
+    };
+    auto report = [&](const Job& job) {
+      const size_t n = ++done;
+      if (quiet && job.error.empty()) return;
+      std::lock_guard<std::mutex> lock(print_mutex);
+      if (job.error.empty())
+        std::fprintf(stderr, "[%zu/%zu] %-8s %s %s %.1f ms\n", n, work.size(), job.cached ? "cached" : "compiled",
+                     job.target.str().c_str(), job.spec.str().c_str(), job.wall_ms);
+      else
+        std::fprintf(stderr, "[%zu/%zu] FAILED   %s %s\n%s\n", n, work.size(), job.target.str().c_str(),
+                     job.spec.str().c_str(), job.error.c_str());
+    };
+    auto run_alone = [&](Job& job) {
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        const normjit::DiskCache::Lookup r = cache.lookup(job.spec, job.target);
+        record(job, r, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      } catch (const normjit::Error& e) {
+        job.error = e.what();
+      }
+      report(job);
+    };
     auto worker = [&] {
-      for (size_t i; (i = next++) < work.size();) {
-        Job& job = work[i];
-        const auto t0 = std::chrono::steady_clock::now();
-        try {
-          const normjit::DiskCache::Lookup r = cache.lookup(job.spec, job.target);
-          job.compile_ms = r.compile_ms;
-          job.cached = r.source != normjit::DiskCache::Lookup::Source::kCompiled;
-          job.stored = r.on_disk;
-          job.not_stored_why = r.not_stored_why;
-        } catch (const normjit::Error& e) {
-          job.error = e.what();
+      for (size_t u; (u = next++) < units.size();) {
+        const std::vector<size_t>& unit = units[u];
+        if (unit.size() == 1) {
+          run_alone(work[unit[0]]);
+          continue;
         }
-        job.wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-        const size_t n = ++done;
-        if (!quiet || !job.error.empty()) {
-          std::lock_guard<std::mutex> lock(print_mutex);
-          if (job.error.empty())
-            std::fprintf(stderr, "[%zu/%zu] %-8s %s %s %.1f ms\n", n, work.size(), job.cached ? "cached" : "compiled",
-                         job.target.str().c_str(), job.spec.str().c_str(), job.wall_ms);
-          else
-            std::fprintf(stderr, "[%zu/%zu] FAILED   %s %s\n%s\n", n, work.size(), job.target.str().c_str(),
-                         job.spec.str().c_str(), job.error.c_str());
+        std::vector<normjit::Spec> batch_specs;
+        for (size_t i : unit) batch_specs.push_back(work[i].spec);
+        const auto t0 = std::chrono::steady_clock::now();
+        std::vector<normjit::DiskCache::Lookup> found;
+        try {
+          found = cache.lookup_batch(batch_specs, work[unit[0]].target);
+        } catch (const normjit::Error&) {
+          for (size_t i : unit) run_alone(work[i]);  // each failure then names its spec
+          continue;
+        }
+        const double share =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / unit.size();
+        for (size_t k = 0; k < unit.size(); ++k) {
+          record(work[unit[k]], found[k], share);
+          report(work[unit[k]]);
         }
       }
     };
     std::vector<std::thread> threads;
-    for (unsigned t = 0; t < std::min<size_t>(jobs, work.size()); ++t) threads.emplace_back(worker);
+    for (unsigned t = 0; t < std::min<size_t>(jobs, units.size()); ++t) threads.emplace_back(worker);
     for (auto& t : threads) t.join();
     const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -147,6 +199,7 @@ int main(int argc, char** argv) {
       j["not_stored"] = not_stored;
       j["seconds"] = total_s;
       j["jobs"] = jobs;
+      j["batch"] = batch;
       j["median_compile_ms"] = median;
       j["compile_ms"] = compile_ms;
       j["cache_dir"] = cache.dir().string();

@@ -29,6 +29,12 @@ struct GeneratedSource {
   // it fits more CTAs per SM than the first, which leaves fewer than 32 warps (H200, RMS fp8/row
   // 14336: 2 -> 3 CTAs of 448 threads, +13 %; where no CTA is gained, normalizing again lost 1-17 %).
   bool row_y_renormalize_option = false;
+  // compile_batch may compile it in one program with others: a forward whose device functions are
+  // all forced inline, so its code does not depend on its neighbours. The quantizing epilogues
+  // call plain inline helpers (e2m1.h), which a second caller in the program may leave out of line
+  // (RMSNorm fp8 4096 beside an MXFP8 spec took other registers); the backward's kernels differed
+  // too (LayerNorm 4096 beside five other specs).
+  bool batchable = false;
 };
 GeneratedSource generate(const Spec& resolved_spec);
 // generate(resolved_spec).spill_allowance_bytes, without rendering the source.
@@ -76,6 +82,13 @@ std::vector<std::string> compile_options(const Target& target, bool* emits_ptx =
 // extra_options are appended where not already among the options.
 CompileResult compile(const GeneratedSource& src, const Target& target,
                       const std::vector<std::string>& extra_options = {});
+
+// Several specs' sources compiled as one NVRTC program where that gives each kernel the code
+// compile() would: the batchable ones (GeneratedSource::batchable) whose kernel does not spill
+// there. The others, a spilling kernel (compile() alone tries other launch bounds) and every spec
+// of a PTX target are compiled alone. Each batched result's image is the whole program's cubin,
+// holding every batched kernel; its kernel_name is its own spec's.
+std::vector<CompileResult> compile_batch(const std::vector<GeneratedSource>& srcs, const Target& target);
 
 // PTX of generated source for a virtual arch (compute_XY), for the driver to compile on any GPU of
 // that arch or newer.
@@ -144,6 +157,10 @@ class DiskCache {
   // The binary for a resolved spec: from the bundle, else from the directory, else compiled and
   // stored. A directory that cannot be used leaves the cache working in memory only (logged once).
   Lookup lookup(const Spec& resolved_spec, const Target& target);
+  // lookup() of several specs, the ones not in the bundle or the directory compiled together
+  // (compile_batch): each entry then holds the batch's image. A miss's compile_ms is its share of
+  // the batch's time.
+  std::vector<Lookup> lookup_batch(const std::vector<Spec>& resolved_specs, const Target& target);
   // lookup()'s binary; compile_ms, when given, receives the NVRTC time (0 on a hit).
   Binary get_or_compile(const Spec& resolved_spec, const Target& target, double* compile_ms = nullptr);
   // The cache key (hex) for a generated source and target.
@@ -171,6 +188,8 @@ class DiskCache {
   void use_bundle(const std::filesystem::path& bundle);
 
  private:
+  // lookup() of a generated source; precompiled, when given, is used instead of compiling it.
+  Lookup lookup_source(const GeneratedSource& src, const Target& target, CompileResult* precompiled);
   void enforce_cap(const std::filesystem::path& keep);
   // Creates the directory if missing and checks that it may be trusted, once; false (with the
   // reason in unusable_why_, logged) when it is not to be read or written.

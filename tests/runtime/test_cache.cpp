@@ -56,6 +56,40 @@ TEST_CASE("disk cache: miss compiles, hit loads, source kept beside the cubin") 
   fs::remove_all(dir);
 }
 
+TEST_CASE("disk cache: lookup_batch compiles the misses together and stores each spec's entry") {
+  const fs::path dir = fresh_dir("batch");
+  std::vector<Spec> specs;
+  for (const char* text : {"layernorm.fwd_train.bf16.w_bf16.n768.bias", "rmsnorm.fwd_infer.bf16.w_bf16.n2880",
+                           "layernorm.fwd_infer.f16.w_f32.n5120.bias"})
+    specs.push_back(resolve(Spec::parse(text)));
+  {
+    DiskCache cache(dir);
+    cache.get_or_compile(specs[1], Target{90});  // already there: a hit in the batch
+    const std::vector<DiskCache::Lookup> found = cache.lookup_batch(specs, Target{90});
+    REQUIRE(found.size() == 3);
+    CHECK(found[0].source == DiskCache::Lookup::Source::kCompiled);
+    CHECK(found[1].source == DiskCache::Lookup::Source::kDisk);
+    CHECK(found[2].source == DiskCache::Lookup::Source::kCompiled);
+    for (const auto& f : found) CHECK(f.on_disk);
+    CHECK(found[0].compile_ms > 0);
+    CHECK(found[0].binary.image == found[2].binary.image);  // one program for both misses
+    CHECK(cache.counters().compiles == 3);                   // the first lookup, then two entries
+    CHECK(cache.counters().disk_hits == 1);
+  }
+  CHECK(entries(dir, ".kernel").size() == 3);
+  // A fresh cache finds each spec's own entry, with its own kernel name, without NVRTC.
+  DiskCache again(dir);
+  for (const Spec& spec : specs) {
+    CAPTURE(spec.str());
+    const DiskCache::Lookup r = again.lookup(spec, Target{90});
+    CHECK(r.source == DiskCache::Lookup::Source::kDisk);
+    CHECK(r.binary.kernel_name == generate(spec).kernel_name);
+  }
+  CHECK(again.counters().compiles == 0);
+  CHECK_THROWS_AS(again.lookup_batch({Spec::parse("rmsnorm.fwd_infer.bf16.n64")}, Target{90}), Error);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("disk cache key covers source, arch and options") {
   const GeneratedSource a = generate(resolve(Spec::parse("rmsnorm.fwd_infer.bf16.n4096")));
   GeneratedSource b = a;

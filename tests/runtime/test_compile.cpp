@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
+#include <map>
 #include <fstream>
 #include <mutex>
 #include <set>
@@ -343,6 +345,72 @@ TEST_CASE("a backward program compiles its kernels on two threads where a core i
   const GeneratedSource forward = generate(resolve(Spec::parse("layernorm.fwd_train.bf16.w_bf16.n4096.bias")));
   REQUIRE(forward.kernels == 1);
   CHECK_FALSE(split(compile(forward, Target{90}).binary));
+}
+
+namespace {
+// The machine code of each function of an ELF64 cubin: its .text.<function> section's bytes.
+std::map<std::string, std::string> function_code(const std::vector<char>& cubin) {
+  std::map<std::string, std::string> out;
+  REQUIRE(cubin.size() > 64);
+  uint64_t headers = 0;
+  uint16_t header_size = 0, count = 0, names_index = 0;
+  std::memcpy(&headers, cubin.data() + 0x28, 8);
+  std::memcpy(&header_size, cubin.data() + 0x3a, 2);
+  std::memcpy(&count, cubin.data() + 0x3c, 2);
+  std::memcpy(&names_index, cubin.data() + 0x3e, 2);
+  auto field = [&](int section, int at, int bytes) {
+    uint64_t v = 0;
+    std::memcpy(&v, cubin.data() + headers + uint64_t(section) * header_size + at, bytes);
+    return v;
+  };
+  const uint64_t names = field(names_index, 0x18, 8);
+  for (int i = 0; i < count; ++i) {
+    const std::string name = cubin.data() + names + field(i, 0, 4);
+    if (name.rfind(".text.", 0) == 0) out[name.substr(6)] = std::string(cubin.data() + field(i, 0x18, 8), field(i, 0x20, 8));
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("a batched compile gives every kernel the machine code of its own compile, in one image") {
+  // Forward rows of several kinds, epilogues, fusions and dtypes; the quantizing and backward specs
+  // are compiled alone.
+  std::vector<GeneratedSource> srcs;
+  for (const char* text :
+       {"layernorm.fwd_train.bf16.w_bf16.n768.bias", "rmsnorm.fwd_infer.f16.w_f16.n4096",
+        "layernorm.fwd_train.f32.w_f32.n1000.bias.relu_bitmask", "rmsnorm.fwd_infer.bf16.w_bf16.n4096.fp8_e4m3",
+        "layernorm.fwd_train.bf16.w_bf16.n16384.bias.gelu", "rmsnorm.fwd_train.bf16.w_bf16.n4096.residual",
+        "rmsnorm.fwd_infer.bf16.w_bf16.n8192.mxfp8_e4m3", "layernorm.fwd_infer.bf16.w_bf16.n65536.bias",
+        "adalayernorm.fwd_train.bf16.w_bf16.n768.bias", "layernorm.bwd.bf16.w_f32.n4096.bias",
+        "rmsnorm.bwd.bf16.w_f32.n8192.cfg_t512_r1_v8_gmem"})
+    srcs.push_back(generate(resolve(Spec::parse(text))));
+  const std::vector<CompileResult> batch = compile_batch(srcs, Target{90});
+  REQUIRE(batch.size() == srcs.size());
+  size_t shared_image = 0;
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    CAPTURE(srcs[i].spec);
+    CHECK(batch[i].binary.kernel_name == srcs[i].kernel_name);
+    CHECK(batch[i].binary.spec == srcs[i].spec);
+    CHECK(batch[i].binary.arch == "sm_90");
+    CHECK(batch[i].milliseconds > 0);
+    const CompileResult alone = compile(srcs[i], Target{90});
+    const auto want = function_code(alone.binary.image);
+    const auto got = function_code(batch[i].binary.image);
+    REQUIRE(want.size() == static_cast<size_t>(srcs[i].kernels));
+    for (const auto& [function, code] : want) {
+      CAPTURE(function);
+      REQUIRE(got.count(function) == 1);
+      CHECK(got.at(function) == code);
+    }
+    if (got.size() > want.size()) ++shared_image;
+    CHECK(srcs[i].batchable == (got.size() > want.size()));  // the others alone
+  }
+  CHECK(shared_image == 7);  // the forward kernels of plain, relu_bitmask and gelu epilogues
+  // Nothing to batch: the same as compile().
+  const std::vector<CompileResult> one = compile_batch({srcs[0]}, Target{90});
+  REQUIRE(one.size() == 1);
+  CHECK(function_code(one[0].binary.image).size() == 1);
+  CHECK(compile_batch({}, Target{90}).empty());
 }
 
 TEST_CASE("cubin_frame_bytes rejects what is not a cubin") {

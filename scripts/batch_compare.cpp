@@ -1,0 +1,46 @@
+// Checks that batched compiles keep every kernel's machine code: each batchable spec of a manifest
+// (GeneratedSource::batchable) compiled by compile_batch in groups of eight, against compile() of
+// the spec alone, compared by the cubins' .text sections. No GPU needed.
+//   g++ -std=c++17 -O1 -Iinclude scripts/batch_compare.cpp -o /tmp/batch_compare -Lbuild -lnormjit \
+//     -Wl,-rpath,$PWD/build && /tmp/batch_compare manifests/default.txt
+#include <cstdio>
+#include <elf.h>
+#include <fstream>
+#include <map>
+#include <string>
+#include "normjit/compiler.hpp"
+#include "normjit/spec.hpp"
+using namespace normjit;
+std::map<std::string, std::string> texts(const std::vector<char>& img) {
+  std::map<std::string, std::string> out;
+  auto* eh = reinterpret_cast<const Elf64_Ehdr*>(img.data());
+  auto* sh = reinterpret_cast<const Elf64_Shdr*>(img.data() + eh->e_shoff);
+  const char* names = img.data() + sh[eh->e_shstrndx].sh_offset;
+  for (int i = 0; i < eh->e_shnum; ++i) {
+    std::string n = names + sh[i].sh_name;
+    if (n.rfind(".text.", 0) == 0) out[n.substr(6)] = std::string(img.data() + sh[i].sh_offset, sh[i].sh_size);
+  }
+  return out;
+}
+int main(int argc, char** argv) {
+  std::ifstream in(argv[1]);
+  std::vector<GeneratedSource> srcs;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    auto g = generate(resolve(Spec::parse(line), 16, 90));
+    if (g.batchable) srcs.push_back(g);
+  }
+  int same = 0, diff = 0, batched = 0;
+  for (size_t at = 0; at < srcs.size(); at += 8) {
+    std::vector<GeneratedSource> group(srcs.begin() + at, srcs.begin() + std::min(srcs.size(), at + 8));
+    auto b = compile_batch(group, Target{90});
+    for (size_t i = 0; i < group.size(); ++i) {
+      auto want = texts(compile(group[i], Target{90}).binary.image);
+      auto got = texts(b[i].binary.image);
+      batched += got.size() > want.size();
+      for (auto& [f, code] : want) { if (got.count(f) && got[f] == code) ++same; else { ++diff; std::printf("DIFF %s\n", f.c_str()); } }
+    }
+  }
+  std::printf("%zu batchable specs, %d batched; kernels identical %d, different %d\n", srcs.size(), batched, same, diff);
+  return diff ? 1 : 0;
+}
