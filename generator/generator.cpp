@@ -196,8 +196,8 @@ GeneratedSource generate(const Spec& spec) {
     g.spill_allowance_bytes = bounds.spill_allowance_bytes;
     g.capped = bounds.capped;
     g.row_y_renormalize_option = scales_per_row(spec.epilogue) && b.cache == RowCache::kRegisters;
-    g.batchable = !quantizes(spec.epilogue);
   }
+  g.batchable = !quantizes(spec.epilogue);
   g.source = render(template_text(backward ? "norm_bwd.cu.in" : "norm_fwd.cu.in"), values, name);
   return g;
 }

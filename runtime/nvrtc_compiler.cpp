@@ -318,27 +318,34 @@ std::vector<CompileResult> compile_batch(const std::vector<GeneratedSource>& src
   std::vector<bool> done(srcs.size(), false);
   bool ptx = false;
   (void)compile_options(target, &ptx);
-  // Batched: the batchable ones, whose compile() takes a single NVRTC run unless they spill (seen
-  // below, per kernel).
+  // Batched: batchable specs whose compile() takes a single NVRTC run unless they spill (seen
+  // below, per kernel); a spec compiled twice by choice (row_y_renormalize_option) is compiled
+  // alone.
   std::vector<const GeneratedSource*> members;
   std::vector<size_t> member_index;
   for (size_t i = 0; i < srcs.size(); ++i)
-    if (!ptx && srcs[i].batchable && srcs[i].kernels == 1 && !srcs[i].row_y_renormalize_option) {
+    if (!ptx && srcs[i].batchable && !srcs[i].row_y_renormalize_option) {
       members.push_back(&srcs[i]);
       member_index.push_back(i);
     }
   if (members.size() >= 2) {
     const auto start = std::chrono::steady_clock::now();
     const GeneratedSource combined = combined_source(members);
+    // --split-compile (two threads where a core is idle) only for a batch of one-kernel programs:
+    // with it, a batch of backward programs came out with other registers than alone (3 of 12
+    // kernels of six specs), without it the same; the forward kernels were the same either way
+    // (252 of the default manifest).
     std::vector<std::string> options = compile_options(target);
     std::optional<NvrtcOutput> batch;
     {
-      // Its kernels on two threads where a core is idle, as compile() does for several kernels.
       struct InFlight {
         InFlight() { ++compiles_in_flight; }
         ~InFlight() { --compiles_in_flight; }
       } in_flight;
-      if (compiles_in_flight.load() < static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))
+      const bool one_kernel_each = std::all_of(members.begin(), members.end(),
+                                               [](const GeneratedSource* m) { return m->kernels == 1; });
+      if (one_kernel_each &&
+          compiles_in_flight.load() < static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))
         options.push_back("--split-compile=2");
       try {
         batch = run_nvrtc(combined, options, false, "compiling " + combined.spec + " for " + target.str());
@@ -354,9 +361,22 @@ std::vector<CompileResult> compile_batch(const std::vector<GeneratedSource>& src
                           static_cast<double>(members.size());
       for (size_t m = 0; m < members.size(); ++m) {
         const GeneratedSource& src = *members[m];
-        const auto frame = frames->find(src.kernel_name);
-        // Local memory: compile() alone would try other launch bounds for it.
-        if (frame == frames->end() || frame->second > 0) continue;
+        // Its kernels: its name, or its name and a backward kernel's suffix. Local memory in any:
+        // compile() alone would try other launch bounds for it.
+        int found = 0;
+        bool spills = false;
+        for (const auto& [function, frame] : *frames) {
+          const bool own = function == src.kernel_name ||
+                           (function.rfind(src.kernel_name, 0) == 0 &&
+                            (function.substr(src.kernel_name.size()) == "_fused" ||
+                             function.substr(src.kernel_name.size()) == "_rowsums" ||
+                             function.substr(src.kernel_name.size()) == "_tiles" ||
+                             function.substr(src.kernel_name.size()) == "_reduce"));
+          if (!own) continue;
+          ++found;
+          spills |= frame > 0;
+        }
+        if (found != src.kernels || spills) continue;
         CompileResult& r = out[member_index[m]];
         r.binary.image = batch->image;  // the batch's image: every member's kernel is in it
         r.binary.arch = target.str();

@@ -32,8 +32,8 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "Write a JSON summary to this file ('-' for stdout)");
   app.add_flag("-q,--quiet", quiet, "No per-kernel progress lines");
   app.add_option("--batch", batch,
-                 "Forward specs compiled together, up to this many in one NVRTC program (each cache entry then "
-                 "holds the whole program's cubin)")
+                 "Specs compiled together, up to this many in one NVRTC program (each cache entry then holds "
+                 "the whole program's cubin)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 64u));
   app.add_option("--bundle", bundle_path, "Also write this run's kernels (every spec x arch) into one bundle file");
@@ -84,13 +84,14 @@ int main(int argc, char** argv) {
     for (const auto& t : targets)
       for (const auto& s : specs) work.push_back({normjit::resolve(s, 16, t.arch), t});
 
-    // Units of work: forward specs of one target in groups of up to `batch` (one NVRTC program
-    // each; compile_batch compiles the backward alone), every other spec alone.
+    // Units of work: specs of one target and phase in groups of up to `batch`, one NVRTC program
+    // each (a batch of forwards compiles on two threads where a core is idle: compile_batch).
     std::vector<std::vector<size_t>> units;
-    std::map<std::string, size_t> open_unit;  // target -> its forward group being filled
+    std::map<std::string, size_t> open_unit;  // target and phase -> its group being filled
     for (size_t i = 0; i < work.size(); ++i) {
-      const std::string target = work[i].target.str();
-      if (batch < 2 || work[i].spec.phase == normjit::Phase::kBackward) {
+      const std::string target =
+          work[i].target.str() + (work[i].spec.phase == normjit::Phase::kBackward ? " bwd" : " fwd");
+      if (batch < 2) {
         units.push_back({i});
         continue;
       }

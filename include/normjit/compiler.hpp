@@ -29,11 +29,9 @@ struct GeneratedSource {
   // it fits more CTAs per SM than the first, which leaves fewer than 32 warps (H200, RMS fp8/row
   // 14336: 2 -> 3 CTAs of 448 threads, +13 %; where no CTA is gained, normalizing again lost 1-17 %).
   bool row_y_renormalize_option = false;
-  // compile_batch may compile it in one program with others: a forward whose device functions are
-  // all forced inline, so its code does not depend on its neighbours. The quantizing epilogues
-  // call plain inline helpers (e2m1.h), which a second caller in the program may leave out of line
-  // (RMSNorm fp8 4096 beside an MXFP8 spec took other registers); the backward's kernels differed
-  // too (LayerNorm 4096 beside five other specs).
+  // compile_batch may compile it in one program with others. Not the quantizing epilogues: they
+  // call plain inline helpers (e2m1.h), which a second caller in the program may inline otherwise
+  // (two fp8 forwards of the default manifest took other registers in a batch).
   bool batchable = false;
 };
 GeneratedSource generate(const Spec& resolved_spec);
@@ -83,11 +81,13 @@ std::vector<std::string> compile_options(const Target& target, bool* emits_ptx =
 CompileResult compile(const GeneratedSource& src, const Target& target,
                       const std::vector<std::string>& extra_options = {});
 
-// Several specs' sources compiled as one NVRTC program where that gives each kernel the code
-// compile() would: the batchable ones (GeneratedSource::batchable) whose kernel does not spill
-// there. The others, a spilling kernel (compile() alone tries other launch bounds) and every spec
-// of a PTX target are compiled alone. Each batched result's image is the whole program's cubin,
-// holding every batched kernel; its kernel_name is its own spec's.
+// Several specs' sources compiled as one NVRTC program (on one thread) where that gives each
+// kernel the code compile() would: batchable specs (GeneratedSource::batchable) whose kernels do
+// not spill there. A spilling kernel (compile() alone tries other launch bounds), a spec compiled
+// twice by choice (row_y_renormalize_option), the others and every spec of a PTX target are
+// compiled alone. Each batched
+// result's image is the whole program's cubin, holding every batched kernel; its kernel_name is
+// its own spec's.
 std::vector<CompileResult> compile_batch(const std::vector<GeneratedSource>& srcs, const Target& target);
 
 // PTX of generated source for a virtual arch (compute_XY), for the driver to compile on any GPU of

@@ -373,8 +373,8 @@ std::map<std::string, std::string> function_code(const std::vector<char>& cubin)
 }  // namespace
 
 TEST_CASE("a batched compile gives every kernel the machine code of its own compile, in one image") {
-  // Forward rows of several kinds, epilogues, fusions and dtypes; the quantizing and backward specs
-  // are compiled alone.
+  // Forward rows of several kinds, epilogues, fusions and dtypes, and the backward's fused and
+  // split routes; the quantizing epilogues are compiled alone.
   std::vector<GeneratedSource> srcs;
   for (const char* text :
        {"layernorm.fwd_train.bf16.w_bf16.n768.bias", "rmsnorm.fwd_infer.f16.w_f16.n4096",
@@ -382,7 +382,8 @@ TEST_CASE("a batched compile gives every kernel the machine code of its own comp
         "layernorm.fwd_train.bf16.w_bf16.n16384.bias.gelu", "rmsnorm.fwd_train.bf16.w_bf16.n4096.residual",
         "rmsnorm.fwd_infer.bf16.w_bf16.n8192.mxfp8_e4m3", "layernorm.fwd_infer.bf16.w_bf16.n65536.bias",
         "adalayernorm.fwd_train.bf16.w_bf16.n768.bias", "layernorm.bwd.bf16.w_f32.n4096.bias",
-        "rmsnorm.bwd.bf16.w_f32.n8192.cfg_t512_r1_v8_gmem"})
+        "rmsnorm.bwd.bf16.w_f32.n8192.cfg_t512_r1_v8_gmem", "rmsnorm.fwd_infer.bf16.w_bf16.n4096.fp8_e4m3_row",
+        "layernorm.bwd.bf16.w_bf16.n2880.bias.gelu"})
     srcs.push_back(generate(resolve(Spec::parse(text))));
   const std::vector<CompileResult> batch = compile_batch(srcs, Target{90});
   REQUIRE(batch.size() == srcs.size());
@@ -402,10 +403,13 @@ TEST_CASE("a batched compile gives every kernel the machine code of its own comp
       REQUIRE(got.count(function) == 1);
       CHECK(got.at(function) == code);
     }
-    if (got.size() > want.size()) ++shared_image;
-    CHECK(srcs[i].batchable == (got.size() > want.size()));  // the others alone
+    const bool batched = got.size() > want.size();
+    if (batched) ++shared_image;
+    CHECK(batched == (srcs[i].batchable && !srcs[i].row_y_renormalize_option));
+    CHECK(srcs[i].batchable == (srcs[i].spec.find("fp8") == std::string::npos &&
+                                srcs[i].spec.find("mxfp8") == std::string::npos));
   }
-  CHECK(shared_image == 7);  // the forward kernels of plain, relu_bitmask and gelu epilogues
+  CHECK(shared_image == 10);  // all but the three fp8 specs
   // Nothing to batch: the same as compile().
   const std::vector<CompileResult> one = compile_batch({srcs[0]}, Target{90});
   REQUIRE(one.size() == 1);
