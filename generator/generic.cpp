@@ -10,9 +10,12 @@
 namespace normjit {
 namespace {
 
-// The epilogues the generic kernels carry. The quantized ones keep NVRTC (their scale layouts
-// constrain the row's split over threads).
-constexpr Epilogue kGenericEpilogues[] = {Epilogue::kNone, Epilogue::kReluBitmask, Epilogue::kGelu};
+// The epilogues of the norm program; the quantizing ones are the quant program's (forward only;
+// built for sm_89 and newer, whose FP8 conversions they use).
+constexpr Epilogue kNormEpilogues[] = {Epilogue::kNone, Epilogue::kReluBitmask, Epilogue::kGelu};
+constexpr Epilogue kQuantEpilogues[] = {Epilogue::kFp8E4M3,   Epilogue::kFp8E5M2,   Epilogue::kFp8E4M3Row,
+                                        Epilogue::kFp8E5M2Row, Epilogue::kInt8Row,   Epilogue::kMxfp8E4M3,
+                                        Epilogue::kMxfp8E5M2,  Epilogue::kMxfp4,     Epilogue::kNvfp4};
 constexpr DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 
 // The CTAs per SM the launch bounds ask: several rows in flight on each SM (at 512 threads and 128 registers one
@@ -21,9 +24,23 @@ constexpr int kGenericForwardCtasPerSm = 4;  // 64 registers
 // The backward, a pack a round, fits 80 registers unspilled (gelu spilled 8 bytes at 64).
 constexpr int kGenericBackwardCtasPerSm = 3;
 
-std::string kernel_name(const char* phase, DType x, DType w, Epilogue e, int vec, bool residual) {
+// The residual add's kinds (norm_generic.cuh, GenericResidual): none, x's dtype, an fp32 stream.
+enum ResidualKind { kNoResidual = 0, kResidualX = 1, kResidualF32 = 2 };
+constexpr const char* kResidualSuffix[] = {"", "_residual", "_residual_f32"};
+
+std::vector<ResidualKind> residual_kinds(DType x) {
+  if (x == DType::kF32) return {kNoResidual, kResidualX};  // an f32 x's stream is f32 already
+  return {kNoResidual, kResidualX, kResidualF32};
+}
+
+ResidualKind residual_kind(const Spec& s) {
+  return s.residual_f32 ? kResidualF32 : s.residual ? kResidualX : kNoResidual;
+}
+
+std::string kernel_name(const char* phase, DType x, DType w, Epilogue e, int vec, ResidualKind residual,
+                        bool from_y) {
   return std::string("normjit_generic_") + phase + "_" + to_string(x) + "_w" + to_string(w) + "_" + to_string(e) +
-         "_v" + std::to_string(vec) + (residual ? "_residual" : "");
+         "_v" + std::to_string(vec) + kResidualSuffix[residual] + (from_y ? "_from_y" : "");
 }
 
 }  // namespace
@@ -53,16 +70,19 @@ CompileMode compile_mode_from_env() {
 
 std::string generic_unsupported_why(const Spec& s) {
   // Strings only on a refusal: async mode asks on every launch.
-  auto no = [&](const std::string& what) { return "spec '" + s.str() + "': no generic kernel for " + what; };
-  bool epilogue_ok = false;
-  for (Epilogue e : kGenericEpilogues) epilogue_ok |= e == s.epilogue;
-  if (!epilogue_ok)
-    return no(std::string("epilogue=") + to_string(s.epilogue) + " (generic kernels carry none, relu_bitmask and gelu)");
-  if (s.residual_f32) return no("residual_f32 (an fp32 residual stream; the residual add in x's dtype is covered)");
-  if (s.memory_efficient) return no("memory_efficient (a backward from y)");
-  if (s.n < 1) return no("n=" + std::to_string(s.n));
+  if (s.n < 1) return "spec '" + s.str() + "': no generic kernel for n=" + std::to_string(s.n);
   return {};
 }
+
+const char* to_string(GenericProgram p) { return p == GenericProgram::kQuant ? "quant" : "norm"; }
+
+GenericProgram generic_program_of(const Spec& s) {
+  return quantizes(s.epilogue) ? GenericProgram::kQuant : GenericProgram::kNorm;
+}
+
+std::vector<GenericProgram> generic_programs() { return {GenericProgram::kNorm, GenericProgram::kQuant}; }
+
+int generic_program_min_arch(GenericProgram p) { return p == GenericProgram::kQuant ? 89 : 80; }
 
 std::vector<int> generic_vecs(DType x) {
   std::vector<int> vecs;
@@ -71,43 +91,56 @@ std::vector<int> generic_vecs(DType x) {
 }
 
 std::string generic_kernel_name(const Spec& s, int vec) {
-  return kernel_name(s.phase == Phase::kBackward ? "bwd" : "fwd", s.x_dtype, s.w_dtype, s.epilogue, vec, s.residual);
+  return kernel_name(s.phase == Phase::kBackward ? "bwd" : "fwd", s.x_dtype, s.w_dtype, s.epilogue, vec,
+                     residual_kind(s), s.memory_efficient);
 }
 
 std::string generic_reduce_name(DType w) { return std::string("normjit_generic_reduce_w") + to_string(w); }
 
 std::vector<DType> generic_program_dtypes() { return {std::begin(kDTypes), std::end(kDTypes)}; }
 
-GeneratedSource generic_source(DType x) {
+GeneratedSource generic_source(DType x, GenericProgram program) {
+  const bool quant = program == GenericProgram::kQuant;
   std::ostringstream src;
-  src << "// normjit generic kernels, x " << to_string(x) << " (generator/generic.cpp)\n"
+  src << "// normjit generic kernels, x " << to_string(x) << ", " << to_string(program)
+      << " program (generator/generic.cpp)\n"
       << "#include \"normjit/norm_generic.cuh\"\n";
-  for (Epilogue e : kGenericEpilogues) src << "#include \"normjit/" << detail::epilogue_binding(e).header << "\"\n";
+  std::vector<Epilogue> epilogues;
+  if (quant) epilogues.assign(std::begin(kQuantEpilogues), std::end(kQuantEpilogues));
+  else epilogues.assign(std::begin(kNormEpilogues), std::end(kNormEpilogues));
+  for (Epilogue e : epilogues) src << "#include \"normjit/" << detail::epilogue_binding(e).header << "\"\n";
   const std::string xt = std::string("normjit::") + detail::device_type(x);
   int kernels = 0;
+  auto kernel = [&](const char* phase, DType w, Epilogue e, int vec, ResidualKind residual, bool from_y) {
+    const bool fwd = std::string(phase) == "fwd";
+    src << "extern \"C\" __global__ void __launch_bounds__(" << kGenericMaxThreads << ", "
+        << (fwd ? kGenericForwardCtasPerSm : kGenericBackwardCtasPerSm) << ") "
+        << kernel_name(phase, x, w, e, vec, residual, from_y) << "(const normjit::NormParams p) { normjit::generic_"
+        << phase << "<" << xt << ", normjit::" << detail::device_type(w) << ", normjit::"
+        << detail::epilogue_binding(e).functor << ", " << vec << ", " << int(residual)
+        << (fwd ? "" : from_y ? ", true" : ", false") << ">(p); }\n";
+    ++kernels;
+  };
   for (DType w : kDTypes) {
-    const std::string wt = std::string("normjit::") + detail::device_type(w);
-    for (Epilogue e : kGenericEpilogues) {
-      const std::string epi = std::string("normjit::") + detail::epilogue_binding(e).functor;
-      for (int vec : generic_vecs(x))
-        for (bool residual : {false, true})
-          for (const char* phase : {"fwd", "bwd"}) {
-            src << "extern \"C\" __global__ void __launch_bounds__(" << kGenericMaxThreads
-                << ", "
-                << (std::string(phase) == "fwd" ? kGenericForwardCtasPerSm : kGenericBackwardCtasPerSm)
-                << ") " << kernel_name(phase, x, w, e, vec, residual) << "(const normjit::NormParams p) { normjit::generic_"
-                << phase << "<" << xt << ", " << wt << ", " << epi << ", " << vec << ", " << (residual ? "true" : "false")
-                << ">(p); }\n";
-            ++kernels;
-          }
-    }
+    for (Epilogue e : epilogues)
+      for (ResidualKind residual : residual_kinds(x))
+        // An fp32 stream's rows are f32: vectors of at most 16 bytes of f32.
+        for (int vec : generic_vecs(residual == kResidualF32 ? DType::kF32 : x)) {
+          kernel("fwd", w, e, vec, residual, false);
+          if (quant) continue;  // the quantizing epilogues have no backward
+          kernel("bwd", w, e, vec, residual, false);
+          // memory_efficient: epilogue none, not with an fp32 stream (the spec refuses both).
+          if (e == Epilogue::kNone && residual != kResidualF32) kernel("bwd", w, e, vec, residual, true);
+        }
+    if (quant) continue;
     src << "extern \"C\" __global__ void __launch_bounds__(256) " << generic_reduce_name(w)
-        << "(const normjit::NormParams p) { normjit::generic_bwd_reduce<" << wt << ">(p); }\n";
+        << "(const normjit::NormParams p) { normjit::generic_bwd_reduce<normjit::" << detail::device_type(w)
+        << ">(p); }\n";
     ++kernels;
   }
   GeneratedSource out;
-  out.spec = std::string("generic kernels of x ") + to_string(x);
-  out.kernel_name = std::string("normjit_generic_") + to_string(x);
+  out.spec = std::string("generic kernels of x ") + to_string(x) + " (" + to_string(program) + ")";
+  out.kernel_name = std::string("normjit_generic_") + to_string(x) + "_" + to_string(program);
   out.source = src.str();
   out.threads_per_cta = kGenericMaxThreads;
   out.rows_per_cta = 1;
@@ -125,18 +158,18 @@ __attribute__((weak)) const std::vector<GenericImage>& generic_image_table() {
 
 const std::vector<GenericImage>& generic_images() { return detail::generic_image_table(); }
 
-const GenericImage* generic_image_for(DType x, int sm) {
+const GenericImage* generic_image_for(DType x, GenericProgram program, int sm) {
   const GenericImage* best = nullptr;
   auto arch_of = [](const GenericImage& g) { return std::atoi(g.arch.c_str() + g.arch.find('_') + 1); };
   // A cubin runs on its own major version at or above its minor; PTX on any arch at or above it.
   for (const GenericImage& g : generic_images()) {
-    if (g.x != x || g.is_ptx) continue;
+    if (g.x != x || g.program != program || g.is_ptx) continue;
     const int a = arch_of(g);
     if (a / 10 == sm / 10 && a <= sm && (!best || a > arch_of(*best))) best = &g;
   }
   if (best) return best;
   for (const GenericImage& g : generic_images()) {
-    if (g.x != x || !g.is_ptx) continue;
+    if (g.x != x || g.program != program || !g.is_ptx) continue;
     const int a = arch_of(g);
     if (a <= sm && (!best || a > arch_of(*best))) best = &g;
   }

@@ -488,11 +488,15 @@ void Runtime::preload_generic_kernels() {
   // launch (1.0-1.7 ms, H200): done here, that launch only launches. A failure is left to the
   // launch that needs the module, which reports it.
   std::lock_guard<std::mutex> lock(mutex_);
-  for (DType x : generic_program_dtypes()) {
-    try {
-      (void)generic_function(x, generic_reduce_name(x));
-    } catch (const Error& e) {
-      detail::log().debug("generic kernels of x {} not preloaded: {}", to_string(x), e.what());
+  for (GenericProgram program : generic_programs()) {
+    if (target_.arch < generic_program_min_arch(program)) continue;
+    for (DType x : generic_program_dtypes()) {
+      try {
+        (void)generic_module(x, program);
+      } catch (const Error& e) {
+        detail::log().debug("generic kernels of x {} ({} program) not preloaded: {}", to_string(x), to_string(program),
+                            e.what());
+      }
     }
   }
 }
@@ -512,7 +516,7 @@ Runtime::~Runtime() {
   background_.reset();  // waits for the compiles in flight; they use disk_cache_
   const DriverApi& cu = driver();
   for (CUmodule module : modules_) cu.cuModuleUnload(module);
-  for (const auto& [x, module] : generic_modules_) cu.cuModuleUnload(module);
+  for (const auto& [program, module] : generic_modules_) cu.cuModuleUnload(module);
   if (context_) cu.cuDevicePrimaryCtxRelease(cu_device_);
 }
 
@@ -708,7 +712,7 @@ void Runtime::launch(const Spec& spec, const LaunchArgs& args, CUstream stream) 
   const CompileMode mode = compile_mode_.load();
   if (mode == CompileMode::kGeneric) return launch_generic(spec, args, stream);
   const int max_vec = max_vec_for(spec, args);
-  if (mode == CompileMode::kSync || !generic_unsupported_why(spec).empty()) {
+  if (mode == CompileMode::kSync || !generic_refusal(spec).empty()) {
     if (tuning_mode_ == TuningMode::kTuneOnMiss && !spec.block) (void)tuned_choice(spec);  // tunes on a miss
     get_or_fall_back(spec, spec.block ? spec : choose(spec, max_vec), max_vec).launch(args, stream);
     return;
@@ -785,7 +789,7 @@ BackgroundCompiler::State Runtime::background_state(const Spec& spec, int max_ve
 size_t Runtime::workspace_bytes(const Spec& spec, int64_t rows, int64_t rows_per_batch, int max_vec) {
   if (spec.phase != Phase::kBackward) return 0;
   const CompileMode mode = compile_mode_.load();
-  if (mode == CompileMode::kSync || (mode == CompileMode::kAsync && !generic_unsupported_why(spec).empty())) {
+  if (mode == CompileMode::kSync || (mode == CompileMode::kAsync && !generic_refusal(spec).empty())) {
     if (tuning_mode_ == TuningMode::kTuneOnMiss && !spec.block) (void)tuned_choice(spec);  // as launch() would
     return get_or_fall_back(spec, spec.block ? spec : choose(spec, max_vec), max_vec)
         .workspace_bytes(rows, rows_per_batch);
@@ -805,30 +809,46 @@ struct Runtime::GenericLaunch {
   size_t workspace_bytes = 0;
 };
 
-CUfunction Runtime::generic_function(DType x, const std::string& name) {
+std::string Runtime::generic_refusal(const Spec& spec) const {
+  if (std::string why = generic_unsupported_why(spec); !why.empty()) return why;
+  const GenericProgram program = generic_program_of(spec);
+  if (target_.arch < generic_program_min_arch(program))
+    return "spec '" + spec.str() + "': no generic kernel for epilogue=" + to_string(spec.epilogue) + " on " +
+           target_.str() + " (the quantizing epilogues' generic kernels need sm_" +
+           std::to_string(generic_program_min_arch(program)) + " or newer)";
+  return {};
+}
+
+CUmodule Runtime::generic_module(DType x, GenericProgram program) {
+  const auto key = std::make_pair(x, program);
+  if (auto it = generic_modules_.find(key); it != generic_modules_.end()) return it->second;
+  const GenericImage* image = generic_image_for(x, program, target_.arch);
+  if (!image)
+    throw Error(Status::kNotSupported, std::string("this build of normjit has no generic kernels of x ") +
+                                           to_string(x) + " (" + to_string(program) + " program) for " +
+                                           target_.str() + " (" + std::to_string(generic_images().size()) +
+                                           " images built in)");
+  NORMJIT_CU(cuCtxSetCurrent(context_));
+  CUmodule module = nullptr;
+  NORMJIT_CU_CTX(cuModuleLoadData(&module, image->image.data()),
+                 std::string("loading the generic kernels of x ") + to_string(x) + " (" + to_string(program) + ", " +
+                     image->arch + ")");
+  detail::log().debug("generic kernels of x {} ({} program) loaded ({}, {} bytes)", to_string(x), to_string(program),
+                      image->arch, image->image.size());
+  return generic_modules_[key] = module;
+}
+
+CUfunction Runtime::generic_function(DType x, GenericProgram program, const std::string& name) {
   if (auto it = generic_functions_.find(name); it != generic_functions_.end()) return it->second;
-  auto mod = generic_modules_.find(x);
-  if (mod == generic_modules_.end()) {
-    const GenericImage* image = generic_image_for(x, target_.arch);
-    if (!image)
-      throw Error(Status::kNotSupported, std::string("this build of normjit has no generic kernels of x ") +
-                                             to_string(x) + " for " + target_.str() + " (" +
-                                             std::to_string(generic_images().size()) + " images built in)");
-    NORMJIT_CU(cuCtxSetCurrent(context_));
-    CUmodule module = nullptr;
-    NORMJIT_CU_CTX(cuModuleLoadData(&module, image->image.data()),
-                   std::string("loading the generic kernels of x ") + to_string(x) + " (" + image->arch + ")");
-    mod = generic_modules_.emplace(x, module).first;
-    detail::log().debug("generic kernels of x {} loaded ({}, {} bytes)", to_string(x), image->arch, image->image.size());
-  }
+  const CUmodule module = generic_module(x, program);
   CUfunction f = nullptr;
-  NORMJIT_CU_CTX(cuModuleGetFunction(&f, mod->second, name.c_str()), "loading generic kernel " + name);
+  NORMJIT_CU_CTX(cuModuleGetFunction(&f, module, name.c_str()), "loading generic kernel " + name);
   return generic_functions_[name] = f;
 }
 
 Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_t rows, int64_t rows_per_batch,
                                                size_t workspace_limit) {
-  if (const std::string why = generic_unsupported_why(spec); !why.empty()) throw Error(Status::kNotSupported, why);
+  if (const std::string why = generic_refusal(spec); !why.empty()) throw Error(Status::kNotSupported, why);
   GenericLaunch g;
   const bool backward = spec.phase == Phase::kBackward;
   if (subtracts_mean(spec.norm)) g.flags |= kGenericSubtractsMean;
@@ -837,16 +857,21 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
   if (spec.zero_centered) g.flags |= kGenericZeroCentered;
   if (spec.phase == Phase::kForwardTraining) g.flags |= kGenericTraining;
   if (spec.bias_in) g.flags |= kGenericBiasIn;
-  // About kGenericUnroll packs a thread: every load of a pass in flight at once.
+  // About kGenericUnroll packs a thread: every load of a pass in flight at once. The backward
+  // takes a pack a round, so a row of at most kGenericMaxThreads packs gets a thread a pack (its
+  // CTA's sums and stages are the row's size either way; at N = 1024, bf16, 32 threads of four
+  // rounds ran 33 % of copy).
   const int64_t packs = spec.n / vec;
-  g.threads = static_cast<unsigned>(std::clamp<int64_t>((ceil_div(packs, kGenericUnroll) + 31) / 32 * 32, 32, kGenericMaxThreads));
+  const int64_t packs_per_thread = backward && packs <= kGenericMaxThreads ? 1 : kGenericUnroll;
+  g.threads = static_cast<unsigned>(
+      std::clamp<int64_t>((ceil_div(packs, packs_per_thread) + 31) / 32 * 32, 32, kGenericMaxThreads));
   std::lock_guard<std::mutex> lock(mutex_);
-  g.function = generic_function(spec.x_dtype, generic_kernel_name(spec, vec));
+  g.function = generic_function(spec.x_dtype, generic_program_of(spec), generic_kernel_name(spec, vec));
   if (!backward) {
     g.grid_x = static_cast<unsigned>(std::min<int64_t>(rows, 0x7fffffff));
     return g;
   }
-  g.reduce = generic_function(spec.x_dtype, generic_reduce_name(spec.w_dtype));
+  g.reduce = generic_function(spec.x_dtype, GenericProgram::kNorm, generic_reduce_name(spec.w_dtype));
   if (generic_shared_optin_ < 0)
     NORMJIT_CU(cuDeviceGetAttribute(&generic_shared_optin_, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                                     cu_device_));
@@ -881,10 +906,14 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
   // leaves at least two CTAs a SM, or as many as without. H100, bf16, M = 32768, % of copy staged /
   // not: RMSNorm N = 4096 74.9 / 57.4 (four CTAs / three), 7168 74.7 / 72.6 (two / three), 16384
   // 44.3 (one) / 60.5 (three); LayerNorm 16384 41.2 / 40.7 (one / one).
-  const int64_t pack_bytes = int64_t(vec) * dtype_size(spec.x_dtype);
-  if (const int64_t stage_packs = std::min<int64_t>(packs, (free_bytes - g.smem) / (2 * pack_bytes)); stage_packs > 0)
+  // A pack of x (the rows' type: an fp32 stream's h) and of dy.
+  const int row_bytes = dtype_size(row_dtype(spec)), x_bytes = dtype_size(spec.x_dtype);
+  const int64_t pack_pair_bytes = int64_t(vec) * (row_bytes + x_bytes);
+  if (const int64_t stage_packs = std::min<int64_t>(packs, (free_bytes - g.smem - 15) / pack_pair_bytes);
+      stage_packs > 0)
     for (int stages = stage_packs == packs ? 2 : 1; stages >= 1; --stages) {
-      const int64_t smem = g.smem + stages * 2 * pack_bytes * stage_packs;
+      const int64_t smem =
+          g.smem + int64_t(stages) * generic_stage_bytes(static_cast<int>(stage_packs), vec, row_bytes, x_bytes);
       if (smem > free_bytes) continue;
       if (const int ctas = ctas_per_sm(smem); ctas >= std::min(2, unstaged)) {
         g.flags |= kGenericStaged | (stages == 2 ? kGenericTwoStages : 0);
@@ -919,7 +948,7 @@ size_t Runtime::generic_workspace_bytes(const Spec& spec, int64_t rows, int64_t 
 }
 
 void Runtime::launch_generic(const Spec& spec, const LaunchArgs& args, CUstream stream) {
-  if (const std::string why = generic_unsupported_why(spec); !why.empty()) throw Error(Status::kNotSupported, why);
+  if (const std::string why = generic_refusal(spec); !why.empty()) throw Error(Status::kNotSupported, why);
   const int vec = max_vec_for(spec, args);
   Spec shaped = spec;  // validate_launch checks the pointers against this vector width
   shaped.block = BlockConfig{};

@@ -39,7 +39,12 @@ if [[ $PYTHON_TESTS == 1 && "$*" != "-N" ]]; then
   if ! "$venv/bin/python" -c "import torch, numpy, pytest, nanobind, scikit_build_core" 2>/dev/null; then
     "$venv/bin/pip" install -q --disable-pip-version-check torch numpy pytest nanobind scikit-build-core
   fi
-  "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation .
+  # The Python builds embed the generic kernels the C++ build just compiled (about 4 minutes each
+  # otherwise): same tree, same images.
+  generic_cpp=$(cd "$BUILD_DIR" && pwd)/generated/generic_images.cpp
+  if [[ -f $generic_cpp ]]; then export NORMJIT_GENERIC_PREBUILT=$generic_cpp; fi
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation \
+    ${NORMJIT_GENERIC_PREBUILT:+-C cmake.define.NORMJIT_GENERIC_PREBUILT=$NORMJIT_GENERIC_PREBUILT} .
   # From outside the source tree, so the tests import the installed package.
   (cd "$BUILD_DIR" && venv/bin/python -m pytest -ra -q -p no:cacheprovider "$root/tests/python")
   # The wheel as a user gets it: built in isolation, installed into a bare venv, run without the tree.

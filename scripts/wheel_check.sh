@@ -13,7 +13,9 @@ pipq=(-q --disable-pip-version-check)
 
 # 1. The wheel. Its own build dir: the project's build-python/ is shared with test.sh's
 # non-isolated build, and switching between the two rebuilds everything.
-python3 -m pip wheel "${pipq[@]}" --no-deps -w "$tmp/wh" -C build-dir="$tmp/build" "$root"
+# NORMJIT_GENERIC_PREBUILT (scripts/test.sh sets it): embed that build's generic kernels.
+python3 -m pip wheel "${pipq[@]}" --no-deps -w "$tmp/wh" -C build-dir="$tmp/build" \
+  ${NORMJIT_GENERIC_PREBUILT:+-C cmake.define.NORMJIT_GENERIC_PREBUILT=$NORMJIT_GENERIC_PREBUILT} "$root"
 whl=$(echo "$tmp"/wh/normjit-*.whl)
 unzip -l "$whl"
 # Only the package: no headers, CMake config, tools or a second (symlinked) libnormjit.

@@ -1,6 +1,7 @@
 // normjit-build-generic: compiles the generic kernels (generator/generic.cpp) when normjit is built
 // and writes generic_images.cpp, which embeds the images (.incbin) in the library: one program per
-// x dtype, as sm_80 and sm_90 cubins and compute_90 PTX. Build-time only; not installed.
+// x dtype and program (norm: sm_80 and sm_90 cubins and compute_90 PTX; quant: sm_90 and
+// compute_90). Build-time only; not installed.
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +22,7 @@ namespace {
 
 struct Job {
   normjit::DType x;
+  normjit::GenericProgram program;
   int arch;  // sm_XY cubin, or compute_XY PTX
   bool ptx;
   fs::path file;
@@ -45,12 +47,15 @@ int main(int argc, char** argv) {
   const fs::path dir = fs::absolute(argv[1]), cpp = argv[2];
   fs::create_directories(dir);
   std::vector<Job> jobs;
-  for (normjit::DType x : normjit::generic_program_dtypes()) {
-    const std::string stem = std::string("generic_") + normjit::to_string(x);
-    jobs.push_back({x, 80, false, dir / (stem + ".sm_80.cubin")});
-    jobs.push_back({x, 90, false, dir / (stem + ".sm_90.cubin")});
-    jobs.push_back({x, 90, true, dir / (stem + ".compute_90.ptx")});
-  }
+  // The largest programs first, so that two threads finish together.
+  for (normjit::GenericProgram program : {normjit::GenericProgram::kQuant, normjit::GenericProgram::kNorm})
+    for (normjit::DType x : normjit::generic_program_dtypes()) {
+      const std::string stem = std::string("generic_") + normjit::to_string(x) + "_" + normjit::to_string(program);
+      if (normjit::generic_program_min_arch(program) <= 80)
+        jobs.push_back({x, program, 80, false, dir / (stem + ".sm_80.cubin")});
+      jobs.push_back({x, program, 90, false, dir / (stem + ".sm_90.cubin")});
+      jobs.push_back({x, program, 90, true, dir / (stem + ".compute_90.ptx")});
+    }
   const auto start = std::chrono::steady_clock::now();
   std::atomic<size_t> next{0};
   std::mutex mutex;
@@ -59,7 +64,7 @@ int main(int argc, char** argv) {
     for (size_t i; (i = next++) < jobs.size();) {
       const Job& job = jobs[i];
       try {
-        const normjit::GeneratedSource src = normjit::generic_source(job.x);
+        const normjit::GeneratedSource src = normjit::generic_source(job.x, job.program);
         const normjit::CompileResult r =
             job.ptx ? normjit::compile_ptx(src, job.arch) : normjit::compile(src, normjit::Target{job.arch});
         std::ofstream out(job.file, std::ios::binary | std::ios::trunc);
@@ -98,7 +103,8 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < jobs.size(); ++i) {
     const std::string sym = "normjit_generic_image_" + std::to_string(i);
     const Job& j = jobs[i];
-    text += std::string("      {DType::") + dtype_enum(j.x) + ", \"" + (j.ptx ? "compute_" : "sm_") +
+    text += std::string("      {DType::") + dtype_enum(j.x) + ", GenericProgram::" +
+            (j.program == normjit::GenericProgram::kQuant ? "kQuant" : "kNorm") + ", \"" + (j.ptx ? "compute_" : "sm_") +
             std::to_string(j.arch) + "\", " + (j.ptx ? "true" : "false") + ", std::string_view(" + sym + ", " + sym +
             "_end - " + sym + " - 1)},\n";
   }

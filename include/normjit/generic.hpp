@@ -32,24 +32,35 @@ CompileMode parse_compile_mode(std::string_view text, std::string_view what = "c
 CompileMode compile_mode_from_env();
 
 // Empty when a generic kernel covers the spec (any n, block config ignored); else why not, naming
-// the field and its value.
+// the field and its value. Every norm, phase, epilogue and fusion has one; the quantizing
+// epilogues' need sm_89 or newer (Runtime says so on older GPUs).
 std::string generic_unsupported_why(const Spec& spec);
+// The generic kernels come in two programs per x dtype: the norm kernels (epilogues none,
+// relu_bitmask, gelu; forward and backward, every fusion) and the quantizing forwards (FP8, int8,
+// MX and NVFP4 epilogues), which need sm_89's FP8 conversions and load only where used.
+enum class GenericProgram { kNorm, kQuant };
+const char* to_string(GenericProgram p);
+GenericProgram generic_program_of(const Spec& spec);
+std::vector<GenericProgram> generic_programs();
+int generic_program_min_arch(GenericProgram p);  // 80, or 89 for the quant program
 // The vector widths the generic kernels come in for a dtype: 16 bytes down to one element.
 std::vector<int> generic_vecs(DType x);
-// Kernel names. Forward specs share the forward kernel of their dtypes and epilogue (training or
-// not is a flag); backward specs run the row kernel, then the reduction of the weight dtype.
+// Kernel names. Forward specs share the forward kernel of their dtypes, epilogue and residual add
+// (training or not is a flag); backward specs run the row kernel, then the reduction of the weight
+// dtype.
 std::string generic_kernel_name(const Spec& spec, int vec);
 std::string generic_reduce_name(DType w);
-// The program holding every generic kernel of x dtype `x`: all weight dtypes, supported
-// epilogues and vector widths, forward and backward, and the reductions.
-GeneratedSource generic_source(DType x);
-// The dtypes the generic programs are built for, one program each.
+// A program of generic kernels of x dtype `x`: all weight dtypes, the program's epilogues,
+// vector widths and residual kinds, and for the norm program both phases and the reductions.
+GeneratedSource generic_source(DType x, GenericProgram program);
+// The dtypes the generic programs are built for.
 std::vector<DType> generic_program_dtypes();
 
-// The generic images built into this library: for each x dtype, cubins (sm_80, sm_90) and PTX
-// (compute_90) that the driver compiles for newer GPUs.
+// The generic images built into this library: for each x dtype and program, cubins (sm_80 for
+// the norm program, sm_90) and PTX (compute_90) that the driver compiles for newer GPUs.
 struct GenericImage {
   DType x = DType::kBF16;
+  GenericProgram program = GenericProgram::kNorm;
   std::string arch;  // "sm_90", or "compute_90" for PTX
   bool is_ptx = false;
   std::string_view image;
@@ -60,7 +71,7 @@ const std::vector<GenericImage>& generic_image_table();  // defined by the build
 }
 // The image for a GPU of compute capability sm (e.g. 90), or nullptr: the same arch's cubin, else
 // the newest cubin of the same major version at or below it, else PTX of an arch at or below it.
-const GenericImage* generic_image_for(DType x, int sm);
+const GenericImage* generic_image_for(DType x, GenericProgram program, int sm);
 
 // Compiles resolved specs on background threads for async mode. Each spec (by `key`) is compiled
 // at most once per compiler; a failed compile is logged and stays failed (its generic kernel keeps

@@ -197,7 +197,7 @@ class Runtime {
   // compile mode says (generic.hpp): sync gets (compiling or loading) the specialized kernel;
   // generic runs the generic kernel; async runs the specialized kernel where it is loaded or on disk
   // and otherwise the generic one, queuing the specialized compile in the background. Specs no
-  // generic kernel covers (generic_unsupported_why) take the sync path in async mode, and throw in
+  // generic kernel covers (generic_unsupported_why, or the GPU's arch) take the sync path in async mode, and throw in
   // generic mode. A backward whose workspace is too small for the specialized kernel runs the
   // generic one in async mode (size it with workspace_bytes() before each launch).
   void launch(const Spec& spec, const LaunchArgs& args, CUstream stream = nullptr);
@@ -270,9 +270,12 @@ class Runtime {
   struct GenericLaunch;
   GenericLaunch generic_launch(const Spec& spec, int vec, int64_t rows, int64_t rows_per_batch,
                                size_t workspace_limit);
-  CUfunction generic_function(DType x, const std::string& name);
+  // Why no generic kernel runs the spec here (generic_unsupported_why, or this GPU's arch), or "".
+  std::string generic_refusal(const Spec& spec) const;
+  CUmodule generic_module(DType x, GenericProgram program);
+  CUfunction generic_function(DType x, GenericProgram program, const std::string& name);
   void preload_generic_kernels();
-  std::map<DType, CUmodule> generic_modules_;
+  std::map<std::pair<DType, GenericProgram>, CUmodule> generic_modules_;
   std::map<std::string, CUfunction> generic_functions_;
   int generic_shared_optin_ = -1;  // bytes of shared memory a generic CTA may take
   std::atomic<CompileMode> compile_mode_{CompileMode::kSync};

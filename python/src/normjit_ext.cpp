@@ -480,10 +480,12 @@ NB_MODULE(_normjit, m) {
         [] {
           nb::list out;
           for (const normjit::GenericImage& g : normjit::generic_images())
-            out.append(nb::make_tuple(normjit::to_string(g.x), g.arch, g.is_ptx, g.image.size()));
+            out.append(nb::make_tuple(normjit::to_string(g.x), normjit::to_string(g.program), g.arch, g.is_ptx,
+                                      g.image.size()));
           return out;
         },
-        "The generic kernels' images built into the library: (x dtype, arch, is_ptx, bytes) each.");
+        "The generic kernels' images built into the library: (x dtype, program ('norm' or 'quant'), arch, is_ptx, "
+        "bytes) each. The quant program (the quantizing epilogues) needs sm_89 or newer: no sm_80 image.");
   m.def("tuning_mode",
         [](std::optional<std::string> cache_dir) {
           std::error_code ec;

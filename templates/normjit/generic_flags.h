@@ -1,6 +1,11 @@
 // The generic kernels' launch flags (NormParams::generic_flags) and their streaming depth, shared
 // by host and device code (norm_generic.cuh, runtime/runtime.cpp).
 #pragma once
+#if defined(__CUDACC_RTC__)
+#include "normjit/host_device.h"
+#else
+#include "host_device.h"
+#endif
 
 namespace normjit {
 
@@ -22,5 +27,11 @@ enum GenericFlag : int {
 constexpr int kGenericUnroll = 4;
 // Most threads a generic CTA takes (their launch bounds).
 constexpr int kGenericMaxThreads = 256;
+
+// Bytes of one of the backward's stages: x's first `staged_packs` packs (the rows' type: h for an
+// fp32 stream), then dy's, rounded up to 16 so that the next stage's 16-byte copies stay aligned.
+NORMJIT_HOST_DEVICE constexpr int generic_stage_bytes(int staged_packs, int vec, int row_bytes, int x_bytes) {
+  return (staged_packs * vec * (row_bytes + x_bytes) + 15) / 16 * 16;
+}
 
 }  // namespace normjit

@@ -11,6 +11,7 @@
 // sq / N - shift^2 is bounded, as in the specialized CTA-wide rows).
 #pragma once
 #include "normjit/common.cuh"
+#include "normjit/fwd_write_y.cuh"
 #include "normjit/generic_flags.h"
 
 namespace normjit {
@@ -41,22 +42,50 @@ __device__ __forceinline__ void load_floats(const T* p, float (&out)[kVec]) {
   unpack(load_pack<T, kVec>(p), out);
 }
 
+// The residual add's kinds (a compile-time argument of the kernels): none, the stream in x's
+// dtype (.residual), or an fp32 stream beside x in bf16 / f16 (.residual_f32).
+enum GenericResidual : int { kGenericNoResidual = 0, kGenericResidualX = 1, kGenericResidualF32 = 2 };
+
+// The stream's element type: x's, or fp32.
+template <class XT, int kResidual>
+struct GenericStream {
+  using type = XT;
+};
+template <class XT>
+struct GenericStream<XT, kGenericResidualF32> {
+  using type = float;
+};
+
+// The largest |v| over the CTA, the same for every thread (the scratch is free again after it).
+__device__ __forceinline__ float generic_cta_max(float v, float2* scratch) {
+  v = group_max<32>(v);
+  const int warps = blockDim.x / 32;
+  if (warps == 1) return v;
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32].x = v;
+  __syncthreads();
+  float m = 0.f;
+  for (int w = 0; w < warps; ++w) m = fmaxf(m, scratch[w].x);
+  __syncthreads();
+  return m;
+}
+
 // The forward's statistics pass over a row: sums of deviations from `center` and of their
 // squares, kU packs a round. kResidual: the pack normalized is h = x (+ bias_in) + residual,
-// rounded once to x's dtype and stored to h.
-template <class XT, class WT, int kVec, int kU, bool kResidual>
-__device__ __forceinline__ void generic_stats_pass(const XT* x, const XT* res, const WT* bias_row, XT* h, int tid,
+// summed in fp32, rounded once to the stream's dtype ST and stored to h.
+template <class XT, class ST, class WT, int kVec, int kU, bool kResidual>
+__device__ __forceinline__ void generic_stats_pass(const XT* x, const ST* res, const WT* bias_row, ST* h, int tid,
                                                    int threads, int packs, bool bias_in, float center, float& dev,
                                                    float& sq) {
   for (int base = tid; base < packs; base += threads * kU) {
-    Pack<XT, kVec> v[kU], r[kResidual ? kU : 1];
+    Pack<XT, kVec> v[kU];
+    Pack<ST, kVec> r[kResidual ? kU : 1];
     Pack<WT, kVec> bi[kResidual ? kU : 1];
 #pragma unroll
     for (int u = 0; u < kU; ++u)
       if (const int pack = base + u * threads; pack < packs) {
         v[u] = load_pack<XT, kVec>(x + pack * kVec);
         if constexpr (kResidual) {
-          r[u] = load_pack<XT, kVec>(res + pack * kVec);
+          r[u] = load_pack<ST, kVec>(res + pack * kVec);
           if (bias_in) bi[u] = load_pack<WT, kVec>(bias_row + pack * kVec);
         }
       }
@@ -69,13 +98,13 @@ __device__ __forceinline__ void generic_stats_pass(const XT* x, const XT* res, c
           float rf[kVec], bf[kVec];
           unpack(r[u], rf);
           if (bias_in) unpack(bi[u], bf);
-          Pack<XT, kVec> hv;
+          Pack<ST, kVec> hv;
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
-            hv.v[j] = Convert<XT>::from((bias_in ? f[j] + bf[j] : f[j]) + rf[j]);
+            hv.v[j] = Convert<ST>::from((bias_in ? f[j] + bf[j] : f[j]) + rf[j]);
             f[j] = to_float(hv.v[j]);
           }
-          store_pack<XT, kVec>(h + pack * kVec, hv);
+          store_pack<ST, kVec>(h + pack * kVec, hv);
         }
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
@@ -94,36 +123,51 @@ constexpr int kGenericResidualUnroll = 2;
 // under the launch bounds' 64 registers with fp32 weights).
 constexpr int kGenericOutUnroll = 2;
 
-// kResidual: the residual add in x's dtype (its own kernels: in the plain ones its registers
-// spilled the output pass).
-template <class XT, class WT, class Epilogue, int kVec, bool kResidual>
+// kResidual (GenericResidual): the residual add, its own kernels (in the plain ones its registers
+// spilled the output pass). Quantizing epilogues: a stateful one (per-tensor FP8's amax) keeps its
+// state over the CTA's rows and finishes once; a row-scaled one (per-row FP8 / int8) gets the
+// row's largest |y| from a pass that only measures it; the block-scaled ones reduce each block
+// over the lanes holding it (a round's packs are whole warps', pack p at thread p % threads).
+template <class XT, class WT, class Epilogue, int kVec, int kResidual>
 __device__ __forceinline__ void generic_fwd(const NormParams& p) {
+  using ST = typename GenericStream<XT, kResidual>::type;
+  constexpr bool residual = kResidual != kGenericNoResidual;
+  constexpr bool kRowScaled = RowScaled<Epilogue>::value;
+  constexpr bool kStateful = EpilogueState<Epilogue>::kStateful;
+  // The quantizing epilogues (y optional) take one pack a round: their encoders' registers spilled
+  // 100-480 bytes beside two packs under the launch bounds' 64 registers.
+  constexpr int kOutUnroll = Epilogue::kAlwaysStoresY ? kGenericOutUnroll : 1;
   __shared__ float2 scratch[32];
   const int n = p.n, flags = p.generic_flags;
   const bool subtracts_mean = flags & kGenericSubtractsMean, has_bias = flags & kGenericHasBias;
   const float one = (flags & kGenericZeroCentered) ? 1.f : 0.f;
-  constexpr bool residual = kResidual;
-  const bool bias_in = kResidual && (flags & kGenericBiasIn);
+  const bool bias_in = residual && (flags & kGenericBiasIn);
+  const bool stores_y = Epilogue::kAlwaysStoresY || p.y != nullptr;
   const WT* const bias_row = bias_in ? static_cast<const WT*>(p.bias_in) : nullptr;
   const int packs = n / kVec, threads = blockDim.x, tid = threadIdx.x;
   const float inv_n = 1.f / static_cast<float>(n);
+  typename EpilogueState<Epilogue>::type state = EpilogueStart<Epilogue>::make(p);
   for (long long row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const XT* x = static_cast<const XT*>(p.x) + row * p.row_stride;
     XT* y = static_cast<XT*>(p.y) + row * p.row_stride;
     const long long weights = (flags & kGenericPerGroup) ? group_of_row(row, p.rows_per_group) * n : 0;
     const WT* gamma = static_cast<const WT*>(p.gamma) + weights;
     const WT* beta = has_bias ? static_cast<const WT*>(p.beta) + weights : nullptr;
-    // The residual add: h = x (+ bias_in) + residual, summed in fp32 and rounded once to x's
-    // dtype, written out and normalized; the output pass reads h back (this thread's own stores).
-    XT* const h = residual ? static_cast<XT*>(p.h) + row * p.row_stride : nullptr;
-    const XT* const res = residual ? static_cast<const XT*>(p.residual) + row * p.row_stride : nullptr;
+    // The residual add: h = x (+ bias_in) + residual, summed in fp32 and rounded once to the
+    // stream's dtype, written out and normalized; the later passes read h back (this thread's
+    // own stores).
+    ST* const h = residual ? static_cast<ST*>(p.h) + row * p.row_stride : nullptr;
+    const ST* const res = residual ? static_cast<const ST*>(p.residual) + row * p.row_stride : nullptr;
+    const ST* in;
+    if constexpr (residual) in = h;
+    else in = x;
     const float center =
         !subtracts_mean ? 0.f
-        : residual      ? to_float(Convert<XT>::from(to_float(x[0]) + (bias_in ? to_float(bias_row[0]) : 0.f) +
+        : residual      ? to_float(Convert<ST>::from(to_float(x[0]) + (bias_in ? to_float(bias_row[0]) : 0.f) +
                                                      to_float(res[0])))
                         : to_float(x[0]);
     float dev = 0.f, sq = 0.f;
-    generic_stats_pass<XT, WT, kVec, kResidual ? kGenericResidualUnroll : kGenericUnroll, kResidual>(
+    generic_stats_pass<XT, ST, WT, kVec, residual ? kGenericResidualUnroll : kGenericUnroll, residual>(
         x, res, bias_row, h, tid, threads, packs, bias_in, center, dev, sq);
     const float2 sums = generic_cta_sum2(dev, sq, scratch);
     const float shift = subtracts_mean ? sums.x * inv_n : 0.f;
@@ -132,38 +176,75 @@ __device__ __forceinline__ void generic_fwd(const NormParams& p) {
       if (subtracts_mean) p.mean[row] = center + shift;
       p.rstd[row] = rstd;
     }
-    // Every thread runs every round (the epilogue may shuffle across lanes); past the row's end
-    // a pack is invalid. A round's loads all come before its stores: y may alias x for all the
-    // compiler knows, so a load after a store would wait for it.
-    for (int base = 0; base < packs; base += threads * kGenericOutUnroll) {
-      Pack<XT, kVec> v[kGenericOutUnroll];
-      Pack<WT, kVec> g[kGenericOutUnroll], b[kGenericOutUnroll];
+    // A round's packs: all loads before any store (y may alias x for all the compiler knows, so
+    // a load after a store would wait for it), then each pack normalized.
+    struct Round {
+      Pack<ST, kVec> v[kOutUnroll];
+      Pack<WT, kVec> g[kOutUnroll], b[kOutUnroll];
+    };
+    auto load_round = [&](Round& r, int base) {
 #pragma unroll
-      for (int u = 0; u < kGenericOutUnroll; ++u)
+      for (int u = 0; u < kOutUnroll; ++u)
         if (const int pack = base + u * threads + tid; pack < packs) {
-          v[u] = load_pack<XT, kVec>((residual ? h : x) + pack * kVec);
-          g[u] = load_pack<WT, kVec>(gamma + pack * kVec);
-          if (has_bias) b[u] = load_pack<WT, kVec>(beta + pack * kVec);
+          r.v[u] = load_pack<ST, kVec>(in + pack * kVec);
+          r.g[u] = load_pack<WT, kVec>(gamma + pack * kVec);
+          if (has_bias) r.b[u] = load_pack<WT, kVec>(beta + pack * kVec);
         }
+    };
+    auto normalize = [&](const Round& r, int u, float (&out)[kVec]) {
+      float f[kVec], gf[kVec], bf[kVec];
+      unpack(r.v[u], f);
+      unpack(r.g[u], gf);
+      if (has_bias) unpack(r.b[u], bf);
 #pragma unroll
-      for (int u = 0; u < kGenericOutUnroll; ++u) {
+      for (int j = 0; j < kVec; ++j)
+        out[j] = (f[j] - center - shift) * rstd * (gf[j] + one) + (has_bias ? bf[j] : 0.f);
+    };
+    // Row-scaled epilogues: the row's largest |y| first (fmaxf drops NaN), in its own pass.
+    float row_amax = 0.f;
+    if constexpr (kRowScaled) {
+      for (int base = 0; base < packs; base += threads * kOutUnroll) {
+        Round r;
+        load_round(r, base);
+#pragma unroll
+        for (int u = 0; u < kOutUnroll; ++u)
+          if (base + u * threads + tid < packs) {
+            float out[kVec];
+            normalize(r, u, out);
+#pragma unroll
+            for (int j = 0; j < kVec; ++j) row_amax = fmaxf(row_amax, fabsf(out[j]));
+          }
+      }
+      row_amax = generic_cta_max(row_amax, scratch);
+    }
+    // What a row-scaled epilogue's packs share (its scale), formed once ahead of them.
+    const auto row_scale = [&] {
+      if constexpr (kRowScaled) return Epilogue::template row_arg<true>(row_amax);
+      else return 0;
+    }();
+    // Every thread runs every round (the epilogue may shuffle across lanes); past the row's end
+    // a pack is invalid.
+    for (int base = 0; base < packs; base += threads * kOutUnroll) {
+      Round r;
+      load_round(r, base);
+#pragma unroll
+      for (int u = 0; u < kOutUnroll; ++u) {
         const int pack = base + u * threads + tid;
         const bool valid = pack < packs;
         float out[kVec];
         if (valid) {
-          float f[kVec], gf[kVec], bf[kVec];
-          unpack(v[u], f);
-          unpack(g[u], gf);
-          if (has_bias) unpack(b[u], bf);
-#pragma unroll
-          for (int j = 0; j < kVec; ++j)
-            out[j] = (f[j] - center - shift) * rstd * (gf[j] + one) + (has_bias ? bf[j] : 0.f);
+          normalize(r, u, out);
         } else {
 #pragma unroll
           for (int j = 0; j < kVec; ++j) out[j] = 0.f;
         }
-        Epilogue::template forward<XT, kVec, 1024>(out, valid, p, row, pack * kVec, tid);
-        if (valid) {
+        if constexpr (kRowScaled)
+          Epilogue::template forward<XT, kVec, 1024>(out, valid, p, row, pack * kVec, tid, row_scale);
+        else if constexpr (kStateful)
+          Epilogue::template forward<XT, kVec, 1024>(out, valid, p, row, pack * kVec, tid, state);
+        else
+          Epilogue::template forward<XT, kVec, 1024>(out, valid, p, row, pack * kVec, tid);
+        if (valid && stores_y) {
           Pack<XT, kVec> o;
 #pragma unroll
           for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(out[j]);
@@ -172,6 +253,7 @@ __device__ __forceinline__ void generic_fwd(const NormParams& p) {
       }
     }
   }
+  if constexpr (kStateful) Epilogue::template finish<1024>(state, p);  // every thread reaches it
 }
 
 // The packs of a backward round, loaded before any of the round's stores (dx, the sums) for the
@@ -179,26 +261,30 @@ __device__ __forceinline__ void generic_fwd(const NormParams& p) {
 // CTAs of 256 threads a SM; at one 72-108, and 80 under launch bounds of three CTAs, unspilled.
 constexpr int kGenericBwdUnroll = 1;
 
-template <class XT, class WT, class Epilogue, int kVec>
+// ST: the rows' type (x's, or fp32 for an fp32 residual stream: h and dh_out); kFromY
+// (memory_efficient): x holds the forward's y, and x̂ = (y − β) / γ′.
+template <class XT, class ST, class WT, class Epilogue, int kVec, bool kFromY>
 struct GenericBwdRound {
-  Pack<XT, kVec> x[kGenericBwdUnroll], dy[kGenericBwdUnroll];
-  Pack<WT, kVec> g[kGenericBwdUnroll], b[Epilogue::kNeedsPreActivation ? kGenericBwdUnroll : 1];
-  Pack<XT, kVec> dh[kGenericBwdUnroll];  // the residual add's dh_out (dx pass)
+  static constexpr bool kReadsBeta = Epilogue::kNeedsPreActivation || kFromY;
+  Pack<ST, kVec> x[kGenericBwdUnroll];
+  Pack<XT, kVec> dy[kGenericBwdUnroll];
+  Pack<WT, kVec> g[kGenericBwdUnroll], b[kReadsBeta ? kGenericBwdUnroll : 1];
+  Pack<ST, kVec> dh[kGenericBwdUnroll];  // the residual add's dh_out (dx pass)
 
   // Packs below `staged` come from the shared-memory rows sx / sdy, the others from global
   // memory. dhr: the row of dh_out, where the dx pass adds it (null otherwise).
-  __device__ __forceinline__ void load(const XT* xr, const XT* dyr, const XT* sx, const XT* sdy, int staged,
+  __device__ __forceinline__ void load(const ST* xr, const XT* dyr, const ST* sx, const XT* sdy, int staged,
                                        const WT* gamma, const WT* beta, int base, int threads, int packs,
-                                       bool has_bias, const XT* dhr = nullptr) {
+                                       bool has_bias, const ST* dhr = nullptr) {
 #pragma unroll
     for (int u = 0; u < kGenericBwdUnroll; ++u)
       if (const int pack = base + u * threads; pack < packs) {
-        if (dhr) dh[u] = load_pack<XT, kVec>(dhr + pack * kVec);
+        if (dhr) dh[u] = load_pack<ST, kVec>(dhr + pack * kVec);
         const bool in_stage = pack < staged;
-        x[u] = load_pack<XT, kVec>((in_stage ? sx : xr) + pack * kVec);
+        x[u] = load_pack<ST, kVec>((in_stage ? sx : xr) + pack * kVec);
         dy[u] = load_pack<XT, kVec>((in_stage ? sdy : dyr) + pack * kVec);
         g[u] = load_pack<WT, kVec>(gamma + pack * kVec);
-        if constexpr (Epilogue::kNeedsPreActivation)
+        if constexpr (kReadsBeta)
           if (has_bias) b[u] = load_pack<WT, kVec>(beta + pack * kVec);
       }
   }
@@ -207,19 +293,21 @@ struct GenericBwdRound {
   __device__ __forceinline__ void grad(const NormParams& p, int u, long long row, int col, float mean, float rstd,
                                        float one, bool has_bias, float (&xhat)[kVec], float (&d)[kVec],
                                        float (&gf)[kVec]) const {
-    float f[kVec];
+    float f[kVec], bf[kVec];
     unpack(x[u], f);
     unpack(dy[u], d);
     unpack(g[u], gf);
+    if constexpr (kReadsBeta)
+      if (has_bias) unpack(b[u], bf);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      xhat[j] = (f[j] - mean) * rstd;
       gf[j] += one;
+      // memory_efficient: undo y's affine map, as the specialized rows do (__fdividef).
+      if constexpr (kFromY) xhat[j] = __fdividef(has_bias ? f[j] - bf[j] : f[j], gf[j]);
+      else xhat[j] = (f[j] - mean) * rstd;
     }
     float pre[kVec];
     if constexpr (Epilogue::kNeedsPreActivation) {
-      float bf[kVec];
-      if (has_bias) unpack(b[u], bf);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) pre[j] = xhat[j] * gf[j] + (has_bias ? bf[j] : 0.f);
     }
@@ -271,8 +359,9 @@ struct GenericSums {
 // with one stage, each pack's copy for the next row starts once the dx pass has stored the pack
 // (the store depends on the pack's shared-memory loads, so the copy cannot overtake them). A
 // thread copies and reads only its own packs, so no barrier guards the stages either.
-template <class XT, class WT, class Epilogue, int kVec, bool kResidual>
+template <class XT, class WT, class Epilogue, int kVec, int kResidual, bool kFromY>
 __device__ __forceinline__ void generic_bwd(const NormParams& p) {
+  using ST = typename GenericStream<XT, kResidual>::type;
   __shared__ float2 scratch[32];
   extern __shared__ __align__(16) unsigned char dynamic_shared[];
   const int n = p.n, flags = p.generic_flags;
@@ -285,14 +374,16 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
   float* const slot_g = p.workspace + (group * slots + slot) * n;
   float* const slot_b = p.workspace + ((groups + group) * slots + slot) * n;
   const bool shared_sums = flags & kGenericSharedSums;
-  constexpr bool residual = kResidual;  // x is h; dx gets dh_out added
+  constexpr bool residual = kResidual != kGenericNoResidual;  // x is h; dx gets dh_out added
   // In shared memory each array covers whole rounds of packs (see GenericSums).
   const int sums_floats = (packs + threads - 1) / threads * threads * kVec;
   float* const shared_g = shared_sums ? reinterpret_cast<float*>(dynamic_shared) : nullptr;
   const GenericSums<kVec> sum_g{shared_g, slot_g};
   const GenericSums<kVec> sum_b{shared_sums ? shared_g + sums_floats : nullptr, slot_b};
-  // The stage after the sums (a multiple of 16 bytes).
-  XT* const stages = reinterpret_cast<XT*>(dynamic_shared + (shared_sums ? (has_bias ? 8 : 4) * sums_floats : 0));
+  // The stages after the sums (a multiple of 16 bytes), each x's first `staged` packs, then dy's,
+  // rounded up to 16 bytes (generic_stage_bytes).
+  unsigned char* const stages = dynamic_shared + (shared_sums ? (has_bias ? 8 : 4) * sums_floats : 0);
+  const int stage_bytes = generic_stage_bytes(staged, kVec, sizeof(ST), sizeof(XT));
   const bool two_stages = flags & kGenericTwoStages;  // then staged == packs
   for (int pack = tid; pack < packs; pack += threads) {
     sum_g.update(pack, tid, threads, [](float& v, int) { v = 0.f; });
@@ -301,12 +392,13 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
   const long long weights = (flags & kGenericPerGroup) ? group * n : 0;
   const WT* gamma = static_cast<const WT*>(p.gamma) + weights;
   const WT* beta = has_bias ? static_cast<const WT*>(p.beta) + weights : nullptr;
-  auto x_row = [&](long long row) { return static_cast<const XT*>(p.x) + row * p.row_stride; };
+  auto x_row = [&](long long row) { return static_cast<const ST*>(p.x) + row * p.row_stride; };
   auto dy_row = [&](long long row) { return static_cast<const XT*>(p.dy) + row * p.row_stride; };
-  // A stage: x's first `staged` packs, then dy's.
-  auto stage_pack = [&](XT* stage, long long row, int pack) {
-    copy_async<XT, kVec>(stage + pack * kVec, x_row(row) + pack * kVec);
-    copy_async<XT, kVec>(stage + (staged + pack) * kVec, dy_row(row) + pack * kVec);
+  auto stage_x = [&](unsigned char* stage) { return reinterpret_cast<ST*>(stage); };
+  auto stage_dy = [&](unsigned char* stage) { return reinterpret_cast<XT*>(stage + staged * kVec * sizeof(ST)); };
+  auto stage_pack = [&](unsigned char* stage, long long row, int pack) {
+    copy_async<ST, kVec>(stage_x(stage) + pack * kVec, x_row(row) + pack * kVec);
+    copy_async<XT, kVec>(stage_dy(stage) + pack * kVec, dy_row(row) + pack * kVec);
   };
   if (slot < p.rows_per_group)
     for (int pack = tid; pack < staged; pack += threads) stage_pack(stages, group * p.rows_per_group + slot, pack);
@@ -314,17 +406,18 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
   for (long long r = slot, turn = 0; r < p.rows_per_group; r += slots, ++turn) {
     const long long row = group * p.rows_per_group + r;
     const bool has_next = r + slots < p.rows_per_group;
-    const XT* x = x_row(row);
+    const ST* x = x_row(row);
     const XT* dy = dy_row(row);
     XT* dx = static_cast<XT*>(p.dx) + row * p.row_stride;
-    const float mean = subtracts_mean ? p.mean[row] : 0.f, rstd = p.rstd[row];
-    XT* const sx = stages + (two_stages ? (turn & 1) * 2 * staged * kVec : 0);
-    XT* const sdy = sx + staged * kVec;
+    const float mean = subtracts_mean && !kFromY ? p.mean[row] : 0.f, rstd = p.rstd[row];
+    unsigned char* const stage = stages + (two_stages ? (turn & 1) * stage_bytes : 0);
+    ST* const sx = stage_x(stage);
+    XT* const sdy = stage_dy(stage);
     if (two_stages) {
       // The other stage held this slot's previous row, whose packs this thread has used.
       if (has_next)
         for (int pack = tid; pack < staged; pack += threads)
-          stage_pack(stages + ((turn + 1) & 1) * 2 * staged * kVec, row + slots, pack);
+          stage_pack(stages + ((turn + 1) & 1) * stage_bytes, row + slots, pack);
       commit_async();
       wait_async<1>();
     } else {
@@ -333,7 +426,7 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
     // Pass 1: the row's sums of g·d and g·d·x̂, and this thread's columns of dgamma / dbeta.
     float c1 = 0.f, c2 = 0.f;
     for (int base = tid; base < packs; base += threads * kGenericBwdUnroll) {
-      GenericBwdRound<XT, WT, Epilogue, kVec> round;
+      GenericBwdRound<XT, ST, WT, Epilogue, kVec, kFromY> round;
       round.load(x, dy, sx, sdy, staged, gamma, beta, base, threads, packs, has_bias);
 #pragma unroll
       for (int u = 0; u < kGenericBwdUnroll; ++u) {
@@ -358,9 +451,12 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
     const float mean_gd = subtracts_mean ? sums.x * inv_n : 0.f, mean_gdx = sums.y * inv_n;
     // Pass 2: dx (+ dh_out with the residual add: the gradient of x and of the residual), from
     // the stage or from the row again (in L2).
-    const XT* const dh_out = residual ? static_cast<const XT*>(p.dh_out) + row * p.row_stride : nullptr;
+    const ST* const dh_out = residual ? static_cast<const ST*>(p.dh_out) + row * p.row_stride : nullptr;
+    // An fp32 stream's dh goes out unrounded too (dresidual); dx is it rounded.
+    float* const dresidual =
+        kResidual == kGenericResidualF32 ? static_cast<float*>(p.dresidual) + row * p.row_stride : nullptr;
     for (int base = tid; base < packs; base += threads * kGenericBwdUnroll) {
-      GenericBwdRound<XT, WT, Epilogue, kVec> round;
+      GenericBwdRound<XT, ST, WT, Epilogue, kVec, kFromY> round;
       round.load(x, dy, sx, sdy, staged, gamma, beta, base, threads, packs, has_bias, dh_out);
 #pragma unroll
       for (int u = 0; u < kGenericBwdUnroll; ++u) {
@@ -371,13 +467,16 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
         round.grad(p, u, row, col, mean, rstd, one, has_bias, xhat, d, g);
         if (residual) unpack(round.dh[u], dh);
         Pack<XT, kVec> o;
+        Pack<float, kVec> o32;
 #pragma unroll
-        for (int j = 0; j < kVec; ++j)
-          o.v[j] = Convert<XT>::from(rstd * (__fmul_rn(g[j], d[j]) - mean_gd - xhat[j] * mean_gdx) +
-                                     (residual ? dh[j] : 0.f));
+        for (int j = 0; j < kVec; ++j) {
+          o32.v[j] = rstd * (__fmul_rn(g[j], d[j]) - mean_gd - xhat[j] * mean_gdx) + (residual ? dh[j] : 0.f);
+          o.v[j] = Convert<XT>::from(o32.v[j]);
+        }
         store_pack<XT, kVec>(dx + col, o);
+        if constexpr (kResidual == kGenericResidualF32) store_pack<float, kVec>(dresidual + col, o32);
         // The store depends on the pack's shared-memory loads: the copy cannot overtake them.
-        if (!two_stages && has_next && pack < staged) stage_pack(sx, row + slots, pack);
+        if (!two_stages && has_next && pack < staged) stage_pack(stage, row + slots, pack);
       }
     }
     if (!two_stages) commit_async();

@@ -194,6 +194,16 @@ struct GenericKernelsOn {
 
 ForwardRun run_forward(const Case& c);
 
+// The quantized-output grids (test_forward_gpu.cpp) and the fusion grids (test_fusions_gpu.cpp):
+// generic, through the generic kernels (no NVRTC), else through the specialized ones.
+void check_fp8_grid(bool generic);
+void check_row_quant_grid(bool generic);
+void check_mxfp8_grid(bool generic);
+void check_fp4_grid(bool generic);
+void check_fp32_stream_forward(bool generic);
+void check_fp32_stream_backward(bool generic);
+void check_memory_efficient_backward(bool generic);
+
 struct BackwardRun {
   double forward = 0;                     // the forward that fed it (y, mean, rstd), worst err / tol
   double dx = 0, dgamma = 0, dbeta = 0;  // worst err / tol per output (residual: dx includes dh_out)

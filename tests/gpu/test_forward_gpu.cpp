@@ -1,4 +1,6 @@
 // Forward kernels against the fp64 reference on fresh random inputs.
+#include <optional>
+
 #include "tests/gpu/gpu_common.hpp"
 
 using namespace gpu_test;
@@ -178,7 +180,10 @@ TEST_CASE("epilogues forward: relu_bitmask (mask exact) and gelu, with every op"
   MESSAGE(checked << " epilogue forward cases");
 }
 
-TEST_CASE("quantized output: fp8 e4m3 / e5m2 codes and amax against the host references") {
+// Per-tensor FP8 over every op x dtype x N x row layout; generic: through the generic kernels.
+void gpu_test::check_fp8_grid(bool generic) {
+  std::optional<GenericKernelsOn> generic_on;
+  if (generic) generic_on.emplace();
   int64_t checked = 0, ambiguous = 0;
   int cases = 0;
   for (Epilogue ep : {Epilogue::kFp8E4M3, Epilogue::kFp8E5M2})
@@ -212,9 +217,12 @@ TEST_CASE("quantized output: fp8 e4m3 / e5m2 codes and amax against the host ref
             ambiguous += r.quant_ambiguous;
             ++cases;
           }
-  MESSAGE(cases << " fp8 cases, " << checked << " codes checked against the host encoding, " << ambiguous
+  MESSAGE(cases << std::string(generic ? " generic" : "") << " fp8 cases, " << checked
+                << " codes checked against the host encoding, " << ambiguous
                 << " of them on a rounding boundary (either neighbour accepted)");
 }
+
+TEST_CASE("quantized output: fp8 e4m3 / e5m2 codes and amax against the host references") { check_fp8_grid(false); }
 
 // The per-row and block-scaled epilogues over every op x dtype x N x row layout (bf16_only: with
 // bf16 x only, its code path being another format's), plus pinned specs of other row caches. At
@@ -223,7 +231,9 @@ TEST_CASE("quantized output: fp8 e4m3 / e5m2 codes and amax against the host ref
 // codes (two a byte) take even row strides and offsets.
 void check_quantized_grid(const char* what, std::initializer_list<Epilogue> formats, Epilogue bf16_only,
                           std::initializer_list<int64_t> ns, std::initializer_list<const char*> pinned,
-                          int64_t ambiguous_divisor) {
+                          int64_t ambiguous_divisor, bool generic) {
+  std::optional<GenericKernelsOn> generic_on;
+  if (generic) generic_on.emplace();
   int64_t checked = 0, ambiguous = 0;
   int cases = 0;
   auto check = [&](Case& c, int layout) {
@@ -279,11 +289,11 @@ void check_quantized_grid(const char* what, std::initializer_list<Epilogue> form
     c.rows = 300;  // several rows per persistent CTA; three 128-row bands of swizzled scales
     check_layouts(c, 0);
   }
-  MESSAGE(cases << " " << std::string(what) << " cases, " << checked << " codes checked against the host encoding, " << ambiguous
+  MESSAGE(cases << std::string(generic ? " generic " : " ") << std::string(what) << " cases, " << checked << " codes checked against the host encoding, " << ambiguous
                 << " codes or scales on a rounding boundary (either neighbour accepted)");
 }
 
-TEST_CASE("quantized output: per-row fp8 / int8 scales and codes against the host references") {
+void gpu_test::check_row_quant_grid(bool generic) {
   // The pinned specs: pipelined rows (pipe, tma), which the heuristic picks at other shapes, and
   // clustered rows (registers, shared memory, bulk-copied), whose amax is reduced over the cluster.
   check_quantized_grid("per-row", {Epilogue::kFp8E4M3Row, Epilogue::kInt8Row, Epilogue::kFp8E5M2Row},
@@ -296,10 +306,10 @@ TEST_CASE("quantized output: per-row fp8 / int8 scales and codes against the hos
                         "layernorm.fwd_train.bf16.w_bf16.n98304.bias.int8_row.cfg_t384_r1_v8_c4_smem",
                         "rmsnorm.fwd_infer.bf16.w_bf16.n65536.int8_row.cfg_t512_r1_v8_c4_tma",
                         "layernorm.fwd_infer.bf16.w_f32.n32768.bias.fp8_e5m2_row.cfg_t512_r1_v8_c2_pipe"},
-                       100);
+                       100, generic);
 }
 
-TEST_CASE("quantized output: MXFP8 block scales and codes against the host references") {
+void gpu_test::check_mxfp8_grid(bool generic) {
   // The window is y's fp32 tolerance divided by X, wide in code units where X is small: 2 %
   // (N = 32 rows with unaligned x had 21 of 1184 codes or scales on a boundary on an H100).
   check_quantized_grid("MXFP8", {Epilogue::kMxfp8E4M3, Epilogue::kMxfp8E5M2}, Epilogue::kMxfp8E5M2,
@@ -307,10 +317,10 @@ TEST_CASE("quantized output: MXFP8 block scales and codes against the host refer
                        {"rmsnorm.fwd_infer.bf16.w_bf16.n8192.mxfp8_e4m3.cfg_t512_r1_v8_tma3",
                         "layernorm.fwd_train.bf16.w_bf16.n12288.bias.mxfp8_e4m3.cfg_t512_r1_v8_pipe",
                         "rmsnorm.fwd_infer.bf16.w_bf16.n65536.mxfp8_e4m3.cfg_t512_r1_v8_c4_smem"},
-                       50);
+                       50, generic);
 }
 
-TEST_CASE("quantized output: MXFP4 and NVFP4 block scales and e2m1 codes against the host references") {
+void gpu_test::check_fp4_grid(bool generic) {
   // Every dtype for both (Epilogue::kNone: no format is bf16 only). Pinned: pipelined and
   // clustered rows, and one-element packs (vec 1), whose lanes pair up to fill a byte, across
   // sub-warp rows too (16 lanes a row, two rows a warp).
@@ -321,7 +331,15 @@ TEST_CASE("quantized output: MXFP4 and NVFP4 block scales and e2m1 codes against
                         "rmsnorm.fwd_infer.bf16.w_bf16.n65536.nvfp4.cfg_t512_r1_v8_c4_smem",
                         "rmsnorm.fwd_infer.f32.w_f32.n2048.mxfp4.cfg_t128_r1_v1_reg",
                         "rmsnorm.fwd_infer.f32.w_f32.n256.nvfp4.cfg_t16_r16_v1_reg"},
-                       50);
+                       50, generic);
+}
+
+TEST_CASE("quantized output: per-row fp8 / int8 scales and codes against the host references") {
+  check_row_quant_grid(false);
+}
+TEST_CASE("quantized output: MXFP8 block scales and codes against the host references") { check_mxfp8_grid(false); }
+TEST_CASE("quantized output: MXFP4 and NVFP4 block scales and e2m1 codes against the host references") {
+  check_fp4_grid(false);
 }
 
 TEST_CASE("variance has no cancellation: x = 1e4 + noise in f32") {

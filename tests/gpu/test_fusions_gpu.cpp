@@ -2,6 +2,8 @@
 // the norm of h; backward dx = dnorm(dy) + dh_out) and zero-centred weights (scale 1 + gamma),
 // over every norm, the x dtypes, odd and large N, strided and unaligned rows, the epilogues, and
 // every row cache the kernels have.
+#include <optional>
+
 #include "tests/gpu/gpu_common.hpp"
 
 using namespace gpu_test;
@@ -188,38 +190,48 @@ static std::vector<Case> stream_cases(Phase phase) {
   return cases;
 }
 
-TEST_CASE("fp32 residual stream and bias_in forward: h bit for bit, y against the reference") {
+void gpu_test::check_fp32_stream_forward(bool generic) {
   std::vector<Case> cases = stream_cases(Phase::kForwardTraining);
   for (Case c : stream_cases(Phase::kForwardInference))
     if (c.spec.epilogue == Epilogue::kNone && c.row_stride == 0) cases.push_back(c);
+  std::optional<GenericKernelsOn> generic_on;
+  if (generic) generic_on.emplace();
   // Every forward row cache: registers (one CTA and a cluster), shared rows (one CTA, a cluster),
   // rows streamed twice.
-  for (const char* text : {"layernorm.fwd_train.bf16.w_bf16.n32768.bias.residual_f32.cfg_t512_r1_v4_c4_reg",
-                           "rmsnorm.fwd_train.bf16.w_f32.n65536.residual_f32.bias_in.cfg_t512_r1_v4_c2_smem",
-                           "layernorm.fwd_train.f16.w_f16.n16384.bias.residual_f32.bias_in.cfg_t512_r1_v4_smem",
-                           "rmsnorm.fwd_train.bf16.w_bf16.n100000.residual_f32.bias_in.cfg_t1024_r1_v4_gmem",
-                           "adalayernorm.fwd_train.f16.w_f16.n4096.bias.residual_f32.bias_in.cfg_t128_r1_v4_smem"})
-    cases.push_back(pinned_case(text, 3.0));
-  warm_cases(cases);
+  if (!generic)  // the specialized kernels' routes, pinned (a generic kernel has one)
+    for (const char* text : {"layernorm.fwd_train.bf16.w_bf16.n32768.bias.residual_f32.cfg_t512_r1_v4_c4_reg",
+                             "rmsnorm.fwd_train.bf16.w_f32.n65536.residual_f32.bias_in.cfg_t512_r1_v4_c2_smem",
+                             "layernorm.fwd_train.f16.w_f16.n16384.bias.residual_f32.bias_in.cfg_t512_r1_v4_smem",
+                             "rmsnorm.fwd_train.bf16.w_bf16.n100000.residual_f32.bias_in.cfg_t1024_r1_v4_gmem",
+                             "adalayernorm.fwd_train.f16.w_f16.n4096.bias.residual_f32.bias_in.cfg_t128_r1_v4_smem"})
+      cases.push_back(pinned_case(text, 3.0));
+  if (!generic) warm_cases(cases);
   int64_t h_checked = 0;
   for (const Case& c : cases) {
     check_forward_case(c);
     h_checked += c.rows * c.spec.n;
   }
-  MESSAGE(cases.size() << " fp32-stream / bias_in forward cases checked on " << runtime().device().name << "; "
-                       << h_checked << " elements of h bit for bit");
+  MESSAGE(cases.size() << std::string(generic ? " generic" : "") << " fp32-stream / bias_in forward cases checked on "
+                       << runtime().device().name << "; " << h_checked << " elements of h bit for bit");
 }
 
-TEST_CASE("fp32 residual stream backward: dx and dresidual over every route") {
+TEST_CASE("fp32 residual stream and bias_in forward: h bit for bit, y against the reference") {
+  check_fp32_stream_forward(false);
+}
+
+void gpu_test::check_fp32_stream_backward(bool generic) {
   std::vector<Case> cases = stream_cases(Phase::kBackward);
-  for (const char* text : {"layernorm.bwd.bf16.w_f32.n16384.bias.residual_f32.cfg_t512_r1_v4_smem",
-                           "rmsnorm.bwd.bf16.w_f32.n4096.zero_centered.residual_f32.cfg_t256_r1_v4_pipe3",
-                           "layernorm.bwd.f16.w_f32.n65536.bias.residual_f32.cfg_t1024_r1_v4_c8_pipe",
-                           "rmsnorm.bwd.bf16.w_bf16.n8192.residual_f32.cfg_t64_r1_v4_c16_smem",
-                           "layernorm.bwd.bf16.w_f32.n20001.bias.residual_f32.cfg_t1024_r1_v1_gmem",
-                           "rmsnorm.bwd.bf16.w_bf16.n1024.bias.residual_f32.cfg_t32_r8_v4_reg"})
-    cases.push_back(pinned_case(text, 3.0));
-  warm_cases(cases);
+  std::optional<GenericKernelsOn> generic_on;
+  if (generic) generic_on.emplace();
+  if (!generic)  // the specialized kernels' routes, pinned (a generic kernel has one)
+    for (const char* text : {"layernorm.bwd.bf16.w_f32.n16384.bias.residual_f32.cfg_t512_r1_v4_smem",
+                             "rmsnorm.bwd.bf16.w_f32.n4096.zero_centered.residual_f32.cfg_t256_r1_v4_pipe3",
+                             "layernorm.bwd.f16.w_f32.n65536.bias.residual_f32.cfg_t1024_r1_v4_c8_pipe",
+                             "rmsnorm.bwd.bf16.w_bf16.n8192.residual_f32.cfg_t64_r1_v4_c16_smem",
+                             "layernorm.bwd.bf16.w_f32.n20001.bias.residual_f32.cfg_t1024_r1_v1_gmem",
+                             "rmsnorm.bwd.bf16.w_bf16.n1024.bias.residual_f32.cfg_t32_r8_v4_reg"})
+      cases.push_back(pinned_case(text, 3.0));
+  if (!generic) warm_cases(cases);
   int64_t dresidual_checked = 0;
   for (const Case& c : cases) {
     const BackwardRun r = check_backward_case(c);
@@ -227,11 +239,14 @@ TEST_CASE("fp32 residual stream backward: dx and dresidual over every route") {
     CHECK(r.dresidual_dx_mismatches == 0);
     dresidual_checked += c.rows * c.spec.n;
   }
-  MESSAGE(cases.size() << " fp32-stream backward cases checked on " << runtime().device().name << "; "
-                       << dresidual_checked << " elements of dresidual, each rounding to dx's bits");
+  MESSAGE(cases.size() << std::string(generic ? " generic" : "") << " fp32-stream backward cases checked on "
+                       << runtime().device().name << "; " << dresidual_checked
+                       << " elements of dresidual, each rounding to dx's bits");
 }
 
-TEST_CASE("memory_efficient backward: x̂ recovered from y matches the reference over every route") {
+TEST_CASE("fp32 residual stream backward: dx and dresidual over every route") { check_fp32_stream_backward(false); }
+
+void gpu_test::check_memory_efficient_backward(bool generic) {
   // The fusion grid (every norm, x dtype, odd and large N, plain and with each fusion), strided and
   // unaligned rows, and every backward route pinned.
   std::vector<Case> cases;
@@ -245,25 +260,33 @@ TEST_CASE("memory_efficient backward: x̂ recovered from y matches the reference
       cases.push_back(c);
     }
   }
-  for (const char* text : {"layernorm.bwd.bf16.w_f32.n16384.bias.memory_efficient.cfg_t512_r1_v8_smem",
-                           "rmsnorm.bwd.bf16.w_f32.n4096.zero_centered.memory_efficient.cfg_t256_r1_v8_tma3",
-                           "layernorm.bwd.f32.w_f32.n4096.bias.memory_efficient.cfg_t256_r1_v4_pipe",
-                           "layernorm.bwd.bf16.w_f32.n65536.bias.memory_efficient.cfg_t1024_r1_v8_c4_tma",
-                           "rmsnorm.bwd.f16.w_f16.n8192.bias.memory_efficient.cfg_t64_r1_v8_c16_smem",
-                           "layernorm.bwd.bf16.w_bf16.n1024.bias.memory_efficient.cfg_t128_r1_v8_reg",
-                           "rmsnorm.bwd.bf16.w_bf16.n256.bias.memory_efficient.cfg_t32_r4_v8_reg",
-                           "layernorm.bwd.f32.w_f32.n20001.bias.zero_centered.memory_efficient.cfg_t1024_r1_v1_gmem",
-                           // 1/gamma' and beta from the CTA's table (xhat_table): bulk and cp.async
-                           // rows, held gamma, a cluster's per-group weights
-                           "layernorm.bwd.bf16.w_bf16.n4096.bias.memory_efficient.cfg_t256_r1_v8_tma3",
-                           "layernorm.bwd.bf16.w_f32.n8192.bias.zero_centered.memory_efficient.cfg_t512_r1_v8_tma3",
-                           "layernorm.bwd.bf16.w_f32.n8192.bias.memory_efficient.cfg_t512_r1_v8_pipe",
-                           "adalayernorm.bwd.bf16.w_bf16.n24576.bias.memory_efficient.cfg_t768_r1_v8_c2_tma"})
-    cases.push_back(pinned_case(text, 3.0));
+  std::optional<GenericKernelsOn> generic_on;
+  if (generic) generic_on.emplace();
+  if (!generic)  // the specialized kernels' routes, pinned (a generic kernel has one)
+    for (const char* text : {"layernorm.bwd.bf16.w_f32.n16384.bias.memory_efficient.cfg_t512_r1_v8_smem",
+                             "rmsnorm.bwd.bf16.w_f32.n4096.zero_centered.memory_efficient.cfg_t256_r1_v8_tma3",
+                             "layernorm.bwd.f32.w_f32.n4096.bias.memory_efficient.cfg_t256_r1_v4_pipe",
+                             "layernorm.bwd.bf16.w_f32.n65536.bias.memory_efficient.cfg_t1024_r1_v8_c4_tma",
+                             "rmsnorm.bwd.f16.w_f16.n8192.bias.memory_efficient.cfg_t64_r1_v8_c16_smem",
+                             "layernorm.bwd.bf16.w_bf16.n1024.bias.memory_efficient.cfg_t128_r1_v8_reg",
+                             "rmsnorm.bwd.bf16.w_bf16.n256.bias.memory_efficient.cfg_t32_r4_v8_reg",
+                             "layernorm.bwd.f32.w_f32.n20001.bias.zero_centered.memory_efficient.cfg_t1024_r1_v1_gmem",
+                             // 1/gamma' and beta from the CTA's table (xhat_table): bulk and cp.async
+                             // rows, held gamma, a cluster's per-group weights
+                             "layernorm.bwd.bf16.w_bf16.n4096.bias.memory_efficient.cfg_t256_r1_v8_tma3",
+                             "layernorm.bwd.bf16.w_f32.n8192.bias.zero_centered.memory_efficient.cfg_t512_r1_v8_tma3",
+                             "layernorm.bwd.bf16.w_f32.n8192.bias.memory_efficient.cfg_t512_r1_v8_pipe",
+                             "adalayernorm.bwd.bf16.w_bf16.n24576.bias.memory_efficient.cfg_t768_r1_v8_c2_tma"})
+      cases.push_back(pinned_case(text, 3.0));
   for (Case& c : cases) c.min_abs_scale = 0.25;
-  warm_cases(cases);
+  if (!generic) warm_cases(cases);
   double worst_from_x = 0;
   for (const Case& c : cases) worst_from_x = std::max(worst_from_x, check_backward_case(c).dx_from_x);
-  MESSAGE(cases.size() << " memory_efficient backward cases checked on " << runtime().device().name
-                       << "; dx against the backward of x: worst " << worst_from_x << " x its tolerance");
+  MESSAGE(cases.size() << std::string(generic ? " generic" : "") << " memory_efficient backward cases checked on "
+                       << runtime().device().name << "; dx against the backward of x: worst " << worst_from_x
+                       << " x its tolerance");
+}
+
+TEST_CASE("memory_efficient backward: x̂ recovered from y matches the reference over every route") {
+  check_memory_efficient_backward(false);
 }

@@ -225,7 +225,7 @@ TEST_CASE("async mode: the generic kernel runs at once, the specialized one take
   fs::remove_all(dir);
 }
 
-TEST_CASE("generic mode: no NVRTC, and a clear error for specs no generic kernel covers") {
+TEST_CASE("generic mode: no NVRTC for any spec, the quantizing epilogues included") {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("normjit-generic-" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -242,16 +242,51 @@ TEST_CASE("generic mode: no NVRTC, and a clear error for specs no generic kernel
     CHECK(run_backward(c).dx <= 1.0);
     CHECK(rt.counters().compiles == 0);
     CHECK(rt.counters().generic_launches >= 2);
-    Case q = c;
-    q.spec = Spec::make(Norm::kRMSNorm, Phase::kForwardInference, DType::kF16, 4544, false);
-    q.spec.epilogue = Epilogue::kFp8E4M3;
-    try {
-      run_forward(q);
-      FAIL("generic mode ran a spec with an fp8 epilogue");
-    } catch (const Error& e) {
-      CHECK(e.status() == Status::kNotSupported);
-      CHECK(std::string(e.what()).find("epilogue=fp8_e4m3") != std::string::npos);
+    const uint64_t launches = rt.counters().generic_launches;
+    for (Epilogue e : {Epilogue::kFp8E4M3, Epilogue::kInt8Row, Epilogue::kMxfp8E4M3, Epilogue::kNvfp4}) {
+      Case q = c;
+      q.spec = Spec::make(Norm::kRMSNorm, Phase::kForwardInference, DType::kF16, 4544, false);
+      q.spec.epilogue = e;
+      const std::string name = q.spec.str();
+      CAPTURE(name);
+      const ForwardRun r = run_forward(q);
+      CHECK(r.quant_checked == q.rows * q.spec.n);
+      CHECK(r.quant_mismatches == 0);
     }
+    CHECK(rt.counters().compiles == 0);
+    CHECK(rt.counters().generic_launches == launches + 4);
   }
   fs::remove_all(dir);
+}
+
+// The quantizing epilogues and the fusions through the generic kernels, over the specialized
+// kernels' grids (test_forward_gpu.cpp, test_fusions_gpu.cpp).
+TEST_CASE("generic kernels: per-tensor fp8 codes and amax against the host references") {
+  const uint64_t compiles = runtime().counters().compiles;
+  check_fp8_grid(true);
+  CHECK(runtime().counters().compiles == compiles);  // no NVRTC
+}
+
+TEST_CASE("generic kernels: per-row fp8 / int8 scales and codes against the host references") {
+  check_row_quant_grid(true);
+}
+
+TEST_CASE("generic kernels: MXFP8 block scales and codes against the host references") { check_mxfp8_grid(true); }
+
+TEST_CASE("generic kernels: MXFP4 and NVFP4 block scales and e2m1 codes against the host references") {
+  check_fp4_grid(true);
+}
+
+TEST_CASE("generic kernels: the fp32 residual stream (h bit for bit) and bias_in forward") {
+  const uint64_t compiles = runtime().counters().compiles;
+  check_fp32_stream_forward(true);
+  CHECK(runtime().counters().compiles == compiles);
+}
+
+TEST_CASE("generic kernels: the fp32 residual stream backward, dresidual and dx") { check_fp32_stream_backward(true); }
+
+TEST_CASE("generic kernels: the memory_efficient backward, x̂ recovered from y") {
+  const uint64_t compiles = runtime().counters().compiles;
+  check_memory_efficient_backward(true);
+  CHECK(runtime().counters().compiles == compiles);
 }

@@ -216,12 +216,21 @@ def test_compile_mode_from_the_environment(monkeypatch):
 
 def test_generic_kernels_ship_in_the_package():
     images = normjit.generic_images()
-    assert {(x, arch) for x, arch, _, _ in images} == {
-        (x, arch) for x in ("f32", "f16", "bf16") for arch in ("sm_80", "sm_90", "compute_90")
+    assert {(x, program, arch) for x, program, arch, _, _ in images} == {
+        (x, program, arch)
+        for x in ("f32", "f16", "bf16")
+        for program, archs in (("norm", ("sm_80", "sm_90", "compute_90")), ("quant", ("sm_90", "compute_90")))
+        for arch in archs
     }
-    assert all(size > 100_000 and is_ptx == arch.startswith("compute_") for _, arch, is_ptx, size in images)
-    assert normjit.generic_unsupported_why("rmsnorm.bwd.bf16.n50000.residual") == ""
-    assert "epilogue=fp8_e4m3" in normjit.generic_unsupported_why("rmsnorm.fwd_infer.bf16.n4096.fp8_e4m3")
+    assert all(size > 100_000 and is_ptx == arch.startswith("compute_") for _, _, arch, is_ptx, size in images)
+    # Every epilogue and fusion has a generic kernel.
+    for spec in (
+        "rmsnorm.bwd.bf16.n50000.residual",
+        "rmsnorm.fwd_infer.bf16.n4096.fp8_e4m3",
+        "layernorm.fwd_train.bf16.n4098.bias.residual_f32.bias_in.nvfp4",
+        "layernorm.bwd.bf16.n4096.bias.memory_efficient",
+    ):
+        assert normjit.generic_unsupported_why(spec) == "", spec
 
 
 def test_max_vec_for_follows_alignment_and_stride():

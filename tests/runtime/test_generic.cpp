@@ -27,7 +27,8 @@ std::set<std::string> kernels_in(const GenericImage& image) {
   std::set<std::string> names;
   const auto frames = cubin_frame_bytes(std::vector<char>(image.image.begin(), image.image.end()));
   REQUIRE(frames.has_value());
-  for (const auto& [name, bytes] : *frames) names.insert(name);
+  for (const auto& [name, bytes] : *frames)
+    if (name.rfind("normjit_generic_", 0) == 0) names.insert(name);  // kernels, not device functions
   return names;
 }
 
@@ -53,68 +54,97 @@ TEST_CASE("compile modes: names, the environment variable and its errors") {
   }
 }
 
-TEST_CASE("generic kernels cover the plain norms and the activation epilogues; the rest is named") {
+namespace {
+
+// Every spec the grammar allows, over the norms, phases, dtypes, epilogues and fusions.
+std::vector<Spec> every_kind_of_spec(int64_t n) {
+  std::vector<Spec> specs;
+  const Epilogue all_epilogues[] = {Epilogue::kNone,       Epilogue::kReluBitmask, Epilogue::kGelu,
+                                    Epilogue::kFp8E4M3,    Epilogue::kFp8E5M2,     Epilogue::kFp8E4M3Row,
+                                    Epilogue::kFp8E5M2Row, Epilogue::kInt8Row,     Epilogue::kMxfp8E4M3,
+                                    Epilogue::kMxfp8E5M2,  Epilogue::kMxfp4,       Epilogue::kNvfp4};
   for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm, Norm::kAdaLayerNorm, Norm::kAdaRMSNorm})
-    for (Epilogue e : {Epilogue::kNone, Epilogue::kReluBitmask, Epilogue::kGelu})
-      for (int64_t n : {1, 50000, 262144}) {
-        Spec s = Spec::make(norm, Phase::kBackward, DType::kBF16, n, true);
-        s.epilogue = e;
-        s.zero_centered = true;
-        CHECK_MESSAGE(generic_unsupported_why(s).empty(), s.str());
-      }
-  Spec fp8 = Spec::make(Norm::kRMSNorm, Phase::kForwardInference, DType::kBF16, 4096, false);
-  fp8.epilogue = Epilogue::kFp8E4M3;
-  CHECK(generic_unsupported_why(fp8).find("epilogue=fp8_e4m3") != std::string::npos);
-  Spec residual = Spec::make(Norm::kRMSNorm, Phase::kForwardTraining, DType::kBF16, 4096, false);
-  residual.residual = true;
-  residual.bias_in = true;
-  CHECK(generic_unsupported_why(residual).empty());  // the residual add in x's dtype, with bias_in
-  residual.residual_f32 = true;
-  CHECK(generic_unsupported_why(residual).find("residual_f32") != std::string::npos);
-  Spec from_y = Spec::make(Norm::kLayerNorm, Phase::kBackward, DType::kBF16, 4096, true);
-  from_y.memory_efficient = true;
-  CHECK(generic_unsupported_why(from_y).find("memory_efficient") != std::string::npos);
+    for (Phase phase : {Phase::kForwardTraining, Phase::kForwardInference, Phase::kBackward})
+      for (DType x : {DType::kF32, DType::kF16, DType::kBF16})
+        for (DType w : {DType::kF32, DType::kF16, DType::kBF16})
+          for (Epilogue e : all_epilogues)
+            for (int residual = 0; residual < 3; ++residual)
+              for (bool from_y : {false, true}) {
+                Spec s = Spec::make(norm, phase, x, n, norm != Norm::kRMSNorm);
+                s.w_dtype = w;
+                s.epilogue = e;
+                s.residual = residual > 0;
+                s.residual_f32 = residual == 2;
+                s.memory_efficient = from_y;
+                s.zero_centered = (residual + int(from_y)) % 2 == 1;
+                try {
+                  specs.push_back(Spec::parse(s.str()));  // only what the grammar accepts
+                } catch (const Error&) {
+                }
+              }
+  return specs;
 }
 
-TEST_CASE("the library carries generic images for sm_80, sm_90 and compute_90, with every kernel") {
-  REQUIRE(generic_images().size() == 3 * generic_program_dtypes().size());
-  for (DType x : generic_program_dtypes()) {
-    const std::string dtype = to_string(x);
-    CAPTURE(dtype);
-    const GenericImage* sm90 = generic_image_for(x, 90);
-    const GenericImage* sm86 = generic_image_for(x, 86);
-    const GenericImage* sm100 = generic_image_for(x, 100);
-    REQUIRE(sm90);
-    REQUIRE(sm86);
-    REQUIRE(sm100);
-    CHECK(sm90->arch == "sm_90");
-    CHECK(sm86->arch == "sm_80");  // a cubin runs on later minor versions of its major
-    CHECK(sm100->arch == "compute_90");
-    CHECK(sm100->is_ptx);
-    CHECK(generic_image_for(x, 75) == nullptr);
-    CHECK(sm100->image.data()[sm100->image.size()] == '\0');  // the driver reads PTX as a C string
-    CHECK(sm100->image.find(".entry normjit_generic_") != std::string_view::npos);
-    for (const GenericImage* cubin : {sm90, sm86}) {
-      const std::set<std::string> names = kernels_in(*cubin);
-      int expected = 0;
-      for (DType w : generic_program_dtypes()) {
-        CHECK(names.count(generic_reduce_name(w)) == 1);
-        for (Epilogue e : {Epilogue::kNone, Epilogue::kReluBitmask, Epilogue::kGelu})
-          for (Phase phase : {Phase::kForwardTraining, Phase::kBackward})
-            for (int vec : generic_vecs(x))
-            for (bool residual : {false, true}) {
-              Spec s = Spec::make(Norm::kLayerNorm, phase, x, 4096, true);
-              s.w_dtype = w;
-              s.epilogue = e;
-              s.residual = residual;
-              CHECK_MESSAGE(names.count(generic_kernel_name(s, vec)) == 1, generic_kernel_name(s, vec));
-              ++expected;
-            }
-      }
-      MESSAGE(dtype << " " << cubin->arch << ": " << expected << " row kernels, " << cubin->image.size()
-                           << " bytes");
+}  // namespace
+
+TEST_CASE("generic kernels cover every norm, phase, epilogue and fusion the grammar allows") {
+  int covered = 0;
+  for (int64_t n : {1, 50000, 262144})
+    for (const Spec& s : every_kind_of_spec(n)) {
+      CHECK_MESSAGE(generic_unsupported_why(s).empty(), s.str());
+      CHECK(generic_program_of(s) == (quantizes(s.epilogue) ? GenericProgram::kQuant : GenericProgram::kNorm));
+      ++covered;
     }
-  }
+  CHECK(covered > 3000);
+  MESSAGE(covered << " specs covered");
+  Spec none = Spec::make(Norm::kRMSNorm, Phase::kForwardInference, DType::kBF16, 4096, false);
+  none.n = 0;
+  CHECK(generic_unsupported_why(none).find("n=0") != std::string::npos);
+  CHECK(generic_program_min_arch(GenericProgram::kQuant) == 89);
+  CHECK(generic_program_min_arch(GenericProgram::kNorm) == 80);
+}
+
+TEST_CASE("the library carries generic images (norm: sm_80, sm_90, compute_90; quant: sm_90, compute_90), with every kernel") {
+  REQUIRE(generic_images().size() == 5 * generic_program_dtypes().size());
+  const std::vector<Spec> specs = every_kind_of_spec(4096);
+  for (DType x : generic_program_dtypes())
+    for (GenericProgram program : generic_programs()) {
+      const std::string what = std::string(to_string(x)) + " " + to_string(program);
+      CAPTURE(what);
+      const bool quant = program == GenericProgram::kQuant;
+      const GenericImage* sm90 = generic_image_for(x, program, 90);
+      const GenericImage* sm86 = generic_image_for(x, program, 86);
+      const GenericImage* sm100 = generic_image_for(x, program, 100);
+      REQUIRE(sm90);
+      REQUIRE(sm100);
+      CHECK(sm90->arch == "sm_90");
+      CHECK(sm90->program == program);
+      if (quant) {
+        CHECK(sm86 == nullptr);  // sm_89's FP8 conversions: no sm_80 image
+      } else {
+        REQUIRE(sm86);
+        CHECK(sm86->arch == "sm_80");  // a cubin runs on later minor versions of its major
+      }
+      CHECK(sm100->arch == "compute_90");
+      CHECK(sm100->is_ptx);
+      CHECK(generic_image_for(x, program, 75) == nullptr);
+      CHECK(sm100->image.data()[sm100->image.size()] == '\0');  // the driver reads PTX as a C string
+      CHECK(sm100->image.find(".entry normjit_generic_") != std::string_view::npos);
+      for (const GenericImage* cubin : {sm90, sm86}) {
+        if (!cubin) continue;
+        const std::set<std::string> names = kernels_in(*cubin);
+        std::set<std::string> expected;
+        for (const Spec& s : specs) {
+          if (s.x_dtype != x || generic_program_of(s) != program) continue;
+          if (!quant && s.phase == Phase::kBackward) expected.insert(generic_reduce_name(s.w_dtype));
+          for (int vec : generic_vecs(s.residual_f32 ? DType::kF32 : x)) expected.insert(generic_kernel_name(s, vec));
+        }
+        for (const std::string& name : expected) CHECK_MESSAGE(names.count(name) == 1, name);
+        CHECK(names.size() == expected.size());  // nothing the specs do not name
+        MESSAGE(what << " " << cubin->arch << ": " << expected.size() << " kernels, " << cubin->image.size()
+                     << " bytes");
+      }
+    }
 }
 
 TEST_CASE("background compiler: compiles a spec with NVRTC once, and hands its binary over once") {
