@@ -872,6 +872,9 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
     return g;
   }
   g.reduce = generic_function(spec.x_dtype, GenericProgram::kNorm, generic_reduce_name(spec.w_dtype));
+  // The queries below need a current context: workspace_bytes() may come from a thread with none
+  // (torch's autograd threads).
+  use_context(context_, spec.str() + " (generic kernel)");
   if (generic_shared_optin_ < 0)
     NORMJIT_CU(cuDeviceGetAttribute(&generic_shared_optin_, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                                     cu_device_));

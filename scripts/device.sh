@@ -385,7 +385,11 @@ install_python_package() {
   local stamp=/tmp/normjit-python-installed tree
   tree=$(git describe --always --dirty 2>/dev/null)-$(git diff 2>/dev/null | md5sum | cut -c1-8)
   [[ -e $stamp && $(cat "$stamp") == "$tree" ]] && python3 -c "import normjit.torch" 2>/dev/null && return
-  if ! CMAKE_PREFIX_PATH=$PWD/.deps/root/usr python3 -m pip install -v --no-build-isolation --no-deps . \
+  # The generic kernels build() just compiled, embedded instead of compiled again.
+  local generic_cpp prebuilt=()
+  generic_cpp=$(cd "$BUILD_DIR" && pwd)/generated/generic_images.cpp
+  [[ -f $generic_cpp ]] && prebuilt=(-C "cmake.define.NORMJIT_GENERIC_PREBUILT=$generic_cpp")
+  if ! CMAKE_PREFIX_PATH=$PWD/.deps/root/usr python3 -m pip install -v --no-build-isolation --no-deps "${prebuilt[@]}" . \
     >"$WORK/pip_install.log" 2>&1; then
     tail -30 "$WORK/pip_install.log"; say "pip install . failed (pip_install.log)"; exit 1
   fi

@@ -90,7 +90,8 @@ def launch(runtime, spec, *, x=None, gamma=None, beta=None, mean=None, rstd=None
     ``__cuda_stream__`` or ``cuda_stream``, or None for torch's current stream (torch tensors)
     or the legacy default stream. block_scale_layout: "row_major" or "swizzled" (the GEMMs' 128x4
     tiles; block-scaled specs only). An fp32 residual stream (``.residual_f32``): residual, h,
-    dh_out and dresidual are float32, and the backward's x is h. Returns the Kernel it launched.
+    dh_out and dresidual are float32, and the backward's x is h. Returns the Kernel it launched (sync mode), or
+    the ModeLauncher that launched it (async and generic modes: Runtime.compile_mode).
     """
     if block_scale_layout not in BLOCK_SCALE_LAYOUTS:
         raise _normjit.InvalidArgumentError(
@@ -128,7 +129,9 @@ def launch(runtime, spec, *, x=None, gamma=None, beta=None, mean=None, rstd=None
     max_vec = _normjit.max_vec_for(spec, ptr["x"], ptr["gamma"], ptr["beta"], ptr["y"], ptr["dy"], ptr["dx"],
                                    ptr["dgamma"], ptr["dbeta"], ptr["mask"], row_stride, ptr["residual"], ptr["h"],
                                    ptr["dh_out"], ptr["y_quant"], ptr["dresidual"], ptr["bias_in"])
-    kernel = runtime.kernel(spec, max_vec)
+    # Sync mode: the specialized kernel (compiled or loaded here); async and generic modes: launches
+    # through the runtime, which runs the generic kernel until the specialized one is ready.
+    kernel = runtime.kernel(spec, max_vec) if runtime.compile_mode == "sync" else runtime.launcher(spec, max_vec)
     needed = kernel.workspace_bytes(rows, rows_per_batch)
     if workspace is None and needed > 0 and hasattr(anchor, "data_ptr") and hasattr(anchor, "device"):
         import torch

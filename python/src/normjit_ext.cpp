@@ -223,6 +223,64 @@ nb::dict precompile(nb::iterable specs, const std::string& arch, std::optional<s
   return result;
 }
 
+
+// Kernel.launch and ModeLauncher.launch: the same arguments, run(target, args, stream) with them.
+template <class Target, class Run>
+void def_launch(nb::class_<Target>& cls, Run run) {
+  cls.def("launch",
+           [run](const Target& target, uintptr_t x, uintptr_t gamma, uintptr_t beta, uintptr_t mean, uintptr_t rstd,
+              uintptr_t y, uintptr_t dy, uintptr_t dx, uintptr_t dgamma, uintptr_t dbeta, uintptr_t workspace,
+              size_t workspace_bytes, uintptr_t mask, float clip_lower, float clip_upper, int64_t rows,
+              int64_t row_stride, int64_t rows_per_batch, float eps, uintptr_t stream, uintptr_t residual,
+              uintptr_t h, uintptr_t dh_out, uintptr_t y_quant, uintptr_t quant_scale, uintptr_t amax,
+              uintptr_t row_scales, uintptr_t block_scales, int block_scale_layout, uintptr_t dresidual,
+              uintptr_t bias_in) {
+             normjit::LaunchArgs a = pointer_args(x, gamma, beta, y, dy, dx, dgamma, dbeta, mask);
+             a.dresidual = reinterpret_cast<void*>(dresidual);
+             a.bias_in = reinterpret_cast<const void*>(bias_in);
+             a.block_scale_layout = static_cast<normjit::BlockScaleLayout>(block_scale_layout);
+             a.residual = reinterpret_cast<const void*>(residual);
+             a.h = reinterpret_cast<void*>(h);
+             a.dh_out = reinterpret_cast<const void*>(dh_out);
+             a.y_quant = reinterpret_cast<void*>(y_quant);
+             a.quant_scale = reinterpret_cast<const float*>(quant_scale);
+             a.amax = reinterpret_cast<float*>(amax);
+             a.row_scales = reinterpret_cast<float*>(row_scales);
+             a.block_scales = reinterpret_cast<uint8_t*>(block_scales);
+             a.mean = reinterpret_cast<float*>(mean);
+             a.rstd = reinterpret_cast<float*>(rstd);
+             a.workspace = reinterpret_cast<void*>(workspace);
+             a.workspace_bytes = workspace_bytes;
+             a.clip_lower = clip_lower;
+             a.clip_upper = clip_upper;
+             a.rows = rows;
+             a.row_stride = row_stride;
+             a.rows_per_batch = rows_per_batch;
+             a.eps = eps;
+             run(target, a, reinterpret_cast<CUstream>(stream));
+           },
+           "x"_a, "gamma"_a, "beta"_a, "mean"_a, "rstd"_a, "y"_a, "dy"_a, "dx"_a, "dgamma"_a, "dbeta"_a,
+           "workspace"_a, "workspace_bytes"_a, "mask"_a, "clip_lower"_a, "clip_upper"_a, "rows"_a, "row_stride"_a,
+           "rows_per_batch"_a, "eps"_a, "stream"_a, "residual"_a = 0, "h"_a = 0, "dh_out"_a = 0, "y_quant"_a = 0,
+           "quant_scale"_a = 0, "amax"_a = 0, "row_scales"_a = 0, "block_scales"_a = 0, "block_scale_layout"_a = 0,
+           "dresidual"_a = 0, "bias_in"_a = 0, nb::call_guard<nb::gil_scoped_release>(),
+           "Launches on `stream` (0: the legacy default stream). Arguments: x, gamma, beta, mean, rstd, y, dy, dx, "
+           "dgamma, dbeta, workspace, workspace_bytes, mask, clip_lower, clip_upper, rows, row_stride, "
+           "rows_per_batch, eps, stream, then residual, h, dh_out (residual specs) and y_quant, quant_scale, amax "
+           "(fp8_e4m3 / fp8_e5m2 specs) or y_quant, row_scales (*_row specs) or y_quant, block_scales (mxfp8_*, "
+           "mxfp4 specs; nvfp4: with quant_scale, its S_enc), then block_scale_layout (0 row-major, 1 the GEMMs' "
+           "swizzled 128x4 tiles), then dresidual (residual_f32 backward) and bias_in (bias_in forward); pointers "
+           "as ints, 0 where unused.");
+}
+
+// Launches of one spec through its runtime's compile mode (Runtime::launch, Runtime::workspace_bytes):
+// what normjit.torch and normjit.launch use in async and generic modes, where the kernel that runs
+// changes from the generic one to the specialized one once that is compiled.
+struct ModeLauncher {
+  normjit::Runtime* runtime;
+  Spec spec;
+  int max_vec;
+};
 }  // namespace
 
 NB_MODULE(_normjit, m) {
@@ -282,56 +340,14 @@ NB_MODULE(_normjit, m) {
       }, "max_vec"_a = 16, "sm"_a = 90, "max_cluster"_a = normjit::kMaxCluster,
          "This spec with the heuristic's block config filled in (unchanged when it has one).");
 
-  nb::class_<normjit::Kernel>(m, "Kernel", "A loaded kernel of one resolved spec; get one from Runtime.kernel().")
+  auto kernel_class = nb::class_<normjit::Kernel>(m, "Kernel", "A loaded kernel of one resolved spec; get one from Runtime.kernel().");
+  kernel_class
       .def_prop_ro("spec", [](const normjit::Kernel& k) { return k.spec(); })
       .def_prop_ro("name", [](const normjit::Kernel& k) { return k.name(); })
       .def_prop_ro("threads_per_cta", &normjit::Kernel::threads_per_cta)
       .def_prop_ro("local_memory_bytes", &normjit::Kernel::local_memory_bytes)
-      .def("workspace_bytes", &normjit::Kernel::workspace_bytes, "rows"_a, "rows_per_batch"_a = 0)
-      .def("launch",
-           [](const normjit::Kernel& k, uintptr_t x, uintptr_t gamma, uintptr_t beta, uintptr_t mean, uintptr_t rstd,
-              uintptr_t y, uintptr_t dy, uintptr_t dx, uintptr_t dgamma, uintptr_t dbeta, uintptr_t workspace,
-              size_t workspace_bytes, uintptr_t mask, float clip_lower, float clip_upper, int64_t rows,
-              int64_t row_stride, int64_t rows_per_batch, float eps, uintptr_t stream, uintptr_t residual,
-              uintptr_t h, uintptr_t dh_out, uintptr_t y_quant, uintptr_t quant_scale, uintptr_t amax,
-              uintptr_t row_scales, uintptr_t block_scales, int block_scale_layout, uintptr_t dresidual,
-              uintptr_t bias_in) {
-             normjit::LaunchArgs a = pointer_args(x, gamma, beta, y, dy, dx, dgamma, dbeta, mask);
-             a.dresidual = reinterpret_cast<void*>(dresidual);
-             a.bias_in = reinterpret_cast<const void*>(bias_in);
-             a.block_scale_layout = static_cast<normjit::BlockScaleLayout>(block_scale_layout);
-             a.residual = reinterpret_cast<const void*>(residual);
-             a.h = reinterpret_cast<void*>(h);
-             a.dh_out = reinterpret_cast<const void*>(dh_out);
-             a.y_quant = reinterpret_cast<void*>(y_quant);
-             a.quant_scale = reinterpret_cast<const float*>(quant_scale);
-             a.amax = reinterpret_cast<float*>(amax);
-             a.row_scales = reinterpret_cast<float*>(row_scales);
-             a.block_scales = reinterpret_cast<uint8_t*>(block_scales);
-             a.mean = reinterpret_cast<float*>(mean);
-             a.rstd = reinterpret_cast<float*>(rstd);
-             a.workspace = reinterpret_cast<void*>(workspace);
-             a.workspace_bytes = workspace_bytes;
-             a.clip_lower = clip_lower;
-             a.clip_upper = clip_upper;
-             a.rows = rows;
-             a.row_stride = row_stride;
-             a.rows_per_batch = rows_per_batch;
-             a.eps = eps;
-             k.launch(a, reinterpret_cast<CUstream>(stream));
-           },
-           "x"_a, "gamma"_a, "beta"_a, "mean"_a, "rstd"_a, "y"_a, "dy"_a, "dx"_a, "dgamma"_a, "dbeta"_a,
-           "workspace"_a, "workspace_bytes"_a, "mask"_a, "clip_lower"_a, "clip_upper"_a, "rows"_a, "row_stride"_a,
-           "rows_per_batch"_a, "eps"_a, "stream"_a, "residual"_a = 0, "h"_a = 0, "dh_out"_a = 0, "y_quant"_a = 0,
-           "quant_scale"_a = 0, "amax"_a = 0, "row_scales"_a = 0, "block_scales"_a = 0, "block_scale_layout"_a = 0,
-           "dresidual"_a = 0, "bias_in"_a = 0, nb::call_guard<nb::gil_scoped_release>(),
-           "Launches on `stream` (0: the legacy default stream). Arguments: x, gamma, beta, mean, rstd, y, dy, dx, "
-           "dgamma, dbeta, workspace, workspace_bytes, mask, clip_lower, clip_upper, rows, row_stride, "
-           "rows_per_batch, eps, stream, then residual, h, dh_out (residual specs) and y_quant, quant_scale, amax "
-           "(fp8_e4m3 / fp8_e5m2 specs) or y_quant, row_scales (*_row specs) or y_quant, block_scales (mxfp8_*, "
-           "mxfp4 specs; nvfp4: with quant_scale, its S_enc), then block_scale_layout (0 row-major, 1 the GEMMs' "
-           "swizzled 128x4 tiles), then dresidual (residual_f32 backward) and bias_in (bias_in forward); pointers "
-           "as ints, 0 where unused.");
+      .def("workspace_bytes", &normjit::Kernel::workspace_bytes, "rows"_a, "rows_per_batch"_a = 0);
+  def_launch(kernel_class, [](const normjit::Kernel& k, const normjit::LaunchArgs& a, CUstream stream) { k.launch(a, stream); });
 
   nb::class_<normjit::Runtime>(m, "Runtime", "normjit on one GPU: its kernels, loaded once, and the disk cache.")
       .def("__init__",
@@ -384,7 +400,32 @@ NB_MODULE(_normjit, m) {
              return r.get(r.choose(spec, max_vec));
            },
            "spec"_a, "max_vec"_a = 16, nb::rv_policy::reference_internal,
-           "The kernel for a spec (its block chosen for pointers that allow max_vec); it keeps this runtime alive.");
+           "The kernel for a spec (its block chosen for pointers that allow max_vec); it keeps this runtime alive.")
+      .def(
+          "launcher",
+          [](normjit::Runtime& r, nb::handle spec_h, int max_vec) { return ModeLauncher{&r, spec_from(spec_h), max_vec}; },
+          "spec"_a, "max_vec"_a = 16, nb::keep_alive<0, 1>(),
+          "Launches of a spec that follow this runtime's compile mode (ModeLauncher); nothing compiles here.");
+
+  auto launcher_class = nb::class_<ModeLauncher>(
+      m, "ModeLauncher",
+      "Launches of one spec as its Runtime's compile mode says (sync: the specialized kernel; async: the generic "
+      "kernel until the specialized one is compiled in the background; generic: the generic kernel); get one from "
+      "Runtime.launcher(). Its launch() takes Kernel.launch's arguments.");
+  launcher_class.def_prop_ro("spec", [](const ModeLauncher& l) { return l.spec; })
+      .def_prop_ro("max_vec", [](const ModeLauncher& l) { return l.max_vec; })
+      .def(
+          "workspace_bytes",
+          [](const ModeLauncher& l, int64_t rows, int64_t rows_per_batch) {
+            nb::gil_scoped_release release;  // sync mode: a first call compiles or loads
+            return l.runtime->workspace_bytes(l.spec, rows, rows_per_batch, l.max_vec);
+          },
+          "rows"_a, "rows_per_batch"_a = 0,
+          "The workspace the next launch needs (a backward: the specialized kernel's once it is loaded, else the "
+          "generic kernel's); size it before each launch.");
+  def_launch(launcher_class, [](const ModeLauncher& l, const normjit::LaunchArgs& a, CUstream stream) {
+    l.runtime->launch(l.spec, a, stream);
+  });
 
   m.def("shared_runtime",
         [](int device) -> normjit::Runtime& {

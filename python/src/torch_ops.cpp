@@ -78,21 +78,40 @@ bool capturing(CUstream stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-const normjit::Kernel& kernel_for(int device, const normjit::Spec& spec, const normjit::LaunchArgs& args,
-                                  CUstream stream) {
+// What a launch runs: a loaded kernel (sync mode), or, where kernel is null, the runtime's compile
+// mode (async: the generic kernel until the specialized one is compiled in the background; generic).
+struct KernelRef {
+  const normjit::Kernel* kernel = nullptr;
+  normjit::Runtime* runtime = nullptr;
+  normjit::Spec spec;
+  int max_vec = 16;
+
+  size_t workspace_bytes(int64_t rows, int64_t rows_per_batch) const {
+    return kernel ? kernel->workspace_bytes(rows, rows_per_batch)
+                  : runtime->workspace_bytes(spec, rows, rows_per_batch, max_vec);
+  }
+  void launch(const normjit::LaunchArgs& a, CUstream stream) const {
+    if (kernel) kernel->launch(a, stream);
+    else runtime->launch(spec, a, stream);
+  }
+};
+
+KernelRef kernel_for(int device, const normjit::Spec& spec, const normjit::LaunchArgs& args, CUstream stream) {
   const int max_vec = normjit::max_vec_for(spec, args);
   const uint64_t key = pack(device, spec, max_vec);
   {
     std::lock_guard<std::mutex> lock(kernels_mutex);
     auto it = kernels.find(key);
-    if (it != kernels.end()) return *it->second;
+    if (it != kernels.end()) return {it->second};
   }
+  normjit::Runtime& rt = runtime(device);
+  if (rt.compile_mode() != normjit::CompileMode::kSync) return {nullptr, &rt, spec, max_vec};
   if (capturing(stream)) {
     fail("kernel " + spec.str() + " (max_vec=" + std::to_string(max_vec) +
          ") is not loaded, and a CUDA graph is being captured, where it cannot be compiled; run the op once with "
-         "the same shapes, dtypes and alignment before capturing");
+         "the same shapes, dtypes and alignment before capturing (or set NORMJIT_COMPILE_MODE=async: a generic "
+         "kernel is captured instead)");
   }
-  normjit::Runtime& rt = runtime(device);
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   // Full-width vectors: get() also tunes on a miss and falls back from clusters the device cannot
   // co-schedule; narrower ones take the heuristic's choice for that width.
@@ -100,7 +119,7 @@ const normjit::Kernel& kernel_for(int device, const normjit::Spec& spec, const n
                                                                                : rt.get(rt.choose(spec, max_vec));
   std::lock_guard<std::mutex> lock(kernels_mutex);
   if (kernels.emplace(key, &k).second) kernel_names[device].push_back(k.name());
-  return k;
+  return {&k};
 }
 
 // A cached ones [n] weight: the kernels always read a gamma.
@@ -163,7 +182,7 @@ CUstream current_stream(int device) {
   return reinterpret_cast<CUstream>(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream());
 }
 
-void launch(const normjit::Kernel& k, const normjit::LaunchArgs& a, int device, CUstream stream) {
+void launch(const KernelRef& k, const normjit::LaunchArgs& a, int device, CUstream stream) {
   if (device != c10::cuda::current_device()) {
     // The runtime launches in the current context: make it the tensor's device.
     const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
@@ -251,7 +270,7 @@ Forward run_forward(Tensor x, Tensor residual, Tensor weight, const Tensor& bias
     a.residual = residual.data_ptr();
     a.h = f.h.data_ptr();
   }
-  const normjit::Kernel& k = kernel_for(device, spec, a, stream);
+  const KernelRef k = kernel_for(device, spec, a, stream);
   a.mean = f.mean.defined() ? f.mean.data_ptr<float>() : nullptr;
   a.rstd = f.rstd.defined() ? f.rstd.data_ptr<float>() : nullptr;
   a.clip_lower = static_cast<float>(clip_lower);
@@ -311,7 +330,7 @@ std::array<Tensor, 3> run_backward(Tensor dy, Tensor dh_out, Tensor x, const Ten
   a.mask = mask.defined() ? static_cast<uint8_t*>(mask.data_ptr()) : nullptr;
   a.row_stride = rs;
   a.dh_out = dh_out.defined() ? dh_out.data_ptr() : nullptr;
-  const normjit::Kernel& k = kernel_for(device, spec, a, stream);
+  const KernelRef k = kernel_for(device, spec, a, stream);
   a.rows = rows;
   a.rows_per_batch = normjit::is_adaptive(norm) ? rows / gamma.size(0) : 0;
   a.mean = normjit::subtracts_mean(norm) ? mean.data_ptr<float>() : nullptr;

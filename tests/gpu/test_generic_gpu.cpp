@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <string>
+#include <thread>
 
 #include "tests/gpu/gpu_common.hpp"
 
@@ -289,4 +291,21 @@ TEST_CASE("generic kernels: the memory_efficient backward, x̂ recovered from y"
   const uint64_t compiles = runtime().counters().compiles;
   check_memory_efficient_backward(true);
   CHECK(runtime().counters().compiles == compiles);
+}
+
+TEST_CASE("generic kernels: the backward's workspace query works on a thread with no current context") {
+  // torch's autograd threads size the backward's workspace with no CUDA context current.
+  const Spec s = Spec::make(Norm::kLayerNorm, Phase::kBackward, DType::kBF16, 4096, true);
+  size_t bytes = 0;
+  std::string error;
+  std::thread worker([&] {
+    try {
+      bytes = runtime().generic_workspace_bytes(s, 1000);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  worker.join();
+  CHECK(error.empty());
+  CHECK(bytes >= size_t(8) * 4096);  // dgamma's and dbeta's fp32 sums of at least one slot
 }

@@ -81,14 +81,20 @@ def _spec_of(key):
 
 
 def _load(device, spec, max_vec, by_vec):
+    rt = runtime(device)
+    if rt.compile_mode != "sync":
+        # Async and generic modes: each launch goes through the runtime, which runs the generic kernel
+        # until the specialized one is compiled in the background (async), captured graphs included.
+        kernel = by_vec[max_vec] = rt.launcher(spec, max_vec)
+        return kernel
     if _is_capturing():
         raise RuntimeError(
             f"normjit: kernel {spec} (max_vec={max_vec}) is not loaded, and a CUDA graph is being captured, "
             "where it cannot be compiled; run the op once with the same shapes, dtypes and alignment before "
-            "capturing"
+            "capturing (or set NORMJIT_COMPILE_MODE=async: a generic kernel is captured instead)"
         )
     with torch.cuda.device(device):
-        kernel = runtime(device).kernel(spec, max_vec)
+        kernel = rt.kernel(spec, max_vec)
     by_vec[max_vec] = kernel
     return kernel
 
