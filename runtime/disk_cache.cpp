@@ -435,12 +435,17 @@ CacheCounters DiskCache::counters() const {
 }
 
 fs::path DiskCache::entry_path(const Spec& spec, const Target& target) const {
-  const GeneratedSource src = generate(spec);
+  return entry_path_of(generate(spec), target);
+}
+
+fs::path DiskCache::entry_path_of(const GeneratedSource& src, const Target& target) const {
   return dir_ / (src.spec + "." + target.str() + "." + key(src, target).substr(0, 32) + ".kernel");
 }
 
-bool DiskCache::has_entry(const Spec& spec, const Target& target) {
-  const fs::path entry = entry_path(spec, target);
+bool DiskCache::has_entry(const Spec& spec, const Target& target) { return has_entry_of(generate(spec), target); }
+
+bool DiskCache::has_entry_of(const GeneratedSource& src, const Target& target) {
+  const fs::path entry = entry_path_of(src, target);
   if (bundle_entries_.count(entry.filename().string())) return true;
   std::error_code ec;
   return open_dir() && fs::exists(entry, ec);
@@ -457,7 +462,8 @@ DiskCache::Lookup DiskCache::lookup(const Spec& spec, const Target& target) {
   return lookup_source(generate(spec), target, nullptr);
 }
 
-std::vector<DiskCache::Lookup> DiskCache::lookup_batch(const std::vector<Spec>& specs, const Target& target) {
+std::vector<DiskCache::Lookup> DiskCache::lookup_batch(const std::vector<Spec>& specs, const Target& target,
+                                                       bool split) {
   std::vector<GeneratedSource> srcs;
   for (const Spec& spec : specs) {
     if (!spec.block)
@@ -471,11 +477,11 @@ std::vector<DiskCache::Lookup> DiskCache::lookup_batch(const std::vector<Spec>& 
   std::vector<GeneratedSource> missing;
   std::vector<size_t> missing_index;
   for (size_t i = 0; i < specs.size(); ++i)
-    if (!has_entry(specs[i], target)) {
+    if (!has_entry_of(srcs[i], target)) {  // the source generated above, not again
       missing.push_back(srcs[i]);
       missing_index.push_back(i);
     }
-  std::vector<CompileResult> compiled = compile_batch(missing, target);
+  std::vector<CompileResult> compiled = compile_batch(missing, target, split);
   std::vector<CompileResult*> precompiled(specs.size(), nullptr);
   for (size_t m = 0; m < missing_index.size(); ++m) precompiled[missing_index[m]] = &compiled[m];
   std::vector<Lookup> out;

@@ -313,11 +313,11 @@ GeneratedSource combined_source(const std::vector<const GeneratedSource*>& membe
 
 }  // namespace
 
-std::vector<CompileResult> compile_batch(const std::vector<GeneratedSource>& srcs, const Target& target) {
+std::vector<CompileResult> compile_batch(const std::vector<GeneratedSource>& srcs, const Target& target, bool split) {
   std::vector<CompileResult> out(srcs.size());
   std::vector<bool> done(srcs.size(), false);
   bool ptx = false;
-  (void)compile_options(target, &ptx);
+  std::vector<std::string> options = compile_options(target, &ptx);
   // Batched: batchable specs whose compile() takes a single NVRTC run unless they spill (seen
   // below, per kernel); a spec compiled twice by choice (row_y_renormalize_option) is compiled
   // alone.
@@ -331,11 +331,10 @@ std::vector<CompileResult> compile_batch(const std::vector<GeneratedSource>& src
   if (members.size() >= 2) {
     const auto start = std::chrono::steady_clock::now();
     const GeneratedSource combined = combined_source(members);
-    // --split-compile (two threads where a core is idle) only for a batch of one-kernel programs:
-    // with it, a batch of backward programs came out with other registers than alone (3 of 12
-    // kernels of six specs), without it the same; the forward kernels were the same either way
-    // (252 of the default manifest).
-    std::vector<std::string> options = compile_options(target);
+    // --split-compile (two threads where a core is idle) only when asked, for a batch of one-kernel
+    // programs: with it a batch of backward programs came out with other registers than alone (3
+    // of 12 kernels of six specs), and so did 3 of 90 tuning candidates (streamed-row forwards);
+    // without it every kernel of the default manifest and of those candidates was the same.
     std::optional<NvrtcOutput> batch;
     {
       struct InFlight {
@@ -344,7 +343,7 @@ std::vector<CompileResult> compile_batch(const std::vector<GeneratedSource>& src
       } in_flight;
       const bool one_kernel_each = std::all_of(members.begin(), members.end(),
                                                [](const GeneratedSource* m) { return m->kernels == 1; });
-      if (one_kernel_each &&
+      if (split && one_kernel_each &&
           compiles_in_flight.load() < static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))
         options.push_back("--split-compile=2");
       try {

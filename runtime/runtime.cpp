@@ -809,6 +809,11 @@ struct Runtime::GenericLaunch {
   size_t workspace_bytes = 0;
 };
 
+bool Runtime::is_loaded(const Spec& resolved) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return kernels_.count(packed_key(resolved)) > 0;
+}
+
 std::string Runtime::generic_refusal(const Spec& spec) const {
   if (std::string why = generic_unsupported_why(spec); !why.empty()) return why;
   const GenericProgram program = generic_program_of(spec);

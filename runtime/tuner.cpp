@@ -112,6 +112,26 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   fwd.bias_in = false;
   fwd.memory_efficient = false;
   const std::vector<BlockConfig> candidates = candidate_configs(spec, target_.arch, 16, limit);
+  // The candidates missing from the disk cache compile together, in one NVRTC program (each entry
+  // then holds the batch's image; docs/cache.md, "Batched compiles"), before any is loaded. Not
+  // under a time budget, which may drop candidates never compiled, and not without a usable
+  // directory, where get() would compile each again; a batch that fails leaves each to get().
+  if (budget_s == 0 && candidates.size() > 1 && disk_cache_.usable()) {
+    std::vector<Spec> cold;
+    for (const BlockConfig& b : candidates) {
+      Spec s = spec;
+      s.block = b;
+      if (!is_loaded(s) && !disk_cache_.has_entry(s, target_)) cold.push_back(s);
+    }
+    if (cold.size() > 1) {
+      try {
+        (void)disk_cache_.lookup_batch(cold, target_);
+      } catch (const Error& e) {
+        detail::log().debug("tuning {}: batched compile of {} candidates failed ({}); compiling each alone",
+                            spec.str(), cold.size(), e.what());
+      }
+    }
+  }
   size_t workspace = 0;
   for (const BlockConfig& b : candidates) {
     Spec s = spec;

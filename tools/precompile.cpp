@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
       for (const auto& s : specs) work.push_back({normjit::resolve(s, 16, t.arch), t});
 
     // Units of work: specs of one target and phase in groups of up to `batch`, one NVRTC program
-    // each (a batch of forwards compiles on two threads where a core is idle: compile_batch).
+    // each, on one thread (compile_batch).
     std::vector<std::vector<size_t>> units;
     std::map<std::string, size_t> open_unit;  // target and phase -> its group being filled
     for (size_t i = 0; i < work.size(); ++i) {

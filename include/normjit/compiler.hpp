@@ -87,8 +87,11 @@ CompileResult compile(const GeneratedSource& src, const Target& target,
 // twice by choice (row_y_renormalize_option), the others and every spec of a PTX target are
 // compiled alone. Each batched
 // result's image is the whole program's cubin, holding every batched kernel; its kernel_name is
-// its own spec's.
-std::vector<CompileResult> compile_batch(const std::vector<GeneratedSource>& srcs, const Target& target);
+// its own spec's. split: a batch of one-kernel programs may take --split-compile where a core is
+// idle; off by default, since it gave other code for 3 of 90 tuning candidates (streamed-row
+// forwards of 2- and 4-element packs; scripts/batch_compare.cpp --candidates).
+std::vector<CompileResult> compile_batch(const std::vector<GeneratedSource>& srcs, const Target& target,
+                                         bool split = false);
 
 // PTX of generated source for a virtual arch (compute_XY), for the driver to compile on any GPU of
 // that arch or newer.
@@ -160,7 +163,7 @@ class DiskCache {
   // lookup() of several specs, the ones not in the bundle or the directory compiled together
   // (compile_batch): each entry then holds the batch's image. A miss's compile_ms is its share of
   // the batch's time.
-  std::vector<Lookup> lookup_batch(const std::vector<Spec>& resolved_specs, const Target& target);
+  std::vector<Lookup> lookup_batch(const std::vector<Spec>& resolved_specs, const Target& target, bool split = false);
   // lookup()'s binary; compile_ms, when given, receives the NVRTC time (0 on a hit).
   Binary get_or_compile(const Spec& resolved_spec, const Target& target, double* compile_ms = nullptr);
   // The cache key (hex) for a generated source and target.
@@ -190,6 +193,9 @@ class DiskCache {
  private:
   // lookup() of a generated source; precompiled, when given, is used instead of compiling it.
   Lookup lookup_source(const GeneratedSource& src, const Target& target, CompileResult* precompiled);
+  // entry_path() and has_entry() of a source already generated.
+  std::filesystem::path entry_path_of(const GeneratedSource& src, const Target& target) const;
+  bool has_entry_of(const GeneratedSource& src, const Target& target);
   void enforce_cap(const std::filesystem::path& keep);
   // Creates the directory if missing and checks that it may be trusted, once; false (with the
   // reason in unusable_why_, logged) when it is not to be read or written.

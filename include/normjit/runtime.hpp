@@ -270,6 +270,8 @@ class Runtime {
   struct GenericLaunch;
   GenericLaunch generic_launch(const Spec& spec, int vec, int64_t rows, int64_t rows_per_batch,
                                size_t workspace_limit);
+  // Whether a resolved spec's kernel is loaded in this runtime.
+  bool is_loaded(const Spec& resolved) const;
   // Why no generic kernel runs the spec here (generic_unsupported_why, or this GPU's arch), or "".
   std::string generic_refusal(const Spec& spec) const;
   CUmodule generic_module(DType x, GenericProgram program);

@@ -37,25 +37,27 @@ def _progress_bar(total):
     return update
 
 
-def precompile(specs, arch="sm_90", cache_dir=None, jobs=0, progress=None):
+def precompile(specs, arch="sm_90", cache_dir=None, jobs=0, progress=None, batch=1):
     """Compiles kernels into the disk cache (no GPU needed).
 
     specs: spec strings or ``Spec`` objects, each resolved for ``arch`` as ``normjit-precompile``
     resolves it. jobs: compile threads (0: one per core). cache_dir: None for
     ``default_cache_dir()``. progress: None for a bar on stderr when it is a terminal (tqdm when
-    installed), False for none, or a callable(done, total).
+    installed), False for none, or a callable(done, total). batch: up to this many specs of one
+    phase compiled in one NVRTC program (1-64; ``normjit-precompile --batch``: fewer, larger
+    compiles, each cache entry holding its batch's image; docs/cache.md).
 
     Returns ``{"compiled", "cached", "failed": counts, "errors": [(spec, message)], "cache_dir"}``.
     A spec that does not parse or resolve, or fails to compile, is counted in "failed" with its
-    message in "errors" (and a warning); the other specs are still compiled. A bad ``arch`` or
-    ``jobs`` raises ``InvalidArgumentError``.
+    message in "errors" (and a warning); the other specs are still compiled. A bad ``arch``,
+    ``jobs`` or ``batch`` raises ``InvalidArgumentError``.
     """
     specs = [specs] if isinstance(specs, (str, _normjit.Spec)) else list(specs)
     bar = None
     if progress is None and sys.stderr is not None and sys.stderr.isatty() and specs:
         progress = bar = _progress_bar(len(specs))
     try:
-        result = _normjit._precompile(specs, arch, cache_dir, jobs, progress or None)
+        result = _normjit._precompile(specs, arch, cache_dir, jobs, progress or None, batch)
     finally:
         if bar is not None:
             bar.close()

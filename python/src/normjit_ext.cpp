@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -110,8 +111,10 @@ normjit::LaunchArgs pointer_args(uintptr_t x, uintptr_t gamma, uintptr_t beta, u
 // failure (a spec that does not parse or resolve, a compile error) is returned in "errors", so one
 // bad entry does not hide the others; a bad arch or jobs raises.
 nb::dict precompile(nb::iterable specs, const std::string& arch, std::optional<std::string> cache_dir, int jobs,
-                    nb::object progress) {
+                    nb::object progress, int batch) {
   if (jobs < 0) throw Error(Status::kInvalidArgument, "jobs=" + std::to_string(jobs) + " is negative");
+  if (batch < 1 || batch > 64)
+    throw Error(Status::kInvalidArgument, "batch=" + std::to_string(batch) + " is not in [1, 64]");
   const normjit::Target target = normjit::Target::parse(arch);
   struct Job {
     std::string text;  // the spec as given, then resolved
@@ -141,33 +144,67 @@ nb::dict precompile(nb::iterable specs, const std::string& arch, std::optional<s
   const unsigned threads_wanted =
       jobs > 0 ? static_cast<unsigned>(jobs) : std::max(1u, std::thread::hardware_concurrency());
 
+  // Units of work, as normjit-precompile --batch groups them: up to `batch` specs of one phase in
+  // one NVRTC program (DiskCache::lookup_batch); a spec that did not parse is a unit of its own.
+  std::vector<std::vector<size_t>> units;
+  {
+    std::map<bool, size_t> open_unit;  // backward or not -> its unit being filled
+    for (size_t i = 0; i < work.size(); ++i) {
+      if (batch < 2 || !work[i].spec) {
+        units.push_back({i});
+        continue;
+      }
+      const bool backward = work[i].spec->phase == normjit::Phase::kBackward;
+      auto it = open_unit.find(backward);
+      if (it == open_unit.end() || units[it->second].size() >= static_cast<size_t>(batch)) {
+        units.push_back({});
+        it = open_unit.insert_or_assign(backward, units.size() - 1).first;
+      }
+      units[it->second].push_back(i);
+    }
+  }
   std::atomic<size_t> next{0};
   std::atomic<bool> stop{false};
   std::mutex mutex;
   std::condition_variable finished;
   size_t done = 0;
+  auto record = [](Job& job, const normjit::DiskCache::Lookup& r) {
+    job.cached = r.source != normjit::DiskCache::Lookup::Source::kCompiled;
+    job.stored = r.on_disk;
+    job.not_stored_why = r.not_stored_why;
+  };
+  auto alone = [&](Job& job) {
+    if (!job.spec) return;
+    try {
+      record(job, cache.lookup(*job.spec, target));
+    } catch (const std::exception& e) {
+      job.error = e.what();
+    }
+  };
   auto worker = [&] {
-    for (size_t i; !stop && (i = next++) < total;) {
-      Job& job = work[i];
-      if (job.spec) {
+    for (size_t u; !stop && (u = next++) < units.size();) {
+      const std::vector<size_t>& unit = units[u];
+      if (unit.size() == 1) {
+        alone(work[unit[0]]);
+      } else {
+        std::vector<Spec> group;
+        for (size_t i : unit) group.push_back(*work[i].spec);
         try {
-          const normjit::DiskCache::Lookup r = cache.lookup(*job.spec, target);
-          job.cached = r.source != normjit::DiskCache::Lookup::Source::kCompiled;
-          job.stored = r.on_disk;
-          job.not_stored_why = r.not_stored_why;
-        } catch (const std::exception& e) {
-          job.error = e.what();
+          const std::vector<normjit::DiskCache::Lookup> found = cache.lookup_batch(group, target);
+          for (size_t k = 0; k < unit.size(); ++k) record(work[unit[k]], found[k]);
+        } catch (const std::exception&) {
+          for (size_t i : unit) alone(work[i]);  // each failure then names its spec
         }
       }
       std::lock_guard<std::mutex> lock(mutex);
-      ++done;
+      done += unit.size();
       finished.notify_one();
     }
   };
   std::vector<std::thread> threads;
   {
     nb::gil_scoped_release release;
-    for (unsigned t = 0; t < std::min<size_t>(threads_wanted, total); ++t) threads.emplace_back(worker);
+    for (unsigned t = 0; t < std::min<size_t>(threads_wanted, units.size()); ++t) threads.emplace_back(worker);
   }
   // This thread waits without the GIL and takes it back to report progress and to see Ctrl-C.
   size_t reported = 0;
@@ -456,7 +493,7 @@ NB_MODULE(_normjit, m) {
         "y, dy, dx, dgamma, dbeta, mask, row_stride, then residual, h, dh_out, y_quant, dresidual, bias_in.");
 
   m.def("_precompile", &precompile, "specs"_a, "arch"_a = "sm_90", "cache_dir"_a = nb::none(), "jobs"_a = 0,
-        "progress"_a = nb::none());
+        "progress"_a = nb::none(), "batch"_a = 1);
 
   m.def("export_bundle",
         [](std::optional<std::string> cache_dir, const std::string& bundle_path, std::optional<nb::iterable> specs,

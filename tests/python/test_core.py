@@ -140,6 +140,26 @@ def test_precompile_reports_bad_specs_and_compiles_the_rest(tmp_path):
     assert len(_entries(tmp_path)) == 1
 
 
+def test_precompile_in_batches_gives_the_same_entries(warm_cache, tmp_path):
+    # Two forwards and a backward (batched apart by phase), and a bad spec that fails alone.
+    cache_dir, _, _ = warm_cache
+    specs = SPECS + ["rmsnorm.bwd.f16.n8", "layernorm.fwd_train.bf16.nope"]
+    calls = []
+    with pytest.warns(UserWarning, match="1 of 5 spec"):
+        result = normjit.precompile(specs, cache_dir=str(tmp_path), jobs=2, batch=3,
+                                    progress=lambda done, total: calls.append((done, total)))
+    assert (result["compiled"], result["cached"], result["failed"]) == (4, 0, 1)
+    assert result["errors"][0][0] == "layernorm.fwd_train.bf16.nope"
+    # The same entry files (name and key) as one-at-a-time compiles of the same sources.
+    assert set(_entries(cache_dir)) < set(_entries(tmp_path)) and len(_entries(tmp_path)) == 4
+    assert calls[-1] == (5, 5)
+    again = normjit.precompile(specs[:4], cache_dir=str(tmp_path), batch=4, progress=False)
+    assert (again["compiled"], again["cached"]) == (0, 4)
+    for bad in (0, 65):
+        with pytest.raises(normjit.InvalidArgumentError, match=f"batch={bad} is not in"):
+            normjit.precompile(SPECS, cache_dir=str(tmp_path), batch=bad)
+
+
 def test_precompile_rejects_a_bad_arch(tmp_path):
     with pytest.raises(normjit.InvalidArgumentError, match="sm_7"):
         normjit.precompile(SPECS, arch="sm_7", cache_dir=str(tmp_path))
