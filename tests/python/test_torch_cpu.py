@@ -349,10 +349,19 @@ class StubKernel:
 class StubRuntime:
     def __init__(self):
         self.kernels = []
+        self.launchers = []
+        self.compile_mode = "sync"
 
     def kernel(self, spec, max_vec):
+        assert self.compile_mode == "sync", "Runtime.kernel() in a mode that launches through the runtime"
         k = StubKernel(spec, max_vec)
         self.kernels.append(k)
+        return k
+
+    def launcher(self, spec, max_vec):
+        # A ModeLauncher takes Kernel.launch's arguments; it launches through the runtime's mode.
+        k = StubKernel(spec, max_vec)
+        self.launchers.append(k)
         return k
 
 
@@ -396,6 +405,20 @@ def test_launch_forward_arguments(stub_gpu):
     # The same call again hits the kernel cache.
     _launch.forward(x, w, None, "layernorm", 1e-5, True, "none", 0.0, inf)
     assert len(stub_gpu.kernels) == 1 and len(k.launches) == 2
+
+
+def test_launch_follows_the_compile_mode(stub_gpu):
+    # Async (and generic) mode: a ModeLauncher, which also captures a cold spec (its generic kernel).
+    stub_gpu.compile_mode = "async"
+    stub_gpu.state["capturing"] = True
+    x = torch.randn(5, 640, dtype=BF16)
+    y, _, _, _ = _launch.forward(x, None, None, "rmsnorm", 1e-6, False, "none", 0.0, inf)
+    (k,) = stub_gpu.launchers
+    assert not stub_gpu.kernels and len(k.launches) == 1 and _args(k)["y"] == y.data_ptr()
+    # Sync mode refuses to compile inside a capture, naming async mode as the way out.
+    stub_gpu.compile_mode = "sync"
+    with pytest.raises(RuntimeError, match="run the op once.*NORMJIT_COMPILE_MODE=async"):
+        _launch.forward(torch.randn(5, 648, dtype=BF16), None, None, "rmsnorm", 1e-6, False, "none", 0.0, inf)
 
 
 def test_launch_forward_without_weight_and_with_mask(stub_gpu):
