@@ -190,21 +190,30 @@ static std::vector<Case> stream_cases(Phase phase) {
   return cases;
 }
 
+// A grid run through the generic kernels (switched on while generic_on lives), or through the
+// specialized ones with their routes pinned beside the grid (a generic kernel has one route).
+static void pin_routes_or_go_generic(std::vector<Case>& cases, bool generic, std::optional<GenericKernelsOn>& generic_on,
+                                     std::initializer_list<const char*> pinned) {
+  if (generic) {
+    generic_on.emplace();
+    return;
+  }
+  for (const char* text : pinned) cases.push_back(pinned_case(text, 3.0));
+}
+
 void gpu_test::check_fp32_stream_forward(bool generic) {
   std::vector<Case> cases = stream_cases(Phase::kForwardTraining);
   for (Case c : stream_cases(Phase::kForwardInference))
     if (c.spec.epilogue == Epilogue::kNone && c.row_stride == 0) cases.push_back(c);
   std::optional<GenericKernelsOn> generic_on;
-  if (generic) generic_on.emplace();
   // Every forward row cache: registers (one CTA and a cluster), shared rows (one CTA, a cluster),
   // rows streamed twice.
-  if (!generic)  // the specialized kernels' routes, pinned (a generic kernel has one)
-    for (const char* text : {"layernorm.fwd_train.bf16.w_bf16.n32768.bias.residual_f32.cfg_t512_r1_v4_c4_reg",
-                             "rmsnorm.fwd_train.bf16.w_f32.n65536.residual_f32.bias_in.cfg_t512_r1_v4_c2_smem",
-                             "layernorm.fwd_train.f16.w_f16.n16384.bias.residual_f32.bias_in.cfg_t512_r1_v4_smem",
-                             "rmsnorm.fwd_train.bf16.w_bf16.n100000.residual_f32.bias_in.cfg_t1024_r1_v4_gmem",
-                             "adalayernorm.fwd_train.f16.w_f16.n4096.bias.residual_f32.bias_in.cfg_t128_r1_v4_smem"})
-      cases.push_back(pinned_case(text, 3.0));
+  pin_routes_or_go_generic(cases, generic, generic_on,
+                           {"layernorm.fwd_train.bf16.w_bf16.n32768.bias.residual_f32.cfg_t512_r1_v4_c4_reg",
+                            "rmsnorm.fwd_train.bf16.w_f32.n65536.residual_f32.bias_in.cfg_t512_r1_v4_c2_smem",
+                            "layernorm.fwd_train.f16.w_f16.n16384.bias.residual_f32.bias_in.cfg_t512_r1_v4_smem",
+                            "rmsnorm.fwd_train.bf16.w_bf16.n100000.residual_f32.bias_in.cfg_t1024_r1_v4_gmem",
+                            "adalayernorm.fwd_train.f16.w_f16.n4096.bias.residual_f32.bias_in.cfg_t128_r1_v4_smem"});
   if (!generic) warm_cases(cases);
   int64_t h_checked = 0;
   for (const Case& c : cases) {
@@ -222,15 +231,13 @@ TEST_CASE("fp32 residual stream and bias_in forward: h bit for bit, y against th
 void gpu_test::check_fp32_stream_backward(bool generic) {
   std::vector<Case> cases = stream_cases(Phase::kBackward);
   std::optional<GenericKernelsOn> generic_on;
-  if (generic) generic_on.emplace();
-  if (!generic)  // the specialized kernels' routes, pinned (a generic kernel has one)
-    for (const char* text : {"layernorm.bwd.bf16.w_f32.n16384.bias.residual_f32.cfg_t512_r1_v4_smem",
-                             "rmsnorm.bwd.bf16.w_f32.n4096.zero_centered.residual_f32.cfg_t256_r1_v4_pipe3",
-                             "layernorm.bwd.f16.w_f32.n65536.bias.residual_f32.cfg_t1024_r1_v4_c8_pipe",
-                             "rmsnorm.bwd.bf16.w_bf16.n8192.residual_f32.cfg_t64_r1_v4_c16_smem",
-                             "layernorm.bwd.bf16.w_f32.n20001.bias.residual_f32.cfg_t1024_r1_v1_gmem",
-                             "rmsnorm.bwd.bf16.w_bf16.n1024.bias.residual_f32.cfg_t32_r8_v4_reg"})
-      cases.push_back(pinned_case(text, 3.0));
+  pin_routes_or_go_generic(cases, generic, generic_on,
+                           {"layernorm.bwd.bf16.w_f32.n16384.bias.residual_f32.cfg_t512_r1_v4_smem",
+                            "rmsnorm.bwd.bf16.w_f32.n4096.zero_centered.residual_f32.cfg_t256_r1_v4_pipe3",
+                            "layernorm.bwd.f16.w_f32.n65536.bias.residual_f32.cfg_t1024_r1_v4_c8_pipe",
+                            "rmsnorm.bwd.bf16.w_bf16.n8192.residual_f32.cfg_t64_r1_v4_c16_smem",
+                            "layernorm.bwd.bf16.w_f32.n20001.bias.residual_f32.cfg_t1024_r1_v1_gmem",
+                            "rmsnorm.bwd.bf16.w_bf16.n1024.bias.residual_f32.cfg_t32_r8_v4_reg"});
   if (!generic) warm_cases(cases);
   int64_t dresidual_checked = 0;
   for (const Case& c : cases) {
@@ -261,23 +268,21 @@ void gpu_test::check_memory_efficient_backward(bool generic) {
     }
   }
   std::optional<GenericKernelsOn> generic_on;
-  if (generic) generic_on.emplace();
-  if (!generic)  // the specialized kernels' routes, pinned (a generic kernel has one)
-    for (const char* text : {"layernorm.bwd.bf16.w_f32.n16384.bias.memory_efficient.cfg_t512_r1_v8_smem",
-                             "rmsnorm.bwd.bf16.w_f32.n4096.zero_centered.memory_efficient.cfg_t256_r1_v8_tma3",
-                             "layernorm.bwd.f32.w_f32.n4096.bias.memory_efficient.cfg_t256_r1_v4_pipe",
-                             "layernorm.bwd.bf16.w_f32.n65536.bias.memory_efficient.cfg_t1024_r1_v8_c4_tma",
-                             "rmsnorm.bwd.f16.w_f16.n8192.bias.memory_efficient.cfg_t64_r1_v8_c16_smem",
-                             "layernorm.bwd.bf16.w_bf16.n1024.bias.memory_efficient.cfg_t128_r1_v8_reg",
-                             "rmsnorm.bwd.bf16.w_bf16.n256.bias.memory_efficient.cfg_t32_r4_v8_reg",
-                             "layernorm.bwd.f32.w_f32.n20001.bias.zero_centered.memory_efficient.cfg_t1024_r1_v1_gmem",
-                             // 1/gamma' and beta from the CTA's table (xhat_table): bulk and cp.async
-                             // rows, held gamma, a cluster's per-group weights
-                             "layernorm.bwd.bf16.w_bf16.n4096.bias.memory_efficient.cfg_t256_r1_v8_tma3",
-                             "layernorm.bwd.bf16.w_f32.n8192.bias.zero_centered.memory_efficient.cfg_t512_r1_v8_tma3",
-                             "layernorm.bwd.bf16.w_f32.n8192.bias.memory_efficient.cfg_t512_r1_v8_pipe",
-                             "adalayernorm.bwd.bf16.w_bf16.n24576.bias.memory_efficient.cfg_t768_r1_v8_c2_tma"})
-      cases.push_back(pinned_case(text, 3.0));
+  pin_routes_or_go_generic(cases, generic, generic_on,
+                           {"layernorm.bwd.bf16.w_f32.n16384.bias.memory_efficient.cfg_t512_r1_v8_smem",
+                            "rmsnorm.bwd.bf16.w_f32.n4096.zero_centered.memory_efficient.cfg_t256_r1_v8_tma3",
+                            "layernorm.bwd.f32.w_f32.n4096.bias.memory_efficient.cfg_t256_r1_v4_pipe",
+                            "layernorm.bwd.bf16.w_f32.n65536.bias.memory_efficient.cfg_t1024_r1_v8_c4_tma",
+                            "rmsnorm.bwd.f16.w_f16.n8192.bias.memory_efficient.cfg_t64_r1_v8_c16_smem",
+                            "layernorm.bwd.bf16.w_bf16.n1024.bias.memory_efficient.cfg_t128_r1_v8_reg",
+                            "rmsnorm.bwd.bf16.w_bf16.n256.bias.memory_efficient.cfg_t32_r4_v8_reg",
+                            "layernorm.bwd.f32.w_f32.n20001.bias.zero_centered.memory_efficient.cfg_t1024_r1_v1_gmem",
+                            // 1/gamma' and beta from the CTA's table (xhat_table): bulk and cp.async
+                            // rows, held gamma, a cluster's per-group weights
+                            "layernorm.bwd.bf16.w_bf16.n4096.bias.memory_efficient.cfg_t256_r1_v8_tma3",
+                            "layernorm.bwd.bf16.w_f32.n8192.bias.zero_centered.memory_efficient.cfg_t512_r1_v8_tma3",
+                            "layernorm.bwd.bf16.w_f32.n8192.bias.memory_efficient.cfg_t512_r1_v8_pipe",
+                            "adalayernorm.bwd.bf16.w_bf16.n24576.bias.memory_efficient.cfg_t768_r1_v8_c2_tma"});
   for (Case& c : cases) c.min_abs_scale = 0.25;
   if (!generic) warm_cases(cases);
   double worst_from_x = 0;
