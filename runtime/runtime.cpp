@@ -584,7 +584,7 @@ const Kernel& Runtime::get_or_fall_back(const Spec& spec, const Spec& resolved, 
   }
 }
 
-const Kernel& Runtime::get_resolved(const Spec& resolved) {
+const Kernel& Runtime::get_resolved(const Spec& resolved, const DiskCache::Lookup* found) {
   // Clusters and bulk copies are sm_90 features.
   if (target_.arch < 90 && (resolved.block->cluster > 1 || resolved.block->bulk_copy))
     throw Error(Status::kNotSupported,
@@ -600,6 +600,10 @@ const Kernel& Runtime::get_resolved(const Spec& resolved) {
     return *it->second;
   }
   const std::string name = resolved.str();
+  if (found) {  // looked up (compiled, or read) by the caller, e.g. in a batch: counted as get() would
+    ++(found->source == DiskCache::Lookup::Source::kCompiled ? counters_.compiles : counters_.disk_hits);
+    return load_resolved(resolved, found->binary, name);
+  }
   const CacheCounters before = disk_cache_.counters();
   const auto t0 = std::chrono::steady_clock::now();
   const Binary binary = disk_cache_.get_or_compile(resolved, target_);

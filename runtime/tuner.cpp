@@ -112,11 +112,11 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   fwd.bias_in = false;
   fwd.memory_efficient = false;
   const std::vector<BlockConfig> candidates = candidate_configs(spec, target_.arch, 16, limit);
-  // The candidates missing from the disk cache compile together, in one NVRTC program (each entry
-  // then holds the batch's image; docs/cache.md, "Batched compiles"), before any is loaded. Not
-  // under a time budget, which may drop candidates never compiled, and not without a usable
-  // directory, where get() would compile each again; a batch that fails leaves each to get().
-  if (budget_s == 0 && candidates.size() > 1 && disk_cache_.usable()) {
+  // The candidates neither loaded nor on disk compile together, in one NVRTC program (each entry
+  // then holds the batch's image; docs/cache.md, "Batched compiles"), and are loaded from it. Not
+  // under a time budget, which may drop candidates never compiled. A batch that fails, or a
+  // candidate that does not load, is left to get() below, which compiles it alone or reports it.
+  if (budget_s == 0 && candidates.size() > 1) {
     std::vector<Spec> cold;
     for (const BlockConfig& b : candidates) {
       Spec s = spec;
@@ -124,11 +124,18 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
       if (!is_loaded(s) && !disk_cache_.has_entry(s, target_)) cold.push_back(s);
     }
     if (cold.size() > 1) {
+      std::vector<DiskCache::Lookup> found;
       try {
-        (void)disk_cache_.lookup_batch(cold, target_);
+        found = disk_cache_.lookup_batch(cold, target_);
       } catch (const Error& e) {
         detail::log().debug("tuning {}: batched compile of {} candidates failed ({}); compiling each alone",
                             spec.str(), cold.size(), e.what());
+      }
+      for (size_t k = 0; k < found.size(); ++k) {
+        try {
+          (void)get_resolved(cold[k], &found[k]);
+        } catch (const Error&) {
+        }
       }
     }
   }

@@ -242,7 +242,8 @@ class Runtime {
   // get()'s choice for a spec without a block config outside heuristic mode (tuning on a miss).
   Spec tuned_choice(const Spec& spec);
   // Loads a resolved spec's kernel (memoized).
-  const Kernel& get_resolved(const Spec& resolved);
+  // found: the spec's lookup made by the caller (a batch), loaded instead of looking it up again.
+  const Kernel& get_resolved(const Spec& resolved, const DiskCache::Lookup* found = nullptr);
   // get_resolved(resolved), where `resolved` is choose(spec, max_vec) or spec itself; falls back to
   // portable clusters where the heuristic's 16-CTA cluster cannot be co-scheduled.
   const Kernel& get_or_fall_back(const Spec& spec, const Spec& resolved, int max_vec);
