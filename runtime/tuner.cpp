@@ -112,11 +112,14 @@ Spec Runtime::tune_on_miss(const Spec& requested) {
   fwd.bias_in = false;
   fwd.memory_efficient = false;
   const std::vector<BlockConfig> candidates = candidate_configs(spec, target_.arch, 16, limit);
-  // The candidates neither loaded nor on disk compile together, in one NVRTC program (each entry
-  // then holds the batch's image; docs/cache.md, "Batched compiles"), and are loaded from it. Not
-  // under a time budget, which may drop candidates never compiled. A batch that fails, or a
-  // candidate that does not load, is left to get() below, which compiles it alone or reports it.
-  if (budget_s == 0 && candidates.size() > 1) {
+  // NORMJIT_TUNE_BATCH=1: the candidates neither loaded nor on disk compile together, in one NVRTC
+  // program (each entry then holds the batch's image; docs/cache.md, "Batched compiles"), and are
+  // loaded from it. Off by default, as normjit-precompile --batch is: modules of a batch's kernels
+  // have not been timed on a GPU. Not under a time budget, which may drop candidates never
+  // compiled. A batch that fails, or a candidate that does not load, is left to get() below,
+  // which compiles it alone or reports it.
+  const bool batch = env_int("NORMJIT_TUNE_BATCH", 0, 0, 1) == 1;
+  if (batch && budget_s == 0 && candidates.size() > 1) {
     std::vector<Spec> cold;
     for (const BlockConfig& b : candidates) {
       Spec s = spec;
