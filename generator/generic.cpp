@@ -38,9 +38,10 @@ ResidualKind residual_kind(const Spec& s) {
 }
 
 std::string kernel_name(const char* phase, DType x, DType w, Epilogue e, int vec, ResidualKind residual,
-                        bool from_y) {
+                        bool from_y, bool clustered = false) {
   return std::string("normjit_generic_") + phase + "_" + to_string(x) + "_w" + to_string(w) + "_" + to_string(e) +
-         "_v" + std::to_string(vec) + kResidualSuffix[residual] + (from_y ? "_from_y" : "");
+         "_v" + std::to_string(vec) + kResidualSuffix[residual] + (from_y ? "_from_y" : "") +
+         (clustered ? "_cluster" : "");
 }
 
 }  // namespace
@@ -90,9 +91,14 @@ std::vector<int> generic_vecs(DType x) {
   return vecs;
 }
 
-std::string generic_kernel_name(const Spec& s, int vec) {
+std::string generic_kernel_name(const Spec& s, int vec, bool clustered) {
   return kernel_name(s.phase == Phase::kBackward ? "bwd" : "fwd", s.x_dtype, s.w_dtype, s.epilogue, vec,
-                     residual_kind(s), s.memory_efficient);
+                     residual_kind(s), s.memory_efficient, clustered);
+}
+
+bool generic_has_clustered(const Spec& s, int vec) {
+  const DType row = s.residual_f32 ? DType::kF32 : s.x_dtype;
+  return s.phase == Phase::kBackward && vec == 16 / dtype_size(row);
 }
 
 std::string generic_reduce_name(DType w) { return std::string("normjit_generic_reduce_w") + to_string(w); }
@@ -111,16 +117,19 @@ GeneratedSource generic_source(DType x, GenericProgram program) {
   for (Epilogue e : epilogues) src << "#include \"normjit/" << detail::epilogue_binding(e).header << "\"\n";
   const std::string xt = std::string("normjit::") + detail::device_type(x);
   int kernels = 0;
-  auto kernel = [&](const char* phase, DType w, Epilogue e, int vec, ResidualKind residual, bool from_y) {
+  auto kernel = [&](const char* phase, DType w, Epilogue e, int vec, ResidualKind residual, bool from_y,
+                    bool clustered = false) {
     const bool fwd = std::string(phase) == "fwd";
     src << "extern \"C\" __global__ void __launch_bounds__(" << kGenericMaxThreads << ", "
         << (fwd ? kGenericForwardCtasPerSm : kGenericBackwardCtasPerSm) << ") "
-        << kernel_name(phase, x, w, e, vec, residual, from_y) << "(const normjit::NormParams p) { normjit::generic_"
-        << phase << "<" << xt << ", normjit::" << detail::device_type(w) << ", normjit::"
-        << detail::epilogue_binding(e).functor << ", " << vec << ", " << int(residual)
-        << (fwd ? "" : from_y ? ", true" : ", false") << ">(p); }\n";
+        << kernel_name(phase, x, w, e, vec, residual, from_y, clustered)
+        << "(const normjit::NormParams p) { normjit::generic_" << phase << "<" << xt << ", normjit::"
+        << detail::device_type(w) << ", normjit::" << detail::epilogue_binding(e).functor << ", " << vec << ", "
+        << int(residual) << (fwd ? "" : from_y ? ", true" : ", false") << (clustered ? ", true" : "") << ">(p); }\n";
     ++kernels;
   };
+  // The backward's clustered kernels (a slot's row split over 2-8 CTAs), for 16-byte packs.
+  const int widest = 16 / dtype_size(x);
   for (DType w : kDTypes) {
     for (Epilogue e : epilogues)
       for (ResidualKind residual : residual_kinds(x))
@@ -128,9 +137,14 @@ GeneratedSource generic_source(DType x, GenericProgram program) {
         for (int vec : generic_vecs(residual == kResidualF32 ? DType::kF32 : x)) {
           kernel("fwd", w, e, vec, residual, false);
           if (quant) continue;  // the quantizing epilogues have no backward
+          const bool clustered = vec == (residual == kResidualF32 ? 4 : widest);
           kernel("bwd", w, e, vec, residual, false);
+          if (clustered) kernel("bwd", w, e, vec, residual, false, true);
           // memory_efficient: epilogue none, not with an fp32 stream (the spec refuses both).
-          if (e == Epilogue::kNone && residual != kResidualF32) kernel("bwd", w, e, vec, residual, true);
+          if (e == Epilogue::kNone && residual != kResidualF32) {
+            kernel("bwd", w, e, vec, residual, true);
+            if (clustered) kernel("bwd", w, e, vec, residual, true, true);
+          }
         }
     if (quant) continue;
     src << "extern \"C\" __global__ void __launch_bounds__(256) " << generic_reduce_name(w)

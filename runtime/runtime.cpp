@@ -803,10 +803,16 @@ size_t Runtime::workspace_bytes(const Spec& spec, int64_t rows, int64_t rows_per
   return generic_workspace_bytes(spec, rows, rows_per_batch);
 }
 
+// A generic backward slot becomes a cluster where its row's dgamma/dbeta sums would leave fewer
+// CTAs a SM than this.
+constexpr int kGenericClusterWhenUnder = 3;
+
 // The generic kernels' launch: functions, grid and workspace.
 struct Runtime::GenericLaunch {
   CUfunction function = nullptr, reduce = nullptr;
   unsigned threads = 0, grid_x = 0, grid_y = 1, smem = 0;
+  unsigned cluster = 1;   // backward: CTAs of a slot (its _cluster kernel where > 1)
+  int segment_packs = 0;  // backward in a cluster: packs of the row each CTA takes
   int flags = 0;
   int stage_packs = 0;  // kGenericStaged: packs of the row in shared memory
   int64_t slots = 0;  // backward: partial slots a group
@@ -867,13 +873,16 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
   if (spec.phase == Phase::kForwardTraining) g.flags |= kGenericTraining;
   if (spec.bias_in) g.flags |= kGenericBiasIn;
   // About kGenericUnroll packs a thread: every load of a pass in flight at once. The backward
-  // takes a pack a round, so a row of at most kGenericMaxThreads packs gets a thread a pack (its
-  // CTA's sums and stages are the row's size either way; at N = 1024, bf16, 32 threads of four
-  // rounds ran 33 % of copy).
+  // takes a pack a round, so a row (or a cluster's segment) of at most kGenericMaxThreads packs
+  // gets a thread a pack (its CTA's sums and stages are the row's size either way; at N = 1024,
+  // bf16, 32 threads of four rounds ran 33 % of copy).
   const int64_t packs = spec.n / vec;
-  const int64_t packs_per_thread = backward && packs <= kGenericMaxThreads ? 1 : kGenericUnroll;
-  g.threads = static_cast<unsigned>(
-      std::clamp<int64_t>((ceil_div(packs, packs_per_thread) + 31) / 32 * 32, 32, kGenericMaxThreads));
+  auto threads_for = [&](int64_t segment_packs) {
+    const int64_t packs_per_thread = backward && segment_packs <= kGenericMaxThreads ? 1 : kGenericUnroll;
+    return static_cast<unsigned>(
+        std::clamp<int64_t>((ceil_div(segment_packs, packs_per_thread) + 31) / 32 * 32, 32, kGenericMaxThreads));
+  };
+  g.threads = threads_for(packs);
   std::lock_guard<std::mutex> lock(mutex_);
   g.function = generic_function(spec.x_dtype, generic_program_of(spec), generic_kernel_name(spec, vec));
   if (!backward) {
@@ -889,7 +898,7 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
                                     cu_device_));
   int static_bytes = 0;  // the kernel's own scratch shares the limit
   NORMJIT_CU(cuFuncGetAttribute(&static_bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, g.function));
-  const int64_t free_bytes = generic_shared_optin_ - static_bytes;
+  int64_t free_bytes = generic_shared_optin_ - static_bytes;
   // The kernel may take all of it, and the SM's L1 leans to shared memory: the occupancy query
   // counts CTAs against that split, and the grid below is as many CTAs as it counts (a default
   // split that fit fewer would leave CTAs waiting, each with its whole share of rows).
@@ -907,7 +916,44 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
     return ctas;
   };
   // dgamma (and dbeta) sums, fp32, over whole rounds of packs (norm_generic.cuh, GenericSums).
-  const int64_t sums_bytes = int64_t(spec.has_bias ? 8 : 4) * ceil_div(packs, int64_t(g.threads)) * g.threads * vec;
+  auto sums_bytes_for = [&](int64_t segment_packs, unsigned threads) {
+    return int64_t(spec.has_bias ? 8 : 4) * ceil_div(segment_packs, int64_t(threads)) * threads * vec;
+  };
+  // Where the row's sums leave fewer than kGenericClusterWhenUnder CTAs a SM, a slot is a cluster
+  // (sm_90, 16-byte packs) of two CTAs if their halves leave that many; where one CTA's shared
+  // memory cannot hold the row's sums at all, of the fewest CTAs up to kGenericMaxCluster whose
+  // segments' sums leave that many. Each CTA takes a segment of whole warps' packs. H200, bf16,
+  // M = 32768, % of copy without / with: LayerNorm 16384 30.2 / 43.8 (2 CTAs), 65536 15.4 / 23.4
+  // (8); RMSNorm 32768 34.5 / 50.3 (2), 65536 33.2 / 35.5 (4); but LayerNorm 24576 31.5 / 20.7
+  // and 32768 28.8 / 24.1 in clusters of four (perf-notes): 24576 keeps one CTA.
+  if (target_.arch >= 90 && generic_has_clustered(spec, vec) &&
+      kGenericClusterWhenUnder * sums_bytes_for(packs, g.threads) > free_bytes) {
+    const int64_t most = sums_bytes_for(packs, g.threads) > free_bytes ? kGenericMaxCluster : 2;
+    int64_t segment = packs;
+    for (int64_t wanted = 2; wanted <= most; wanted *= 2) {
+      segment = ceil_div(ceil_div(packs, wanted), int64_t(32)) * 32;
+      if (kGenericClusterWhenUnder * sums_bytes_for(segment, threads_for(segment)) <= free_bytes) break;
+    }
+    if (kGenericClusterWhenUnder * sums_bytes_for(segment, threads_for(segment)) > free_bytes && most == 2)
+      segment = packs;  // two CTAs are not enough: one, as before
+    if (segment < packs) {
+      g.cluster = static_cast<unsigned>(ceil_div(packs, segment));
+      g.segment_packs = static_cast<int>(segment);
+      g.threads = threads_for(segment);
+      g.function = generic_function(spec.x_dtype, GenericProgram::kNorm, generic_kernel_name(spec, vec, true));
+      // Its own scratch (the cluster's sum slots) shares the limit too.
+      NORMJIT_CU(cuFuncGetAttribute(&static_bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, g.function));
+      free_bytes = generic_shared_optin_ - static_bytes;
+      NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                        static_cast<int>(free_bytes)),
+                     allowing);
+      NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                        CU_SHAREDMEM_CARVEOUT_MAX_SHARED),
+                     allowing);
+    }
+  }
+  const int64_t segment = g.cluster > 1 ? g.segment_packs : packs;
+  const int64_t sums_bytes = sums_bytes_for(segment, g.threads);
   if (sums_bytes <= free_bytes) {
     g.flags |= kGenericSharedSums;
     g.smem = static_cast<unsigned>(sums_bytes);
@@ -921,9 +967,9 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
   // A pack of x (the rows' type: an fp32 stream's h) and of dy.
   const int row_bytes = dtype_size(row_dtype(spec)), x_bytes = dtype_size(spec.x_dtype);
   const int64_t pack_pair_bytes = int64_t(vec) * (row_bytes + x_bytes);
-  if (const int64_t stage_packs = std::min<int64_t>(packs, (free_bytes - g.smem - 15) / pack_pair_bytes);
+  if (const int64_t stage_packs = std::min<int64_t>(segment, (free_bytes - g.smem - 15) / pack_pair_bytes);
       stage_packs > 0)
-    for (int stages = stage_packs == packs ? 2 : 1; stages >= 1; --stages) {
+    for (int stages = stage_packs == segment ? 2 : 1; stages >= 1; --stages) {
       const int64_t smem =
           g.smem + int64_t(stages) * generic_stage_bytes(static_cast<int>(stage_packs), vec, row_bytes, x_bytes);
       if (smem > free_bytes) continue;
@@ -943,11 +989,12 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
   const int64_t groups = ada && rows_per_batch > 0 ? rows / rows_per_batch : 1;
   const int64_t rows_per_group = ada && rows_per_batch > 0 ? rows_per_batch : rows;
   const size_t slot_bytes = generic_slot_bytes(spec, rows, rows_per_batch);
-  int64_t slots = std::clamp<int64_t>(int64_t(std::max(1, per_sm)) * device_.sm_count / std::max<int64_t>(groups, 1),
+  int64_t slots = std::clamp<int64_t>(int64_t(std::max(1, per_sm)) * device_.sm_count / g.cluster /
+                                          std::max<int64_t>(groups, 1),
                                       1, std::max<int64_t>(rows_per_group, 1));
   if (workspace_limit > 0) slots = std::clamp<int64_t>(int64_t(workspace_limit / slot_bytes), 1, slots);
   g.slots = slots;
-  g.grid_x = static_cast<unsigned>(slots);
+  g.grid_x = static_cast<unsigned>(slots * g.cluster);
   g.grid_y = static_cast<unsigned>(std::max<int64_t>(groups, 1));
   g.workspace_bytes = slot_bytes * slots;
   return g;
@@ -989,15 +1036,35 @@ void Runtime::launch_generic(const Spec& spec, const LaunchArgs& args, CUstream 
   p.n = spec.n;
   p.generic_flags = g.flags;
   p.generic_stage_packs = g.stage_packs;
+  p.generic_segment_packs = g.segment_packs;
   p.partial_slots = args.rows > 0 ? static_cast<int>(g.slots) : 0;  // no rows: the sums come out zero
   void* params[] = {&p};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++counters_.generic_launches;
   }
-  if (args.rows > 0 && g.grid_x > 0)
+  if (args.rows > 0 && g.grid_x > 0 && g.cluster > 1) {
+    CUlaunchAttribute cluster{};
+    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    cluster.value.clusterDim.x = g.cluster;
+    cluster.value.clusterDim.y = cluster.value.clusterDim.z = 1;
+    CUlaunchConfig config{};
+    config.gridDimX = g.grid_x;
+    config.gridDimY = g.grid_y;
+    config.gridDimZ = 1;
+    config.blockDimX = g.threads;
+    config.blockDimY = config.blockDimZ = 1;
+    config.sharedMemBytes = g.smem;
+    config.hStream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    NORMJIT_CU_CTX(cuLaunchKernelEx(&config, g.function, params, nullptr),
+                   "launching the generic kernel of " + spec.str() + " in clusters of " + std::to_string(g.cluster) +
+                       " CTAs");
+  } else if (args.rows > 0 && g.grid_x > 0) {
     NORMJIT_CU_CTX(cuLaunchKernel(g.function, g.grid_x, g.grid_y, 1, g.threads, 1, 1, g.smem, stream, params, nullptr),
                    "launching the generic kernel of " + spec.str());
+  }
   if (backward)
     NORMJIT_CU_CTX(cuLaunchKernel(g.reduce, static_cast<unsigned>(ceil_div(spec.n, 32)), g.grid_y, 1, 256, 1, 1, 0,
                                   stream, params, nullptr),

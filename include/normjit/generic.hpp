@@ -48,7 +48,10 @@ std::vector<int> generic_vecs(DType x);
 // Kernel names. Forward specs share the forward kernel of their dtypes, epilogue and residual add
 // (training or not is a flag); backward specs run the row kernel, then the reduction of the weight
 // dtype.
-std::string generic_kernel_name(const Spec& spec, int vec);
+std::string generic_kernel_name(const Spec& spec, int vec, bool clustered = false);
+// Whether the backward of `spec` at vector width `vec` has a clustered kernel (16-byte packs: a
+// slot's row split over a cluster of CTAs on sm_90, each a segment of its columns).
+bool generic_has_clustered(const Spec& spec, int vec);
 std::string generic_reduce_name(DType w);
 // A program of generic kernels of x dtype `x`: all weight dtypes, the program's epilogues,
 // vector widths and residual kinds, and for the norm program both phases and the reductions.

@@ -27,6 +27,8 @@ enum GenericFlag : int {
 constexpr int kGenericUnroll = 4;
 // Most threads a generic CTA takes (their launch bounds).
 constexpr int kGenericMaxThreads = 256;
+// Most CTAs of a backward slot's cluster (the _cluster kernels; the portable size).
+constexpr int kGenericMaxCluster = 8;
 
 // Bytes of one of the backward's stages: x's first `staged_packs` packs (the rows' type: h for an
 // fp32 stream), then dy's, rounded up to 16 so that the next stage's 16-byte copies stay aligned.

@@ -123,6 +123,61 @@ constexpr int kGenericResidualUnroll = 2;
 // under the launch bounds' 64 registers with fp32 weights).
 constexpr int kGenericOutUnroll = 2;
 
+// The cluster the launch gave a backward's _cluster kernels (generic_launch: 2-8 CTAs sharing
+// a row, each a segment of its columns); sm_80 images have none.
+__device__ __forceinline__ unsigned generic_cluster_size() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned size;
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(size));
+  return size;
+#else
+  return 1;
+#endif
+}
+__device__ __forceinline__ unsigned generic_cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned rank;
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+  return rank;
+#else
+  return 0;
+#endif
+}
+
+// cluster_reduce (reduce_cluster.cuh) for a cluster of run-time size, its slot rules included:
+// each rank's part folded in rank order, so every CTA gets the same bits.
+template <class T, class Combine>
+__device__ __forceinline__ T generic_cluster_reduce(T v, T* slot, unsigned cluster, T init, Combine combine) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster > 1) {
+    if (threadIdx.x == 0) {
+      *slot = v;
+      asm volatile("fence.acq_rel.cluster;" ::: "memory");
+    }
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    cluster_wait();
+    T total = init;
+    for (unsigned r = 0; r < cluster; ++r) {
+      T part;
+      load_cluster_slot(part, cluster_address(slot, r));
+      combine(total, part);
+    }
+    return total;
+  }
+#endif
+  return v;
+}
+
+// No CTA of a cluster leaves while another may still read its slots.
+__device__ __forceinline__ void generic_cluster_exit(unsigned cluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster > 1) {
+    cluster_arrive();
+    cluster_wait();
+  }
+#endif
+}
+
 // kResidual (GenericResidual): the residual add, its own kernels (in the plain ones its registers
 // spilled the output pass). Quantizing epilogues: a stateful one (per-tensor FP8's amax) keeps its
 // state over the CTA's rows and finishes once; a row-scaled one (per-row FP8 / int8) gets the
@@ -359,7 +414,7 @@ struct GenericSums {
 // with one stage, each pack's copy for the next row starts once the dx pass has stored the pack
 // (the store depends on the pack's shared-memory loads, so the copy cannot overtake them). A
 // thread copies and reads only its own packs, so no barrier guards the stages either.
-template <class XT, class WT, class Epilogue, int kVec, int kResidual, bool kFromY>
+template <class XT, class WT, class Epilogue, int kVec, int kResidual, bool kFromY, bool kClustered = false>
 __device__ __forceinline__ void generic_bwd(const NormParams& p) {
   using ST = typename GenericStream<XT, kResidual>::type;
   __shared__ float2 scratch[32];
@@ -367,12 +422,22 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
   const int n = p.n, flags = p.generic_flags;
   const bool subtracts_mean = flags & kGenericSubtractsMean, has_bias = flags & kGenericHasBias;
   const float one = (flags & kGenericZeroCentered) ? 1.f : 0.f;
-  const int packs = n / kVec, threads = blockDim.x, tid = threadIdx.x;
+  const int threads = blockDim.x, tid = threadIdx.x;
+  // kClustered: a slot is a cluster whose CTAs take a segment of the row's packs each (the
+  // launch's generic_segment_packs), so that their columns' sums fit shared memory; the other
+  // kernels compile the segment away (cluster 1, one segment).
+  const unsigned cluster = kClustered ? generic_cluster_size() : 1;
+  const int all_packs = n / kVec;
+  const int segment = kClustered ? p.generic_segment_packs : all_packs;
+  const int first = kClustered ? min(all_packs, static_cast<int>(generic_cluster_rank()) * segment) : 0;
+  const int packs = min(all_packs - first, segment);  // this CTA's
+  const int col0 = first * kVec;
   const int staged = (flags & kGenericStaged) ? p.generic_stage_packs : 0;
   const float inv_n = 1.f / static_cast<float>(n);
-  const long long group = blockIdx.y, groups = gridDim.y, slot = blockIdx.x, slots = gridDim.x;
-  float* const slot_g = p.workspace + (group * slots + slot) * n;
-  float* const slot_b = p.workspace + ((groups + group) * slots + slot) * n;
+  const long long group = blockIdx.y, groups = gridDim.y, slot = blockIdx.x / cluster, slots = gridDim.x / cluster;
+  float* const slot_g = p.workspace + (group * slots + slot) * n + col0;
+  float* const slot_b = p.workspace + ((groups + group) * slots + slot) * n + col0;
+  __shared__ float2 cluster_sums[2];  // alternate rows' slots (generic_cluster_reduce)
   const bool shared_sums = flags & kGenericSharedSums;
   constexpr bool residual = kResidual != kGenericNoResidual;  // x is h; dx gets dh_out added
   // In shared memory each array covers whole rounds of packs (see GenericSums).
@@ -390,10 +455,10 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
     if (has_bias) sum_b.update(pack, tid, threads, [](float& v, int) { v = 0.f; });
   }
   const long long weights = (flags & kGenericPerGroup) ? group * n : 0;
-  const WT* gamma = static_cast<const WT*>(p.gamma) + weights;
-  const WT* beta = has_bias ? static_cast<const WT*>(p.beta) + weights : nullptr;
-  auto x_row = [&](long long row) { return static_cast<const ST*>(p.x) + row * p.row_stride; };
-  auto dy_row = [&](long long row) { return static_cast<const XT*>(p.dy) + row * p.row_stride; };
+  const WT* gamma = static_cast<const WT*>(p.gamma) + weights + col0;
+  const WT* beta = has_bias ? static_cast<const WT*>(p.beta) + weights + col0 : nullptr;
+  auto x_row = [&](long long row) { return static_cast<const ST*>(p.x) + row * p.row_stride + col0; };
+  auto dy_row = [&](long long row) { return static_cast<const XT*>(p.dy) + row * p.row_stride + col0; };
   auto stage_x = [&](unsigned char* stage) { return reinterpret_cast<ST*>(stage); };
   auto stage_dy = [&](unsigned char* stage) { return reinterpret_cast<XT*>(stage + staged * kVec * sizeof(ST)); };
   auto stage_pack = [&](unsigned char* stage, long long row, int pack) {
@@ -408,7 +473,7 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
     const bool has_next = r + slots < p.rows_per_group;
     const ST* x = x_row(row);
     const XT* dy = dy_row(row);
-    XT* dx = static_cast<XT*>(p.dx) + row * p.row_stride;
+    XT* dx = static_cast<XT*>(p.dx) + row * p.row_stride + col0;
     const float mean = subtracts_mean && !kFromY ? p.mean[row] : 0.f, rstd = p.rstd[row];
     unsigned char* const stage = stages + (two_stages ? (turn & 1) * stage_bytes : 0);
     ST* const sx = stage_x(stage);
@@ -434,7 +499,7 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
         if (pack >= packs) break;
         const int col = pack * kVec;
         float xhat[kVec], d[kVec], g[kVec];
-        round.grad(p, u, row, col, mean, rstd, one, has_bias, xhat, d, g);
+        round.grad(p, u, row, col0 + col, mean, rstd, one, has_bias, xhat, d, g);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           // g·d rounded alone in both passes (no fused multiply-add), so that at N = 1, where
@@ -447,14 +512,15 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
         if (has_bias) sum_b.update(pack, tid, threads, [&](float& v, int j) { v += d[j]; });
       }
     }
-    const float2 sums = generic_cta_sum2(c1, c2, scratch);
+    const float2 sums = generic_cluster_reduce(generic_cta_sum2(c1, c2, scratch), &cluster_sums[turn & 1], cluster,
+                                               make_float2(0.f, 0.f), ClusterSumOp{});
     const float mean_gd = subtracts_mean ? sums.x * inv_n : 0.f, mean_gdx = sums.y * inv_n;
     // Pass 2: dx (+ dh_out with the residual add: the gradient of x and of the residual), from
     // the stage or from the row again (in L2).
-    const ST* const dh_out = residual ? static_cast<const ST*>(p.dh_out) + row * p.row_stride : nullptr;
+    const ST* const dh_out = residual ? static_cast<const ST*>(p.dh_out) + row * p.row_stride + col0 : nullptr;
     // An fp32 stream's dh goes out unrounded too (dresidual); dx is it rounded.
     float* const dresidual =
-        kResidual == kGenericResidualF32 ? static_cast<float*>(p.dresidual) + row * p.row_stride : nullptr;
+        kResidual == kGenericResidualF32 ? static_cast<float*>(p.dresidual) + row * p.row_stride + col0 : nullptr;
     for (int base = tid; base < packs; base += threads * kGenericBwdUnroll) {
       GenericBwdRound<XT, ST, WT, Epilogue, kVec, kFromY> round;
       round.load(x, dy, sx, sdy, staged, gamma, beta, base, threads, packs, has_bias, dh_out);
@@ -464,7 +530,7 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
         if (pack >= packs) break;
         const int col = pack * kVec;
         float xhat[kVec], d[kVec], g[kVec], dh[kVec];
-        round.grad(p, u, row, col, mean, rstd, one, has_bias, xhat, d, g);
+        round.grad(p, u, row, col0 + col, mean, rstd, one, has_bias, xhat, d, g);
         if (residual) unpack(round.dh[u], dh);
         Pack<XT, kVec> o;
         Pack<float, kVec> o32;
@@ -486,6 +552,7 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
       sum_g.update(pack, tid, threads, [&](float& v, int j) { slot_g[pack * kVec + j] = v; });
       if (has_bias) sum_b.update(pack, tid, threads, [&](float& v, int j) { slot_b[pack * kVec + j] = v; });
     }
+  generic_cluster_exit(cluster);
 }
 
 // dgamma / dbeta of group blockIdx.y: each column's slot sums added in slot order (8 lanes of

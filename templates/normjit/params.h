@@ -54,6 +54,7 @@ struct NormParams {
   int n;
   int generic_flags;
   int generic_stage_packs;  // backward, kGenericStaged: packs of x and dy staged in shared memory
+  int generic_segment_packs;  // backward _cluster kernels: packs of the row each CTA takes (a multiple of 32)
 };
 
 }  // namespace normjit

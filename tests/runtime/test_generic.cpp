@@ -137,7 +137,10 @@ TEST_CASE("the library carries generic images (norm: sm_80, sm_90, compute_90; q
         for (const Spec& s : specs) {
           if (s.x_dtype != x || generic_program_of(s) != program) continue;
           if (!quant && s.phase == Phase::kBackward) expected.insert(generic_reduce_name(s.w_dtype));
-          for (int vec : generic_vecs(s.residual_f32 ? DType::kF32 : x)) expected.insert(generic_kernel_name(s, vec));
+          for (int vec : generic_vecs(s.residual_f32 ? DType::kF32 : x)) {
+            expected.insert(generic_kernel_name(s, vec));
+            if (generic_has_clustered(s, vec)) expected.insert(generic_kernel_name(s, vec, true));
+          }
         }
         for (const std::string& name : expected) CHECK_MESSAGE(names.count(name) == 1, name);
         CHECK(names.size() == expected.size());  // nothing the specs do not name
