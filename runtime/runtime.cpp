@@ -902,13 +902,17 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
   // The kernel may take all of it, and the SM's L1 leans to shared memory: the occupancy query
   // counts CTAs against that split, and the grid below is as many CTAs as it counts (a default
   // split that fit fewer would leave CTAs waiting, each with its whole share of rows).
-  const std::string allowing = "allowing the generic backward " + std::to_string(free_bytes) + " bytes of shared memory";
-  NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    static_cast<int>(free_bytes)),
-                 allowing);
-  NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                                    CU_SHAREDMEM_CARVEOUT_MAX_SHARED),
-                 allowing);
+  auto allow_all_shared = [&] {
+    const std::string allowing =
+        "allowing the generic backward " + std::to_string(free_bytes) + " bytes of shared memory";
+    NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                      static_cast<int>(free_bytes)),
+                   allowing);
+    NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                      CU_SHAREDMEM_CARVEOUT_MAX_SHARED),
+                   allowing);
+  };
+  allow_all_shared();
   auto ctas_per_sm = [&](int64_t smem) {
     int ctas = 0;
     NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, g.function, static_cast<int>(g.threads),
@@ -944,12 +948,7 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
       // Its own scratch (the cluster's sum slots) shares the limit too.
       NORMJIT_CU(cuFuncGetAttribute(&static_bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, g.function));
       free_bytes = generic_shared_optin_ - static_bytes;
-      NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                        static_cast<int>(free_bytes)),
-                     allowing);
-      NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                                        CU_SHAREDMEM_CARVEOUT_MAX_SHARED),
-                     allowing);
+      allow_all_shared();
     }
   }
   const int64_t segment = g.cluster > 1 ? g.segment_packs : packs;
@@ -984,7 +983,7 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
   if (g.smem == 0)  // all in L1's cache then: x and dy are read twice
     NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
                                       CU_SHAREDMEM_CARVEOUT_DEFAULT),
-                   allowing);
+                   "leaving the generic backward's L1 / shared-memory split at its default");
   const bool ada = is_adaptive(spec.norm);
   const int64_t groups = ada && rows_per_batch > 0 ? rows / rows_per_batch : 1;
   const int64_t rows_per_group = ada && rows_per_batch > 0 ? rows_per_batch : rows;
