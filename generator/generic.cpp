@@ -44,6 +44,10 @@ std::string kernel_name(const char* phase, DType x, DType w, Epilogue e, int vec
          (clustered ? "_cluster" : "");
 }
 
+// The backward's clustered kernels (a slot's row split over 2-8 CTAs) come in 16-byte packs of the
+// rows' dtype (x's, or an fp32 stream's) only.
+bool has_clustered(bool backward, DType rows, int vec) { return backward && vec == 16 / dtype_size(rows); }
+
 }  // namespace
 
 const char* to_string(CompileMode m) {
@@ -97,8 +101,7 @@ std::string generic_kernel_name(const Spec& s, int vec, bool clustered) {
 }
 
 bool generic_has_clustered(const Spec& s, int vec) {
-  const DType row = s.residual_f32 ? DType::kF32 : s.x_dtype;
-  return s.phase == Phase::kBackward && vec == 16 / dtype_size(row);
+  return has_clustered(s.phase == Phase::kBackward, s.residual_f32 ? DType::kF32 : s.x_dtype, vec);
 }
 
 std::string generic_reduce_name(DType w) { return std::string("normjit_generic_reduce_w") + to_string(w); }
@@ -128,8 +131,6 @@ GeneratedSource generic_source(DType x, GenericProgram program) {
         << int(residual) << (fwd ? "" : from_y ? ", true" : ", false") << (clustered ? ", true" : "") << ">(p); }\n";
     ++kernels;
   };
-  // The backward's clustered kernels (a slot's row split over 2-8 CTAs), for 16-byte packs.
-  const int widest = 16 / dtype_size(x);
   for (DType w : kDTypes) {
     for (Epilogue e : epilogues)
       for (ResidualKind residual : residual_kinds(x))
@@ -137,7 +138,7 @@ GeneratedSource generic_source(DType x, GenericProgram program) {
         for (int vec : generic_vecs(residual == kResidualF32 ? DType::kF32 : x)) {
           kernel("fwd", w, e, vec, residual, false);
           if (quant) continue;  // the quantizing epilogues have no backward
-          const bool clustered = vec == (residual == kResidualF32 ? 4 : widest);
+          const bool clustered = has_clustered(true, residual == kResidualF32 ? DType::kF32 : x, vec);
           kernel("bwd", w, e, vec, residual, false);
           if (clustered) kernel("bwd", w, e, vec, residual, false, true);
           // memory_efficient: epilogue none, not with an fp32 stream (the spec refuses both).

@@ -930,16 +930,17 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
   // M = 32768, % of copy without / with: LayerNorm 16384 30.2 / 43.8 (2 CTAs), 65536 15.4 / 23.4
   // (8); RMSNorm 32768 34.5 / 50.3 (2), 65536 33.2 / 35.5 (4); but LayerNorm 24576 31.5 / 20.7
   // and 32768 28.8 / 24.1 in clusters of four (perf-notes): 24576 keeps one CTA.
-  if (target_.arch >= 90 && generic_has_clustered(spec, vec) &&
-      kGenericClusterWhenUnder * sums_bytes_for(packs, g.threads) > free_bytes) {
+  auto leaves_enough_ctas = [&](int64_t segment_packs) {
+    return kGenericClusterWhenUnder * sums_bytes_for(segment_packs, threads_for(segment_packs)) <= free_bytes;
+  };
+  if (target_.arch >= 90 && generic_has_clustered(spec, vec) && !leaves_enough_ctas(packs)) {
     const int64_t most = sums_bytes_for(packs, g.threads) > free_bytes ? kGenericMaxCluster : 2;
     int64_t segment = packs;
     for (int64_t wanted = 2; wanted <= most; wanted *= 2) {
       segment = ceil_div(ceil_div(packs, wanted), int64_t(32)) * 32;
-      if (kGenericClusterWhenUnder * sums_bytes_for(segment, threads_for(segment)) <= free_bytes) break;
+      if (leaves_enough_ctas(segment)) break;
     }
-    if (kGenericClusterWhenUnder * sums_bytes_for(segment, threads_for(segment)) > free_bytes && most == 2)
-      segment = packs;  // two CTAs are not enough: one, as before
+    if (most == 2 && !leaves_enough_ctas(segment)) segment = packs;  // two CTAs are not enough: one, as before
     if (segment < packs) {
       g.cluster = static_cast<unsigned>(ceil_div(packs, segment));
       g.segment_packs = static_cast<int>(segment);
