@@ -29,7 +29,8 @@ env: OUT (results, default ./.out), M (rows; default 32768, 4096 past N = 65536,
         at a time (default 6), NORMJIT_GPU_TEST_NS, CPU_TESTS=0, MEMCHECK=0, MEMCHECK_TC
   peers: PEER_NS, PEER_NORMS, PEER_PROVIDERS, PEER_PHASES (fwd bwd), PEER_S (seconds per phase's peers)
   sweep: FROM, TO, STEP, PHASES (fwd bwd)   tune: TUNE_BUDGET_S, TUNE_CANDIDATES   generic: GENERIC_NS
-  profile: KERNEL (kernel-name regex, default normjit_), NCU_ARGS (default: a set of sections)
+  profile: KERNEL (kernel-name regex, default normjit_), NCU_ARGS (default: a set of sections), BENCH_ARGS
+           (e.g. --generic: the generic kernels)
   fusions: FUSION_NS (sizes), FUSION_PROVIDERS (bench/fusions.py --providers), QUANT=1 (bench/quant.py too),
     QUANT_NS, QUANT_PROVIDERS (its --ns / --providers, space-separated), QUANT_ARGS (more of its options,
     e.g. "--formats mxfp8 mxfp4 nvfp4" or "--residual-dtype f32")
@@ -329,7 +330,7 @@ job_profile() {
     timeout 300 ncu --clock-control none -k "regex:${KERNEL:-normjit_}" --launch-skip 2 --launch-count 3 \
       ${NCU_ARGS:---section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
         --section SchedulerStats --section MemoryWorkloadAnalysis} \
-      "$BUILD_DIR/normjit-bench" --rows "$rows" --reps 3 --warmup 1 --no-verify "$spec" \
+      "$BUILD_DIR/normjit-bench" --rows "$rows" --reps 3 --warmup 1 --no-verify ${BENCH_ARGS:-} "$spec" \
       >"$WORK/ncu_$spec.txt" 2>&1 || STATUS=1
     say "## $spec, M = $rows"
     grep -E "^  [a-z]|Duration|Memory Throughput|Registers Per|Occupancy|No Eligible|Issued Warp|Block Limit" \

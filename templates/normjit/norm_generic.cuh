@@ -42,6 +42,61 @@ __device__ __forceinline__ void load_floats(const T* p, float (&out)[kVec]) {
   unpack(load_pack<T, kVec>(p), out);
 }
 
+// The two 16-bit elements of a 32-bit word as floats (the first in the low half).
+__device__ __forceinline__ void unpack_word(const bf16*, unsigned w, float& lo, float& hi) {
+  lo = __uint_as_float(w << 16);
+  hi = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack_word(const f16*, unsigned w, float& lo, float& hi) {
+  asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" : "=f"(lo), "=f"(hi) : "r"(w));
+}
+
+// A pack loaded in one pass and used later in it, kept as 32-bit words and written on every path
+// (clear() where there is nothing to load). Under the launch bounds' 64 registers, a Pack of
+// 16-bit elements left as it was on some path (no bias, past the row's end) was carried element
+// by element, a register each, and spilled. Packs under 4 bytes stay Packs.
+template <class T, int kVec, bool kInWords = sizeof(Pack<T, kVec>) % 4 == 0>
+struct GenericPack {
+  Pack<T, kVec> pack;
+  __device__ __forceinline__ void load(const T* p) { pack = load_pack<T, kVec>(p); }
+  __device__ __forceinline__ void clear() {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) pack.v[j] = T{};
+  }
+  __device__ __forceinline__ void unpack_to(float (&out)[kVec]) const { unpack(pack, out); }
+};
+template <class T, int kVec>
+struct GenericPack<T, kVec, true> {
+  static constexpr int kWords = static_cast<int>(sizeof(Pack<T, kVec>)) / 4;
+  unsigned w[kWords];
+  __device__ __forceinline__ void load(const T* p) {
+    if constexpr (kWords % 4 == 0) {  // 16 bytes a load (a pack of 8 fp32 weights: two)
+#pragma unroll
+      for (int i = 0; i < kWords; i += 4) {
+        const uint4 v = reinterpret_cast<const uint4*>(p)[i / 4];
+        w[i] = v.x, w[i + 1] = v.y, w[i + 2] = v.z, w[i + 3] = v.w;
+      }
+    } else if constexpr (kWords == 2) {
+      const uint2 v = *reinterpret_cast<const uint2*>(p);
+      w[0] = v.x, w[1] = v.y;
+    } else {
+      static_assert(kWords == 1, "a pack of 4, 8 or a multiple of 16 bytes");
+      w[0] = *reinterpret_cast<const unsigned*>(p);
+    }
+  }
+  __device__ __forceinline__ void clear() {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) w[i] = 0;
+  }
+  __device__ __forceinline__ void unpack_to(float (&out)[kVec]) const {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) {
+      if constexpr (sizeof(T) == 4) out[i] = __uint_as_float(w[i]);
+      else unpack_word(static_cast<const T*>(nullptr), w[i], out[2 * i], out[2 * i + 1]);
+    }
+  }
+};
+
 // The residual add's kinds (a compile-time argument of the kernels): none, the stream in x's
 // dtype (.residual), or an fp32 stream beside x in bf16 / f16 (.residual_f32).
 enum GenericResidual : int { kGenericNoResidual = 0, kGenericResidualX = 1, kGenericResidualF32 = 2 };
@@ -77,34 +132,37 @@ __device__ __forceinline__ void generic_stats_pass(const XT* x, const ST* res, c
                                                    int threads, int packs, bool bias_in, float center, float& dev,
                                                    float& sq) {
   for (int base = tid; base < packs; base += threads * kU) {
-    Pack<XT, kVec> v[kU];
-    Pack<ST, kVec> r[kResidual ? kU : 1];
-    Pack<WT, kVec> bi[kResidual ? kU : 1];
+    GenericPack<XT, kVec> v[kU];
+    GenericPack<ST, kVec> r[kResidual ? kU : 1];
+    GenericPack<WT, kVec> bi[kResidual ? kU : 1];
 #pragma unroll
-    for (int u = 0; u < kU; ++u)
-      if (const int pack = base + u * threads; pack < packs) {
-        v[u] = load_pack<XT, kVec>(x + pack * kVec);
-        if constexpr (kResidual) {
-          r[u] = load_pack<ST, kVec>(res + pack * kVec);
-          if (bias_in) bi[u] = load_pack<WT, kVec>(bias_row + pack * kVec);
-        }
+    for (int u = 0; u < kU; ++u) {
+      const int pack = base + u * threads;
+      if (pack < packs) v[u].load(x + pack * kVec);
+      else v[u].clear();
+      if constexpr (kResidual) {
+        if (pack < packs) r[u].load(res + pack * kVec);
+        else r[u].clear();
+        if (bias_in && pack < packs) bi[u].load(bias_row + pack * kVec);
+        else bi[u].clear();
       }
+    }
 #pragma unroll
     for (int u = 0; u < kU; ++u)
       if (const int pack = base + u * threads; pack < packs) {
         float f[kVec];
-        unpack(v[u], f);
+        v[u].unpack_to(f);
         if constexpr (kResidual) {
           float rf[kVec], bf[kVec];
-          unpack(r[u], rf);
-          if (bias_in) unpack(bi[u], bf);
+          r[u].unpack_to(rf);
+          bi[u].unpack_to(bf);
           Pack<ST, kVec> hv;
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
             hv.v[j] = Convert<ST>::from((bias_in ? f[j] + bf[j] : f[j]) + rf[j]);
             f[j] = to_float(hv.v[j]);
           }
-          store_pack<ST, kVec>(h + pack * kVec, hv);
+          store_output_pack<ST, kVec, true>(h + pack * kVec, hv);
         }
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
@@ -233,24 +291,30 @@ __device__ __forceinline__ void generic_fwd(const NormParams& p) {
     }
     // A round's packs: all loads before any store (y may alias x for all the compiler knows, so
     // a load after a store would wait for it), then each pack normalized.
+    // Every register of a round written on every path (GenericPack).
     struct Round {
-      Pack<ST, kVec> v[kOutUnroll];
-      Pack<WT, kVec> g[kOutUnroll], b[kOutUnroll];
+      GenericPack<ST, kVec> v[kOutUnroll];
+      GenericPack<WT, kVec> g[kOutUnroll], b[kOutUnroll];
     };
     auto load_round = [&](Round& r, int base) {
 #pragma unroll
       for (int u = 0; u < kOutUnroll; ++u)
         if (const int pack = base + u * threads + tid; pack < packs) {
-          r.v[u] = load_pack<ST, kVec>(in + pack * kVec);
-          r.g[u] = load_pack<WT, kVec>(gamma + pack * kVec);
-          if (has_bias) r.b[u] = load_pack<WT, kVec>(beta + pack * kVec);
+          r.v[u].load(in + pack * kVec);
+          r.g[u].load(gamma + pack * kVec);
+          if (has_bias) r.b[u].load(beta + pack * kVec);
+          else r.b[u].clear();
+        } else {
+          r.v[u].clear();
+          r.g[u].clear();
+          r.b[u].clear();
         }
     };
     auto normalize = [&](const Round& r, int u, float (&out)[kVec]) {
       float f[kVec], gf[kVec], bf[kVec];
-      unpack(r.v[u], f);
-      unpack(r.g[u], gf);
-      if (has_bias) unpack(r.b[u], bf);
+      r.v[u].unpack_to(f);
+      r.g[u].unpack_to(gf);
+      r.b[u].unpack_to(bf);
 #pragma unroll
       for (int j = 0; j < kVec; ++j)
         out[j] = (f[j] - center - shift) * rstd * (gf[j] + one) + (has_bias ? bf[j] : 0.f);
@@ -303,7 +367,7 @@ __device__ __forceinline__ void generic_fwd(const NormParams& p) {
           Pack<XT, kVec> o;
 #pragma unroll
           for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(out[j]);
-          store_pack<XT, kVec>(y + pack * kVec, o);
+          store_output_pack<XT, kVec, true>(y + pack * kVec, o);
         }
       }
     }

@@ -487,4 +487,35 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
   return run;
 }
 
+// A case's spec and layout, for a failure's context.
+std::string describe(const Case& c) {
+  return c.spec.str() + " rows=" + std::to_string(c.rows) + " row_stride=" + std::to_string(c.row_stride) +
+         " x_offset=" + std::to_string(c.x_offset);
+}
+
+// One forward case against the reference (y, mean and rstd within tolerance, h bit for bit, the
+// mask exact), described in any failure's context.
+void check_forward_case(const Case& c) {
+  const std::string where = describe(c);
+  CAPTURE(where);
+  const ForwardRun r = run_forward(c);
+  CHECK(r.worst <= 1.0);
+  CHECK(r.h_mismatches == 0);
+  CHECK(r.mask_mismatches == 0);
+}
+
+// One backward case against the reference, described in any failure's context; a
+// memory_efficient case also against the backward of x itself (only y's rounding apart).
+BackwardRun check_backward_case(const Case& c) {
+  const std::string where = describe(c);
+  CAPTURE(where);
+  const BackwardRun r = run_backward(c);
+  CHECK(r.forward <= 1.0);
+  CHECK(r.dx <= 1.0);
+  CHECK(r.dgamma <= 1.0);
+  CHECK(r.dbeta <= 1.0);
+  if (c.spec.memory_efficient) CHECK(r.dx_from_x <= 8.0);
+  return r;
+}
+
 }  // namespace gpu_test

@@ -220,6 +220,15 @@ struct BackwardRun {
 BackwardRun run_backward(const Case& c, int reps = 1, std::vector<std::vector<char>>* all_dgamma = nullptr,
                          std::vector<std::vector<char>>* all_dx = nullptr);
 
+// A case's spec and layout, for a failure's context.
+std::string describe(const Case& c);
+// One forward case against the reference (y, mean and rstd within tolerance, h bit for bit, the
+// mask exact), described in any failure's context.
+void check_forward_case(const Case& c);
+// One backward case against the reference (its forward, dx, dgamma, dbeta), described in any
+// failure's context; a memory_efficient case also against the backward of x itself.
+BackwardRun check_backward_case(const Case& c);
+
 // Compiles (or loads) many specs on all cores before the checks run.
 inline void warm(const std::vector<Spec>& specs) {
   runtime();

@@ -1,4 +1,7 @@
 // Forward kernels against the fp64 reference on fresh random inputs.
+#include <unistd.h>
+
+#include <filesystem>
 #include <optional>
 
 #include "tests/gpu/gpu_common.hpp"
@@ -386,6 +389,57 @@ TEST_CASE("runtime caches: in-process hits after the first get") {
   CHECK(&k1 == &k2);
   CHECK(after.memory_hits == before.memory_hits + 1);
   CHECK(after.compiles + after.disk_hits == before.compiles + before.disk_hits + 1);
+}
+
+// normjit-precompile --batch and the tuner store one program's cubin (several specs' kernels) in
+// each of its entries: a runtime must load each kernel from such an entry and run it right.
+TEST_CASE("batched cache entries: kernels compiled several to a program load from disk and match the reference") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("normjit-batched-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  {
+    Runtime rt(0, dir);
+    std::vector<Case> cases;
+    for (Norm norm : {Norm::kLayerNorm, Norm::kRMSNorm})
+      for (int64_t n : {1024, 2880, 4104, 12288}) {
+        Case c;
+        c.spec = Spec::make(norm, Phase::kBackward, DType::kBF16, n, norm == Norm::kLayerNorm);
+        c.spec.w_dtype = DType::kF32;
+        c.rows = 203;
+        cases.push_back(c);
+      }
+    // The backward's forward (training) and the backward itself, each phase one program.
+    {
+      DiskCacheOptions options;
+      DiskCache cache(dir, options);
+      for (Phase phase : {Phase::kForwardTraining, Phase::kBackward}) {
+        std::vector<Spec> batch;
+        for (const Case& c : cases) {
+          Spec s = c.spec;
+          s.phase = phase;
+          batch.push_back(resolve(s, 16, rt.target().arch));
+        }
+        const std::vector<DiskCache::Lookup> found = cache.lookup_batch(batch, rt.target());
+        REQUIRE(found.size() == batch.size());
+        for (size_t i = 0; i < found.size(); ++i) {
+          CAPTURE(batch[i].str());
+          CHECK(found[i].source == DiskCache::Lookup::Source::kCompiled);
+          CHECK(found[i].on_disk);
+          // One program's image in every entry: all of the batch's kernels are in it.
+          CHECK(found[i].binary.image == found[0].binary.image);
+        }
+      }
+    }
+    launch_through() = &rt;
+    struct Reset {
+      ~Reset() { launch_through() = nullptr; }
+    } reset;
+    for (const Case& c : cases) check_backward_case(c);
+    const RuntimeCounters counters = rt.counters();
+    CHECK(counters.compiles == 0);  // every kernel came from a batched entry
+    CHECK(counters.disk_hits == 2 * cases.size());
+  }
+  fs::remove_all(dir);
 }
 
 TEST_CASE("a thread with no current context can launch") {
