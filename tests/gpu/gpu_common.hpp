@@ -191,6 +191,13 @@ struct GenericKernelsOn {
   GenericKernelsOn() { use_generic_kernels() = true; }
   ~GenericKernelsOn() { use_generic_kernels() = false; }
 };
+// While alive, run_forward / run_backward launch through `rt` (launch_through).
+struct LaunchingThrough {
+  explicit LaunchingThrough(Runtime& rt) { launch_through() = &rt; }
+  ~LaunchingThrough() { launch_through() = nullptr; }
+  LaunchingThrough(const LaunchingThrough&) = delete;
+  LaunchingThrough& operator=(const LaunchingThrough&) = delete;
+};
 
 ForwardRun run_forward(const Case& c);
 

@@ -430,10 +430,7 @@ TEST_CASE("batched cache entries: kernels compiled several to a program load fro
         }
       }
     }
-    launch_through() = &rt;
-    struct Reset {
-      ~Reset() { launch_through() = nullptr; }
-    } reset;
+    const LaunchingThrough through(rt);
     for (const Case& c : cases) check_backward_case(c);
     const RuntimeCounters counters = rt.counters();
     CHECK(counters.compiles == 0);  // every kernel came from a batched entry

@@ -191,10 +191,7 @@ TEST_CASE("async mode: the generic kernel runs at once, the specialized one take
   {
     Runtime rt(0, dir);  // an empty cache: every spec misses both caches
     rt.set_compile_mode(CompileMode::kAsync);
-    launch_through() = &rt;
-    struct Reset {
-      ~Reset() { launch_through() = nullptr; }
-    } reset;
+    const LaunchingThrough through(rt);
     for (Phase phase : {Phase::kForwardTraining, Phase::kBackward}) {
       Case c;
       c.spec = Spec::make(Norm::kLayerNorm, phase, DType::kBF16, 3000 + (phase == Phase::kBackward ? 8 : 0), true);
@@ -232,10 +229,7 @@ TEST_CASE("generic mode: no NVRTC for any spec, the quantizing epilogues include
   {
     Runtime rt(0, dir);
     rt.set_compile_mode(CompileMode::kGeneric);
-    launch_through() = &rt;
-    struct Reset {
-      ~Reset() { launch_through() = nullptr; }
-    } reset;
+    const LaunchingThrough through(rt);
     Case c;
     c.spec = Spec::make(Norm::kRMSNorm, Phase::kBackward, DType::kF16, 4544, false);
     c.rows = 129;
