@@ -872,13 +872,15 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
   if (spec.zero_centered) g.flags |= kGenericZeroCentered;
   if (spec.phase == Phase::kForwardTraining) g.flags |= kGenericTraining;
   if (spec.bias_in) g.flags |= kGenericBiasIn;
-  // About kGenericUnroll packs a thread: every load of a pass in flight at once. The backward
-  // takes a pack a round, so a row (or a cluster's segment) of at most kGenericMaxThreads packs
-  // gets a thread a pack (its CTA's sums and stages are the row's size either way; at N = 1024,
-  // bf16, 32 threads of four rounds ran 33 % of copy).
+  // The forward: about kGenericUnroll packs a thread, every load of a pass in flight at once. The
+  // backward takes a pack a round, so its CTA is as wide as its row (or cluster segment) allows,
+  // in even rounds of at most kGenericMaxThreads packs: its sums and stages are the row's size
+  // whatever the width, and narrow CTAs left too few warps a SM (N = 1024, bf16, 32 threads of
+  // four rounds: 33 % of copy; N = 4096, 128 threads, three CTAs a SM: 18.6 % occupancy).
   const int64_t packs = spec.n / vec;
   auto threads_for = [&](int64_t segment_packs) {
-    const int64_t packs_per_thread = backward && segment_packs <= kGenericMaxThreads ? 1 : kGenericUnroll;
+    const int64_t packs_per_thread =
+        backward ? ceil_div(std::max<int64_t>(segment_packs, 1), int64_t(kGenericMaxThreads)) : kGenericUnroll;
     return static_cast<unsigned>(
         std::clamp<int64_t>((ceil_div(segment_packs, packs_per_thread) + 31) / 32 * 32, 32, kGenericMaxThreads));
   };
