@@ -815,6 +815,7 @@ struct Runtime::GenericLaunch {
   int segment_packs = 0;  // backward in a cluster: packs of the row each CTA takes
   int flags = 0;
   int stage_packs = 0;  // kGenericStaged: packs of the row in shared memory
+  int ctas_per_sm = 0;  // backward: resident CTAs a SM at this shape and shared memory
   int64_t slots = 0;  // backward: partial slots a group
   size_t workspace_bytes = 0;
 };
@@ -863,6 +864,42 @@ CUfunction Runtime::generic_function(DType x, GenericProgram program, const std:
 
 Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_t rows, int64_t rows_per_batch,
                                                size_t workspace_limit) {
+  // The plan (functions, CTA shape, shared memory, CTAs a SM) once per spec and vector width: its
+  // driver queries and attribute settings are not repeated on every launch and workspace query.
+  Spec unshaped = spec;
+  unshaped.block.reset();
+  const std::pair<uint64_t, int> key{packed_key(unshaped), vec};
+  GenericLaunch g;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = generic_plans_.find(key); it != generic_plans_.end()) {
+      g = *it->second;
+    } else {
+      g = generic_plan(spec, vec);
+      generic_plans_.emplace(key, std::make_unique<GenericLaunch>(g));
+    }
+  }
+  if (spec.phase != Phase::kBackward) {
+    g.grid_x = static_cast<unsigned>(std::min<int64_t>(rows, 0x7fffffff));
+    return g;
+  }
+  const bool ada = is_adaptive(spec.norm);
+  const int64_t groups = ada && rows_per_batch > 0 ? rows / rows_per_batch : 1;
+  const int64_t rows_per_group = ada && rows_per_batch > 0 ? rows_per_batch : rows;
+  const size_t slot_bytes = generic_slot_bytes(spec, rows, rows_per_batch);
+  int64_t slots = std::clamp<int64_t>(int64_t(std::max(1, g.ctas_per_sm)) * device_.sm_count / g.cluster /
+                                          std::max<int64_t>(groups, 1),
+                                      1, std::max<int64_t>(rows_per_group, 1));
+  if (workspace_limit > 0) slots = std::clamp<int64_t>(int64_t(workspace_limit / slot_bytes), 1, slots);
+  g.slots = slots;
+  g.grid_x = static_cast<unsigned>(slots * g.cluster);
+  g.grid_y = static_cast<unsigned>(std::max<int64_t>(groups, 1));
+  g.workspace_bytes = slot_bytes * slots;
+  return g;
+}
+
+// mutex_ held (generic_function).
+Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
   if (const std::string why = generic_refusal(spec); !why.empty()) throw Error(Status::kNotSupported, why);
   GenericLaunch g;
   const bool backward = spec.phase == Phase::kBackward;
@@ -885,12 +922,8 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
         std::clamp<int64_t>((ceil_div(segment_packs, packs_per_thread) + 31) / 32 * 32, 32, kGenericMaxThreads));
   };
   g.threads = threads_for(packs);
-  std::lock_guard<std::mutex> lock(mutex_);
   g.function = generic_function(spec.x_dtype, generic_program_of(spec), generic_kernel_name(spec, vec));
-  if (!backward) {
-    g.grid_x = static_cast<unsigned>(std::min<int64_t>(rows, 0x7fffffff));
-    return g;
-  }
+  if (!backward) return g;
   g.reduce = generic_function(spec.x_dtype, GenericProgram::kNorm, generic_reduce_name(spec.w_dtype));
   // The queries below need a current context: workspace_bytes() may come from a thread with none
   // (torch's autograd threads).
@@ -987,18 +1020,7 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
     NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
                                       CU_SHAREDMEM_CARVEOUT_DEFAULT),
                    "leaving the generic backward's L1 / shared-memory split at its default");
-  const bool ada = is_adaptive(spec.norm);
-  const int64_t groups = ada && rows_per_batch > 0 ? rows / rows_per_batch : 1;
-  const int64_t rows_per_group = ada && rows_per_batch > 0 ? rows_per_batch : rows;
-  const size_t slot_bytes = generic_slot_bytes(spec, rows, rows_per_batch);
-  int64_t slots = std::clamp<int64_t>(int64_t(std::max(1, per_sm)) * device_.sm_count / g.cluster /
-                                          std::max<int64_t>(groups, 1),
-                                      1, std::max<int64_t>(rows_per_group, 1));
-  if (workspace_limit > 0) slots = std::clamp<int64_t>(int64_t(workspace_limit / slot_bytes), 1, slots);
-  g.slots = slots;
-  g.grid_x = static_cast<unsigned>(slots * g.cluster);
-  g.grid_y = static_cast<unsigned>(std::max<int64_t>(groups, 1));
-  g.workspace_bytes = slot_bytes * slots;
+  g.ctas_per_sm = per_sm;
   return g;
 }
 

@@ -271,6 +271,8 @@ class Runtime {
   struct GenericLaunch;
   GenericLaunch generic_launch(const Spec& spec, int vec, int64_t rows, int64_t rows_per_batch,
                                size_t workspace_limit);
+  // What of a generic launch depends only on the spec and vector width (mutex_ held).
+  GenericLaunch generic_plan(const Spec& spec, int vec);
   // Whether a resolved spec's kernel is loaded in this runtime.
   bool is_loaded(const Spec& resolved) const;
   // Why no generic kernel runs the spec here (generic_unsupported_why, or this GPU's arch), or "".
@@ -280,6 +282,7 @@ class Runtime {
   void preload_generic_kernels();
   std::map<std::pair<DType, GenericProgram>, CUmodule> generic_modules_;
   std::map<std::string, CUfunction> generic_functions_;
+  std::map<std::pair<uint64_t, int>, std::unique_ptr<GenericLaunch>> generic_plans_;  // by spec and vec
   int generic_shared_optin_ = -1;  // bytes of shared memory a generic CTA may take
   std::atomic<CompileMode> compile_mode_{CompileMode::kSync};
   // Created on the first async launch; destroyed first (its compiles use disk_cache_).
