@@ -1027,7 +1027,13 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
 size_t Runtime::generic_workspace_bytes(const Spec& spec, int64_t rows, int64_t rows_per_batch, int64_t max_slots) {
   if (spec.phase != Phase::kBackward) return 0;
   const size_t limit = max_slots > 0 ? generic_slot_bytes(spec, rows, rows_per_batch) * max_slots : 0;
-  return generic_launch(spec, 1, rows, rows_per_batch, limit).workspace_bytes;
+  // The launch's vector width follows its pointers, unknown here, and each width's kernel fits its
+  // own number of CTAs a SM: enough for the widest grid. (Sized for one-element packs alone, the
+  // workspace held N = 1024's 16-byte-pack launch to 3 CTAs a SM of the 7 it fits.)
+  size_t bytes = 0;
+  for (const int vec : generic_vecs(row_dtype(spec)))
+    if (spec.n % vec == 0) bytes = std::max(bytes, generic_launch(spec, vec, rows, rows_per_batch, limit).workspace_bytes);
+  return bytes;
 }
 
 void Runtime::launch_generic(const Spec& spec, const LaunchArgs& args, CUstream stream) {
