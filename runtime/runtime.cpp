@@ -816,6 +816,7 @@ struct Runtime::GenericLaunch {
   int flags = 0;
   int stage_packs = 0;  // kGenericStaged: packs of the row in shared memory
   int ctas_per_sm = 0;  // backward: resident CTAs a SM at this shape and shared memory
+  int resident_clusters = 0;  // backward in clusters: how many the device holds at once (0: no cluster)
   int64_t slots = 0;  // backward: partial slots a group
   size_t workspace_bytes = 0;
 };
@@ -890,6 +891,8 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
   int64_t slots = std::clamp<int64_t>(int64_t(std::max(1, g.ctas_per_sm)) * device_.sm_count / g.cluster /
                                           std::max<int64_t>(groups, 1),
                                       1, std::max<int64_t>(rows_per_group, 1));
+  if (g.resident_clusters > 0)
+    slots = std::clamp<int64_t>(int64_t(g.resident_clusters) / std::max<int64_t>(groups, 1), 1, slots);
   if (workspace_limit > 0) slots = std::clamp<int64_t>(int64_t(workspace_limit / slot_bytes), 1, slots);
   g.slots = slots;
   g.grid_x = static_cast<unsigned>(slots * g.cluster);
@@ -1021,6 +1024,24 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
                                       CU_SHAREDMEM_CARVEOUT_DEFAULT),
                    "leaving the generic backward's L1 / shared-memory split at its default");
   g.ctas_per_sm = per_sm;
+  if (g.cluster > 1) {
+    // A cluster must fit one GPC: fewer may be resident than the SMs' CTAs suggest, and a slot
+    // past them would run as a second wave.
+    CUlaunchConfig config{};
+    config.gridDimX = g.cluster;
+    config.gridDimY = config.gridDimZ = 1;
+    config.blockDimX = g.threads;
+    config.blockDimY = config.blockDimZ = 1;
+    config.sharedMemBytes = g.smem;
+    CUlaunchAttribute cluster{};
+    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    cluster.value.clusterDim.x = g.cluster;
+    cluster.value.clusterDim.y = cluster.value.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    NORMJIT_CU_CTX(cuOccupancyMaxActiveClusters(&g.resident_clusters, g.function, &config),
+                   "sizing the generic backward's clusters of " + spec.str());
+  }
   return g;
 }
 
