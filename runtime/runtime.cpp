@@ -967,7 +967,10 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
   // segments' sums leave that many. Each CTA takes a segment of whole warps' packs. H200, bf16,
   // M = 32768, % of copy without / with: LayerNorm 16384 30.2 / 43.8 (2 CTAs), 65536 15.4 / 23.4
   // (8); RMSNorm 32768 34.5 / 50.3 (2), 65536 33.2 / 35.5 (4); but LayerNorm 24576 31.5 / 20.7
-  // and 32768 28.8 / 24.1 in clusters of four (perf-notes): 24576 keeps one CTA.
+  // and 32768 28.8 / 24.1 in clusters of four (perf-notes): 24576 keeps one CTA. Those clusters
+  // of four and eight ran in two waves until the grid took only the resident clusters (below):
+  // since then LayerNorm 32768 24.5 -> 41.4 (4), 65536 23.2 -> 38.7 (8), RMSNorm 65536 36.2 ->
+  // 49.1 (4), fp32 weights; one CTA against four at 24576 is not yet measured again.
   auto leaves_enough_ctas = [&](int64_t segment_packs) {
     return kGenericClusterWhenUnder * sums_bytes_for(segment_packs, threads_for(segment_packs)) <= free_bytes;
   };
