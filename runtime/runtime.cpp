@@ -962,26 +962,24 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
     return int64_t(spec.has_bias ? 8 : 4) * ceil_div(segment_packs, int64_t(threads)) * threads * vec;
   };
   // Where the row's sums leave fewer than kGenericClusterWhenUnder CTAs a SM, a slot is a cluster
-  // (sm_90, 16-byte packs) of two CTAs if their halves leave that many; where one CTA's shared
-  // memory cannot hold the row's sums at all, of the fewest CTAs up to kGenericMaxCluster whose
-  // segments' sums leave that many. Each CTA takes a segment of whole warps' packs. H200, bf16,
-  // M = 32768, % of copy without / with: LayerNorm 16384 30.2 / 43.8 (2 CTAs), 65536 15.4 / 23.4
-  // (8); RMSNorm 32768 34.5 / 50.3 (2), 65536 33.2 / 35.5 (4); but LayerNorm 24576 31.5 / 20.7
-  // and 32768 28.8 / 24.1 in clusters of four (perf-notes): 24576 keeps one CTA. Those clusters
-  // of four and eight ran in two waves until the grid took only the resident clusters (below):
-  // since then LayerNorm 32768 24.5 -> 41.4 (4), 65536 23.2 -> 38.7 (8), RMSNorm 65536 36.2 ->
-  // 49.1 (4), fp32 weights; one CTA against four at 24576 is not yet measured again.
+  // (sm_90, 16-byte packs) of the fewest CTAs up to kGenericMaxCluster whose segments' sums leave
+  // that many. Each CTA takes a segment of whole warps' packs. H200, bf16, M = 32768, % of copy
+  // without / with: LayerNorm 16384 30.2 / 43.8 (2 CTAs), 65536 15.4 / 23.4 (8); RMSNorm 32768
+  // 34.5 / 50.3 (2), 65536 33.2 / 35.5 (4); LayerNorm 24576 31.5 / 20.7 and 32768 28.8 / 24.1 in
+  // clusters of four, which then ran only where one CTA could not hold the sums at all. Those
+  // clusters ran in two waves until the grid took only the resident clusters (below): since then
+  // LayerNorm 32768 24.5 -> 41.4 (4), 65536 23.2 -> 38.7 (8), RMSNorm 65536 36.2 -> 49.1 (4), fp32
+  // weights (perf-notes); one CTA against four where it holds the sums (LayerNorm 20480-28672,
+  // RMSNorm 40960-49152) is not yet measured.
   auto leaves_enough_ctas = [&](int64_t segment_packs) {
     return kGenericClusterWhenUnder * sums_bytes_for(segment_packs, threads_for(segment_packs)) <= free_bytes;
   };
   if (target_.arch >= 90 && generic_has_clustered(spec, vec) && !leaves_enough_ctas(packs)) {
-    const int64_t most = sums_bytes_for(packs, g.threads) > free_bytes ? kGenericMaxCluster : 2;
     int64_t segment = packs;
-    for (int64_t wanted = 2; wanted <= most; wanted *= 2) {
+    for (int64_t wanted = 2; wanted <= kGenericMaxCluster; wanted *= 2) {
       segment = ceil_div(ceil_div(packs, wanted), int64_t(32)) * 32;
       if (leaves_enough_ctas(segment)) break;
     }
-    if (most == 2 && !leaves_enough_ctas(segment)) segment = packs;  // two CTAs are not enough: one, as before
     if (segment < packs) {
       g.cluster = static_cast<unsigned>(ceil_div(packs, segment));
       g.segment_packs = static_cast<int>(segment);
