@@ -913,10 +913,8 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
   if (spec.phase == Phase::kForwardTraining) g.flags |= kGenericTraining;
   if (spec.bias_in) g.flags |= kGenericBiasIn;
   // The forward: about kGenericUnroll packs a thread, every load of a pass in flight at once. The
-  // backward takes a pack a round, so its CTA is as wide as its row (or cluster segment) allows,
-  // in even rounds of at most kGenericMaxThreads packs: its sums and stages are the row's size
-  // whatever the width, and narrow CTAs left too few warps a SM (N = 1024, bf16, 32 threads of
-  // four rounds: 33 % of copy; N = 4096, 128 threads, three CTAs a SM: 18.6 % occupancy).
+  // backward takes a pack a round; its width is chosen below by occupancy, and this one (as wide
+  // as the row allows, in even rounds of at most kGenericMaxThreads packs) sizes its clusters.
   const int64_t packs = spec.n / vec;
   auto threads_for = [&](int64_t segment_packs) {
     const int64_t packs_per_thread =
@@ -951,12 +949,6 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
                    allowing);
   };
   allow_all_shared();
-  auto ctas_per_sm = [&](int64_t smem) {
-    int ctas = 0;
-    NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, g.function, static_cast<int>(g.threads),
-                                                           static_cast<size_t>(smem)));
-    return ctas;
-  };
   // dgamma (and dbeta) sums, fp32, over whole rounds of packs (norm_generic.cuh, GenericSums).
   auto sums_bytes_for = [&](int64_t segment_packs, unsigned threads) {
     return int64_t(spec.has_bias ? 8 : 4) * ceil_div(segment_packs, int64_t(threads)) * threads * vec;
@@ -969,8 +961,8 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
   // clusters of four, which then ran only where one CTA could not hold the sums at all. Those
   // clusters ran in two waves until the grid took only the resident clusters (below): since then
   // LayerNorm 32768 24.5 -> 41.4 (4), 65536 23.2 -> 38.7 (8), RMSNorm 65536 36.2 -> 49.1 (4), fp32
-  // weights (perf-notes); one CTA against four where it holds the sums (LayerNorm 20480-28672,
-  // RMSNorm 40960-49152) is not yet measured.
+  // weights (perf-notes); and where one CTA holds the sums, one CTA / a cluster: LayerNorm 20480
+  // 31.3 / 36.2, 24576 31.5 / 39.5, 28672 31.2 / 37.5; RMSNorm 40960 34.1 / 44.8, 49152 31.3 / 46.2.
   auto leaves_enough_ctas = [&](int64_t segment_packs) {
     return kGenericClusterWhenUnder * sums_bytes_for(segment_packs, threads_for(segment_packs)) <= free_bytes;
   };
@@ -992,39 +984,76 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
     }
   }
   const int64_t segment = g.cluster > 1 ? g.segment_packs : packs;
-  const int64_t sums_bytes = sums_bytes_for(segment, g.threads);
-  if (sums_bytes <= free_bytes) {
-    g.flags |= kGenericSharedSums;
-    g.smem = static_cast<unsigned>(sums_bytes);
-  }
-  const int unstaged = ctas_per_sm(g.smem);
-  int per_sm = unstaged;
-  // x and dy staged after the sums: two stages, else one, else the row's first packs; where that
-  // leaves at least two CTAs a SM, or as many as without. H100, bf16, M = 32768, % of copy staged /
-  // not: RMSNorm N = 4096 74.9 / 57.4 (four CTAs / three), 7168 74.7 / 72.6 (two / three), 16384
-  // 44.3 (one) / 60.5 (three); LayerNorm 16384 41.2 / 40.7 (one / one).
-  // A pack of x (the rows' type: an fp32 stream's h) and of dy.
-  const int row_bytes = dtype_size(row_dtype(spec)), x_bytes = dtype_size(spec.x_dtype);
-  const int64_t pack_pair_bytes = int64_t(vec) * (row_bytes + x_bytes);
-  if (const int64_t stage_packs = std::min<int64_t>(segment, (free_bytes - g.smem - 15) / pack_pair_bytes);
-      stage_packs > 0)
-    for (int stages = stage_packs == segment ? 2 : 1; stages >= 1; --stages) {
-      const int64_t smem =
-          g.smem + int64_t(stages) * generic_stage_bytes(static_cast<int>(stage_packs), vec, row_bytes, x_bytes);
-      if (smem > free_bytes) continue;
-      if (const int ctas = ctas_per_sm(smem); ctas >= std::min(2, unstaged)) {
-        g.flags |= kGenericStaged | (stages == 2 ? kGenericTwoStages : 0);
-        g.stage_packs = static_cast<int>(stage_packs);
-        g.smem = static_cast<unsigned>(smem);
-        per_sm = ctas;
-        break;
-      }
+  // A row's sums and stages take the same shared memory whatever the CTA's width, so each CTA
+  // is a row in flight: the width chosen is the one with the most CTAs a SM (within 10 %), the
+  // widest of those, its packs spread evenly (at least 85 % of its rounds' slots used). H200,
+  // bf16, fp32 weights, M = 32768, % of copy LN / RMS, as wide as the row -> this rule: 768
+  // 45.0 / 50.5 -> 45.8 / 55.9, 1024 46.8 / 51.6 -> 49.4 / 59.0, 1536 45.2 / 49.0 -> 54.3 / 64.1,
+  // 2048 46.5 / 50.2 -> 56.9 / 65.2, RMS 2880 59.4 -> 66.5 (96 threads, six CTAs a SM, against
+  // 192 and four); 5120 and wider level. LN 768 at 64 threads (uneven rounds): 41.8.
+  struct Shape {
+    unsigned threads = 0, smem = 0;
+    int flags = 0, stage_packs = 0, per_sm = 0;
+  };
+  auto shape_for = [&](unsigned threads) {
+    Shape s{threads};
+    auto ctas_per_sm = [&](int64_t smem) {
+      int ctas = 0;
+      NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, g.function, static_cast<int>(threads),
+                                                             static_cast<size_t>(smem)));
+      return ctas;
+    };
+    if (const int64_t sums_bytes = sums_bytes_for(segment, threads); sums_bytes <= free_bytes) {
+      s.flags |= kGenericSharedSums;
+      s.smem = static_cast<unsigned>(sums_bytes);
     }
+    const int unstaged = ctas_per_sm(s.smem);
+    s.per_sm = unstaged;
+    // x and dy staged after the sums: two stages, else one, else the row's first packs; where that
+    // leaves at least two CTAs a SM, or as many as without. H100, bf16, M = 32768, % of copy staged /
+    // not: RMSNorm N = 4096 74.9 / 57.4 (four CTAs / three), 7168 74.7 / 72.6 (two / three), 16384
+    // 44.3 (one) / 60.5 (three); LayerNorm 16384 41.2 / 40.7 (one / one).
+    // A pack of x (the rows' type: an fp32 stream's h) and of dy.
+    const int row_bytes = dtype_size(row_dtype(spec)), x_bytes = dtype_size(spec.x_dtype);
+    const int64_t pack_pair_bytes = int64_t(vec) * (row_bytes + x_bytes);
+    if (const int64_t stage_packs = std::min<int64_t>(segment, (free_bytes - s.smem - 15) / pack_pair_bytes);
+        stage_packs > 0)
+      for (int stages = stage_packs == segment ? 2 : 1; stages >= 1; --stages) {
+        const int64_t smem =
+            s.smem + int64_t(stages) * generic_stage_bytes(static_cast<int>(stage_packs), vec, row_bytes, x_bytes);
+        if (smem > free_bytes) continue;
+        if (const int ctas = ctas_per_sm(smem); ctas >= std::min(2, unstaged)) {
+          s.flags |= kGenericStaged | (stages == 2 ? kGenericTwoStages : 0);
+          s.stage_packs = static_cast<int>(stage_packs);
+          s.smem = static_cast<unsigned>(smem);
+          s.per_sm = ctas;
+          break;
+        }
+      }
+    return s;
+  };
+  std::vector<Shape> shapes;
+  int most_per_sm = 0;
+  for (unsigned threads = 32; threads <= static_cast<unsigned>(kGenericMaxThreads); threads += 32) {
+    const int64_t rounds = ceil_div(std::max<int64_t>(segment, 1), int64_t(threads));
+    const bool even = 100 * segment >= 85 * rounds * threads;
+    if (!even && threads != threads_for(segment)) continue;  // that one is always a candidate
+    if (threads >= segment + 32) break;  // wider leaves a warp idle
+    shapes.push_back(shape_for(threads));
+    most_per_sm = std::max(most_per_sm, shapes.back().per_sm);
+  }
+  Shape picked;
+  for (const Shape& s : shapes)
+    if (10 * s.per_sm >= 9 * most_per_sm) picked = s;  // the widest of those
+  g.threads = picked.threads;
+  g.flags |= picked.flags;
+  g.smem = picked.smem;
+  g.stage_packs = picked.stage_packs;
   if (g.smem == 0)  // all in L1's cache then: x and dy are read twice
     NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
                                       CU_SHAREDMEM_CARVEOUT_DEFAULT),
                    "leaving the generic backward's L1 / shared-memory split at its default");
-  g.ctas_per_sm = per_sm;
+  g.ctas_per_sm = picked.per_sm;
   if (g.cluster > 1) {
     // A cluster must fit one GPC: fewer may be resident than the SMs' CTAs suggest, and a slot
     // past them would run as a second wave.
