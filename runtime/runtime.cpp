@@ -817,6 +817,7 @@ struct Runtime::GenericLaunch {
   int stage_packs = 0;  // kGenericStaged: packs of the row in shared memory
   int ctas_per_sm = 0;  // backward: resident CTAs a SM at this shape and shared memory
   int resident_clusters = 0;  // backward in clusters: how many the device holds at once (0: no cluster)
+  int carveout = -1;  // backward: the shared-memory share of the SM in percent, a launch attribute (-1: none)
   int64_t slots = 0;  // backward: partial slots a group
   size_t workspace_bytes = 0;
 };
@@ -901,7 +902,62 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
   return g;
 }
 
+namespace {
+// The smallest shared-memory share of the SM in percent (the rest is L1) that still holds
+// `per_sm` CTAs of `smem` dynamic bytes: the rows' weights, read in both passes of every row, then
+// stay in L1 instead of coming from L2 (32 KB of fp32 gamma at N = 8192 against the 28 KB of L1
+// the all-shared split leaves). H200, bf16, fp32 weights, M = 32768, % of copy all-shared -> this:
+// LN / RMS 5120 48.5 / 63.6 -> 52.3 / 66.0, 8192 50.4 / 64.1 -> 56.7 / 70.2, 16384 44.2 / 55.4 ->
+// 46.8 / 60.7; 1024-2880 and the clusters past 24576 level. The query sets the function's
+// attribute; launches pass the share as a launch attribute, which takes precedence, since specs
+// of one kernel may want different shares.
+int smallest_generic_carveout(CUfunction function, unsigned threads, unsigned smem, int per_sm) {
+  auto ctas_at = [&](int percent) {
+    NORMJIT_CU_CTX(cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, percent),
+                   "setting the generic backward's L1 / shared-memory split to " + std::to_string(percent) + " %");
+    int ctas = 0;
+    NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, function, static_cast<int>(threads),
+                                                           static_cast<size_t>(smem)));
+    return ctas;
+  };
+  for (int percent = 10; percent < 100; percent += 5)
+    if (ctas_at(percent) >= per_sm) return percent;
+  ctas_at(CU_SHAREDMEM_CARVEOUT_MAX_SHARED);
+  return CU_SHAREDMEM_CARVEOUT_MAX_SHARED;
+}
+}  // namespace
+
+// A generic launch's configuration: its shared-memory share (backward; a launch attribute from
+// driver 12.4 on, else the caller sets the function's) and cluster as launch attributes, which
+// `attrs` holds.
+CUlaunchConfig Runtime::generic_config(const GenericLaunch& g, unsigned grid_x, CUstream stream,
+                                       CUlaunchAttribute (&attrs)[2]) const {
+  CUlaunchConfig config{};
+  config.gridDimX = grid_x;
+  config.gridDimY = g.grid_y;
+  config.gridDimZ = 1;
+  config.blockDimX = g.threads;
+  config.blockDimY = config.blockDimZ = 1;
+  config.sharedMemBytes = g.smem;
+  config.hStream = stream;
+  config.attrs = attrs;
+  if (g.carveout >= 0 && carveout_launch_attribute()) {
+    attrs[config.numAttrs] = CUlaunchAttribute{};
+    attrs[config.numAttrs].id = CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT;
+    attrs[config.numAttrs++].value.sharedMemCarveout = static_cast<unsigned>(g.carveout);
+  }
+  if (g.cluster > 1) {
+    attrs[config.numAttrs] = CUlaunchAttribute{};
+    attrs[config.numAttrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[config.numAttrs].value.clusterDim.x = g.cluster;
+    attrs[config.numAttrs].value.clusterDim.y = attrs[config.numAttrs].value.clusterDim.z = 1;
+    ++config.numAttrs;
+  }
+  return config;
+}
+
 // mutex_ held (generic_function).
+
 Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
   if (const std::string why = generic_refusal(spec); !why.empty()) throw Error(Status::kNotSupported, why);
   GenericLaunch g;
@@ -1049,26 +1105,14 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
   g.flags |= picked.flags;
   g.smem = picked.smem;
   g.stage_packs = picked.stage_packs;
-  if (g.smem == 0)  // all in L1's cache then: x and dy are read twice
-    NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                                      CU_SHAREDMEM_CARVEOUT_DEFAULT),
-                   "leaving the generic backward's L1 / shared-memory split at its default");
+  // With no dynamic shared memory all of it is L1's: x and dy are read twice.
+  g.carveout = g.smem == 0 ? 0 : smallest_generic_carveout(g.function, g.threads, g.smem, picked.per_sm);
   g.ctas_per_sm = picked.per_sm;
   if (g.cluster > 1) {
     // A cluster must fit one GPC: fewer may be resident than the SMs' CTAs suggest, and a slot
     // past them would run as a second wave.
-    CUlaunchConfig config{};
-    config.gridDimX = g.cluster;
-    config.gridDimY = config.gridDimZ = 1;
-    config.blockDimX = g.threads;
-    config.blockDimY = config.blockDimZ = 1;
-    config.sharedMemBytes = g.smem;
-    CUlaunchAttribute cluster{};
-    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    cluster.value.clusterDim.x = g.cluster;
-    cluster.value.clusterDim.y = cluster.value.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
+    CUlaunchAttribute attrs[2];
+    const CUlaunchConfig config = generic_config(g, g.cluster, nullptr, attrs);
     NORMJIT_CU_CTX(cuOccupancyMaxActiveClusters(&g.resident_clusters, g.function, &config),
                    "sizing the generic backward's clusters of " + spec.str());
   }
@@ -1124,27 +1168,15 @@ void Runtime::launch_generic(const Spec& spec, const LaunchArgs& args, CUstream 
     std::lock_guard<std::mutex> lock(mutex_);
     ++counters_.generic_launches;
   }
-  if (args.rows > 0 && g.grid_x > 0 && g.cluster > 1) {
-    CUlaunchAttribute cluster{};
-    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    cluster.value.clusterDim.x = g.cluster;
-    cluster.value.clusterDim.y = cluster.value.clusterDim.z = 1;
-    CUlaunchConfig config{};
-    config.gridDimX = g.grid_x;
-    config.gridDimY = g.grid_y;
-    config.gridDimZ = 1;
-    config.blockDimX = g.threads;
-    config.blockDimY = config.blockDimZ = 1;
-    config.sharedMemBytes = g.smem;
-    config.hStream = stream;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
+  if (args.rows > 0 && g.grid_x > 0) {
+    CUlaunchAttribute attrs[2];
+    const CUlaunchConfig config = generic_config(g, g.grid_x, stream, attrs);
+    if (g.carveout >= 0 && !carveout_launch_attribute())
+      NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, g.carveout),
+                     "setting the L1 / shared-memory split of the generic kernel of " + spec.str());
     NORMJIT_CU_CTX(cuLaunchKernelEx(&config, g.function, params, nullptr),
-                   "launching the generic kernel of " + spec.str() + " in clusters of " + std::to_string(g.cluster) +
-                       " CTAs");
-  } else if (args.rows > 0 && g.grid_x > 0) {
-    NORMJIT_CU_CTX(cuLaunchKernel(g.function, g.grid_x, g.grid_y, 1, g.threads, 1, 1, g.smem, stream, params, nullptr),
-                   "launching the generic kernel of " + spec.str());
+                   "launching the generic kernel of " + spec.str() +
+                       (g.cluster > 1 ? " in clusters of " + std::to_string(g.cluster) + " CTAs" : std::string()));
   }
   if (backward)
     NORMJIT_CU_CTX(cuLaunchKernel(g.reduce, static_cast<unsigned>(ceil_div(spec.n, 32)), g.grid_y, 1, 256, 1, 1, 0,

@@ -273,6 +273,9 @@ class Runtime {
                                size_t workspace_limit);
   // What of a generic launch depends only on the spec and vector width (mutex_ held).
   GenericLaunch generic_plan(const Spec& spec, int vec);
+  CUlaunchConfig generic_config(const GenericLaunch& g, unsigned grid_x, CUstream stream,
+                                CUlaunchAttribute (&attrs)[2]) const;
+  bool carveout_launch_attribute() const { return device_.driver_version >= 12040; }
   // Whether a resolved spec's kernel is loaded in this runtime.
   bool is_loaded(const Spec& resolved) const;
   // Why no generic kernel runs the spec here (generic_unsupported_why, or this GPU's arch), or "".
