@@ -1,4 +1,5 @@
 // The generic kernels' program text, names and coverage, and the compile modes.
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
 
@@ -105,6 +106,25 @@ bool generic_has_clustered(const Spec& s, int vec) {
 }
 
 std::string generic_reduce_name(DType w) { return std::string("normjit_generic_reduce_w") + to_string(w); }
+
+unsigned generic_backward_threads(int64_t segment_packs, unsigned as_wide_as_row,
+                                  const std::function<int(unsigned)>& ctas_per_sm) {
+  const int64_t packs = std::max<int64_t>(segment_packs, 1);
+  unsigned picked = 0;
+  std::vector<std::pair<unsigned, int>> candidates;  // threads, CTAs a SM
+  int most = 0;
+  for (unsigned threads = 32; threads <= static_cast<unsigned>(kGenericMaxThreads); threads += 32) {
+    if (threads >= packs + 32 && threads != as_wide_as_row) break;  // wider leaves a warp idle
+    const int64_t rounds = (packs + threads - 1) / threads;
+    const bool even = 100 * packs >= 85 * rounds * threads;
+    if (!even && threads != as_wide_as_row) continue;
+    candidates.emplace_back(threads, ctas_per_sm(threads));
+    most = std::max(most, candidates.back().second);
+  }
+  for (const auto& [threads, ctas] : candidates)
+    if (10 * ctas >= 9 * most) picked = threads;  // the widest of those
+  return picked;
+}
 
 std::vector<DType> generic_program_dtypes() { return {std::begin(kDTypes), std::end(kDTypes)}; }
 

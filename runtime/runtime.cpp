@@ -1040,13 +1040,12 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
     }
   }
   const int64_t segment = g.cluster > 1 ? g.segment_packs : packs;
-  // A row's sums and stages take the same shared memory whatever the CTA's width, so each CTA
-  // is a row in flight: the width chosen is the one with the most CTAs a SM (within 10 %), the
-  // widest of those, its packs spread evenly (at least 85 % of its rounds' slots used). H200,
-  // bf16, fp32 weights, M = 32768, % of copy LN / RMS, as wide as the row -> this rule: 768
-  // 45.0 / 50.5 -> 45.8 / 55.9, 1024 46.8 / 51.6 -> 49.4 / 59.0, 1536 45.2 / 49.0 -> 54.3 / 64.1,
-  // 2048 46.5 / 50.2 -> 56.9 / 65.2, RMS 2880 59.4 -> 66.5 (96 threads, six CTAs a SM, against
-  // 192 and four); 5120 and wider level. LN 768 at 64 threads (uneven rounds): 41.8.
+  // The CTA's width (generic_backward_threads): the widest with about the most CTAs a SM, its
+  // packs spread evenly. H200, bf16, fp32 weights, M = 32768, % of copy LN / RMS, as wide as the
+  // row -> this rule: 768 45.0 / 50.5 -> 45.8 / 55.9, 1024 46.8 / 51.6 -> 49.4 / 59.0, 1536
+  // 45.2 / 49.0 -> 54.3 / 64.1, 2048 46.5 / 50.2 -> 56.9 / 65.2, RMS 2880 59.4 -> 66.5 (96
+  // threads, six CTAs a SM, against 192 and four); 5120 and wider level. LN 768 at 64 threads
+  // (uneven rounds): 41.8.
   struct Shape {
     unsigned threads = 0, smem = 0;
     int flags = 0, stage_packs = 0, per_sm = 0;
@@ -1088,19 +1087,11 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
       }
     return s;
   };
-  std::vector<Shape> shapes;
-  int most_per_sm = 0;
-  for (unsigned threads = 32; threads <= static_cast<unsigned>(kGenericMaxThreads); threads += 32) {
-    const int64_t rounds = ceil_div(std::max<int64_t>(segment, 1), int64_t(threads));
-    const bool even = 100 * segment >= 85 * rounds * threads;
-    if (!even && threads != threads_for(segment)) continue;  // that one is always a candidate
-    if (threads >= segment + 32) break;  // wider leaves a warp idle
-    shapes.push_back(shape_for(threads));
-    most_per_sm = std::max(most_per_sm, shapes.back().per_sm);
-  }
-  Shape picked;
-  for (const Shape& s : shapes)
-    if (10 * s.per_sm >= 9 * most_per_sm) picked = s;  // the widest of those
+  std::map<unsigned, Shape> shapes;
+  const unsigned width = generic_backward_threads(segment, threads_for(segment), [&](unsigned threads) {
+    return shapes.emplace(threads, shape_for(threads)).first->second.per_sm;
+  });
+  const Shape& picked = shapes.at(width);
   g.threads = picked.threads;
   g.flags |= picked.flags;
   g.smem = picked.smem;

@@ -53,6 +53,13 @@ std::string generic_kernel_name(const Spec& spec, int vec, bool clustered = fals
 // slot's row split over a cluster of CTAs on sm_90, each a segment of its columns).
 bool generic_has_clustered(const Spec& spec, int vec);
 std::string generic_reduce_name(DType w);
+// The generic backward's CTA width for a row (or cluster segment) of `segment_packs` packs. A row's
+// sums and stages take the same shared memory at any width, so a CTA is a row in flight: of the
+// multiples of 32 up to the widest CTA that use at least 85 % of their rounds' slots, and
+// `as_wide_as_row` (always a candidate), the widest whose CTAs a SM (`ctas_per_sm(threads)`) come
+// within 10 % of the most any of them gets.
+unsigned generic_backward_threads(int64_t segment_packs, unsigned as_wide_as_row,
+                                  const std::function<int(unsigned)>& ctas_per_sm);
 // A program of generic kernels of x dtype `x`: all weight dtypes, the program's epilogues,
 // vector widths and residual kinds, and for the norm program both phases and the reductions.
 GeneratedSource generic_source(DType x, GenericProgram program);

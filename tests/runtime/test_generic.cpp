@@ -8,8 +8,10 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "normjit/normjit.hpp"
 
@@ -148,6 +150,41 @@ TEST_CASE("the library carries generic images (norm: sm_80, sm_90, compute_90; q
                      << " bytes");
       }
     }
+}
+
+TEST_CASE("generic backward width: the widest CTA within 10 % of the most CTAs a SM, over even rounds") {
+  std::vector<unsigned> asked;
+  auto occupancy = [&](std::map<unsigned, int> ctas) {
+    return [&asked, ctas](unsigned threads) {
+      asked.push_back(threads);
+      const auto it = ctas.find(threads);
+      return it == ctas.end() ? 1 : it->second;
+    };
+  };
+  SUBCASE("N = 1024, 16-byte packs: shared memory holds 13 CTAs, registers 12 of 64 threads") {
+    // 96 threads are uneven (128 packs in two rounds of 96) and never asked.
+    CHECK(generic_backward_threads(128, 128, occupancy({{32, 13}, {64, 12}, {128, 6}})) == 64u);
+    CHECK(asked == std::vector<unsigned>{32, 64, 128});
+  }
+  SUBCASE("uneven rounds are skipped, the row's own width is always asked") {
+    // 96 packs: 64 threads would leave a quarter of their slots idle.
+    CHECK(generic_backward_threads(96, 96, occupancy({{32, 17}, {96, 8}})) == 32u);
+    CHECK(asked == std::vector<unsigned>{32, 96});
+  }
+  SUBCASE("a tie goes to the widest") {
+    // 1024 packs, shared memory holds two CTAs at any width.
+    CHECK(generic_backward_threads(1024, 256, occupancy({{32, 2}, {64, 2}, {128, 2}, {256, 2}})) == 256u);
+    CHECK(asked.back() == 256u);
+  }
+  SUBCASE("more CTAs a SM beat a wider CTA") {
+    // 360 packs (RMS 2880): six CTAs at 96 and 128 threads, four at 192.
+    CHECK(generic_backward_threads(360, 192, occupancy({{32, 6}, {64, 6}, {96, 6}, {128, 6}, {192, 4}})) == 128u);
+    for (unsigned t : asked) CHECK(100 * 360 >= 85 * ((360 + t - 1) / t) * t);
+  }
+  SUBCASE("one pack: one warp") {
+    CHECK(generic_backward_threads(1, 32, occupancy({})) == 32u);
+    CHECK(asked == std::vector<unsigned>{32});
+  }
 }
 
 TEST_CASE("background compiler: compiles a spec with NVRTC once, and hands its binary over once") {
