@@ -904,7 +904,8 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
 
 namespace {
 // The smallest shared-memory share of the SM in percent (the rest is L1) that still holds
-// `per_sm` CTAs of `smem` dynamic bytes: the rows' weights, read in both passes of every row, then
+// `per_sm` CTAs of `smem` dynamic bytes (and the kernel's static ones; with none dynamic, x and dy
+// are read twice and want the L1 most): the rows' weights, read in both passes of every row, then
 // stay in L1 instead of coming from L2 (32 KB of fp32 gamma at N = 8192 against the 28 KB of L1
 // the all-shared split leaves). H200, bf16, fp32 weights, M = 32768, % of copy all-shared -> this:
 // LN / RMS 5120 48.5 / 63.6 -> 52.3 / 66.0, 8192 50.4 / 64.1 -> 56.7 / 70.2, 16384 44.2 / 55.4 ->
@@ -920,8 +921,9 @@ int smallest_generic_carveout(CUfunction function, unsigned threads, unsigned sm
                                                            static_cast<size_t>(smem)));
     return ctas;
   };
-  for (int percent = 10; percent < 100; percent += 5)
-    if (ctas_at(percent) >= per_sm) return percent;
+  if (per_sm > 0)
+    for (int percent = 10; percent < 100; percent += 5)
+      if (ctas_at(percent) >= per_sm) return percent;
   ctas_at(CU_SHAREDMEM_CARVEOUT_MAX_SHARED);
   return CU_SHAREDMEM_CARVEOUT_MAX_SHARED;
 }
@@ -957,7 +959,6 @@ CUlaunchConfig Runtime::generic_config(const GenericLaunch& g, unsigned grid_x, 
 }
 
 // mutex_ held (generic_function).
-
 Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
   if (const std::string why = generic_refusal(spec); !why.empty()) throw Error(Status::kNotSupported, why);
   GenericLaunch g;
@@ -1096,8 +1097,7 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
   g.flags |= picked.flags;
   g.smem = picked.smem;
   g.stage_packs = picked.stage_packs;
-  // With no dynamic shared memory all of it is L1's: x and dy are read twice.
-  g.carveout = g.smem == 0 ? 0 : smallest_generic_carveout(g.function, g.threads, g.smem, picked.per_sm);
+  g.carveout = smallest_generic_carveout(g.function, g.threads, g.smem, picked.per_sm);
   g.ctas_per_sm = picked.per_sm;
   if (g.cluster > 1) {
     // A cluster must fit one GPC: fewer may be resident than the SMs' CTAs suggest, and a slot
