@@ -45,7 +45,7 @@ std::string kernel_name(const char* phase, DType x, DType w, Epilogue e, int vec
          (clustered ? "_cluster" : "");
 }
 
-// The backward's clustered kernels (a slot's row split over 2-8 CTAs) come in 16-byte packs of the
+// The backward's clustered kernels (a slot's row split over 2-16 CTAs) come in 16-byte packs of the
 // rows' dtype (x's, or an fp32 stream's) only.
 bool has_clustered(bool backward, DType rows, int vec) { return backward && vec == 16 / dtype_size(rows); }
 

@@ -877,7 +877,7 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
     if (auto it = generic_plans_.find(key); it != generic_plans_.end()) {
       g = *it->second;
     } else {
-      g = generic_plan(spec, vec);
+      g = generic_plan(spec, vec, kGenericMaxCluster);
       generic_plans_.emplace(key, std::make_unique<GenericLaunch>(g));
     }
   }
@@ -959,7 +959,7 @@ CUlaunchConfig Runtime::generic_config(const GenericLaunch& g, unsigned grid_x, 
 }
 
 // mutex_ held (generic_function).
-Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
+Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec, int max_cluster) {
   if (const std::string why = generic_refusal(spec); !why.empty()) throw Error(Status::kNotSupported, why);
   GenericLaunch g;
   const bool backward = spec.phase == Phase::kBackward;
@@ -1011,8 +1011,8 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
     return int64_t(spec.has_bias ? 8 : 4) * ceil_div(segment_packs, int64_t(threads)) * threads * vec;
   };
   // Where the row's sums leave fewer than kGenericClusterWhenUnder CTAs a SM, a slot is a cluster
-  // (sm_90, 16-byte packs) of the fewest CTAs up to kGenericMaxCluster whose segments' sums leave
-  // that many. Each CTA takes a segment of whole warps' packs. H200, bf16, M = 32768, % of copy
+  // (sm_90, 16-byte packs) of the fewest CTAs up to `max_cluster` whose segments' sums leave
+  // that many; past eight only where eight would leave the sums in the workspace. Each CTA takes a segment of whole warps' packs. H200, bf16, M = 32768, % of copy
   // without / with: LayerNorm 16384 30.2 / 43.8 (2 CTAs), 65536 15.4 / 23.4 (8); RMSNorm 32768
   // 34.5 / 50.3 (2), 65536 33.2 / 35.5 (4); LayerNorm 24576 31.5 / 20.7 and 32768 28.8 / 24.1 in
   // clusters of four, which then ran only where one CTA could not hold the sums at all. Those
@@ -1025,7 +1025,7 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
   };
   if (target_.arch >= 90 && generic_has_clustered(spec, vec) && !leaves_enough_ctas(packs)) {
     int64_t segment = packs;
-    for (int64_t wanted = 2; wanted <= kGenericMaxCluster; wanted *= 2) {
+    for (int64_t wanted = 2; wanted <= max_cluster; wanted *= 2) {
       segment = ceil_div(ceil_div(packs, wanted), int64_t(32)) * 32;
       if (leaves_enough_ctas(segment)) break;
     }
@@ -1034,6 +1034,10 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
       g.segment_packs = static_cast<int>(segment);
       g.threads = threads_for(segment);
       g.function = generic_function(spec.x_dtype, GenericProgram::kNorm, generic_kernel_name(spec, vec, true));
+      if (g.cluster > unsigned(kMaxPortableCluster))
+        NORMJIT_CU_CTX(cuFuncSetAttribute(g.function, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                       "allowing the generic backward of " + spec.str() + " a cluster of " +
+                           std::to_string(g.cluster) + " CTAs");
       // Its own scratch (the cluster's sum slots) shares the limit too.
       NORMJIT_CU(cuFuncGetAttribute(&static_bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, g.function));
       free_bytes = generic_shared_optin_ - static_bytes;
@@ -1106,6 +1110,12 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec) {
     const CUlaunchConfig config = generic_config(g, g.cluster, nullptr, attrs);
     NORMJIT_CU_CTX(cuOccupancyMaxActiveClusters(&g.resident_clusters, g.function, &config),
                    "sizing the generic backward's clusters of " + spec.str());
+    // A GPU whose GPCs hold no non-portable cluster of this shape: the portable plan.
+    if (g.resident_clusters < 1 && g.cluster > unsigned(kMaxPortableCluster)) {
+      detail::log().debug("generic backward of {}: no cluster of {} CTAs resident; clusters of at most {}",
+                          spec.str(), g.cluster, kMaxPortableCluster);
+      return generic_plan(spec, vec, kMaxPortableCluster);
+    }
   }
   return g;
 }

@@ -272,7 +272,7 @@ class Runtime {
   GenericLaunch generic_launch(const Spec& spec, int vec, int64_t rows, int64_t rows_per_batch,
                                size_t workspace_limit);
   // What of a generic launch depends only on the spec and vector width (mutex_ held).
-  GenericLaunch generic_plan(const Spec& spec, int vec);
+  GenericLaunch generic_plan(const Spec& spec, int vec, int max_cluster);
   CUlaunchConfig generic_config(const GenericLaunch& g, unsigned grid_x, CUstream stream,
                                 CUlaunchAttribute (&attrs)[2]) const;
   bool carveout_launch_attribute() const { return device_.driver_version >= 12040; }

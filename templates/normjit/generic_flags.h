@@ -27,8 +27,9 @@ enum GenericFlag : int {
 constexpr int kGenericUnroll = 4;
 // Most threads a generic CTA takes (their launch bounds).
 constexpr int kGenericMaxThreads = 256;
-// Most CTAs of a backward slot's cluster (the _cluster kernels; the portable size).
-constexpr int kGenericMaxCluster = 8;
+// Most CTAs of a backward slot's cluster (the _cluster kernels): past the portable 8 a cluster is
+// non-portable (sm_90 holds 16 in a GPC), for rows whose sums fit no cluster of 8.
+constexpr int kGenericMaxCluster = 16;
 
 // Bytes of one of the backward's stages: x's first `staged_packs` packs (the rows' type: h for an
 // fp32 stream), then dy's, rounded up to 16 so that the next stage's 16-byte copies stay aligned.

@@ -181,7 +181,7 @@ constexpr int kGenericResidualUnroll = 2;
 // under the launch bounds' 64 registers with fp32 weights).
 constexpr int kGenericOutUnroll = 2;
 
-// The cluster the launch gave a backward's _cluster kernels (generic_launch: 2-8 CTAs sharing
+// The cluster the launch gave a backward's _cluster kernels (generic_launch: 2-16 CTAs sharing
 // a row, each a segment of its columns); sm_80 images have none.
 __device__ __forceinline__ unsigned generic_cluster_size() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
