@@ -390,18 +390,17 @@ struct GenericBwdRound {
   Pack<WT, kVec> g[kGenericBwdUnroll], b[kReadsBeta ? kGenericBwdUnroll : 1];
   Pack<ST, kVec> dh[kGenericBwdUnroll];  // the residual add's dh_out (dx pass)
 
-  // Packs below `staged` come from the shared-memory rows sx / sdy, the others from global
-  // memory. dhr: the row of dh_out, where the dx pass adds it (null otherwise).
-  __device__ __forceinline__ void load(const ST* xr, const XT* dyr, const ST* sx, const XT* sdy, int staged,
-                                       const WT* gamma, const WT* beta, int base, int threads, int packs,
-                                       bool has_bias, const ST* dhr = nullptr) {
+  // x and dy from `xr` / `dyr`: the stage's rows in shared memory or the rows in global memory,
+  // never a choice between them per pack, so that each load is LDS or LDG and not a generic one.
+  // dhr: the row of dh_out, where the dx pass adds it (null otherwise).
+  __device__ __forceinline__ void load(const ST* xr, const XT* dyr, const WT* gamma, const WT* beta, int base,
+                                       int threads, int packs, bool has_bias, const ST* dhr = nullptr) {
 #pragma unroll
     for (int u = 0; u < kGenericBwdUnroll; ++u)
       if (const int pack = base + u * threads; pack < packs) {
         if (dhr) dh[u] = load_pack<ST, kVec>(dhr + pack * kVec);
-        const bool in_stage = pack < staged;
-        x[u] = load_pack<ST, kVec>((in_stage ? sx : xr) + pack * kVec);
-        dy[u] = load_pack<XT, kVec>((in_stage ? sdy : dyr) + pack * kVec);
+        x[u] = load_pack<ST, kVec>(xr + pack * kVec);
+        dy[u] = load_pack<XT, kVec>(dyr + pack * kVec);
         g[u] = load_pack<WT, kVec>(gamma + pack * kVec);
         if constexpr (kReadsBeta)
           if (has_bias) b[u] = load_pack<WT, kVec>(beta + pack * kVec);
@@ -552,30 +551,37 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
     } else {
       wait_async<0>();
     }
+    // Each pass walks the staged packs with the stage's pointers, then the rest with the rows'.
+    const int stage_end = min(staged, packs);
+    const int past_stage = tid + (stage_end > tid ? (stage_end - tid + threads - 1) / threads * threads : 0);
     // Pass 1: the row's sums of g·d and g·d·x̂, and this thread's columns of dgamma / dbeta.
     float c1 = 0.f, c2 = 0.f;
-    for (int base = tid; base < packs; base += threads * kGenericBwdUnroll) {
-      GenericBwdRound<XT, ST, WT, Epilogue, kVec, kFromY> round;
-      round.load(x, dy, sx, sdy, staged, gamma, beta, base, threads, packs, has_bias);
+    auto sums_pass = [&](const ST* xs, const XT* dys, int from, int to) {
+      for (int base = from; base < to; base += threads * kGenericBwdUnroll) {
+        GenericBwdRound<XT, ST, WT, Epilogue, kVec, kFromY> round;
+        round.load(xs, dys, gamma, beta, base, threads, to, has_bias);
 #pragma unroll
-      for (int u = 0; u < kGenericBwdUnroll; ++u) {
-        const int pack = base + u * threads;
-        if (pack >= packs) break;
-        const int col = pack * kVec;
-        float xhat[kVec], d[kVec], g[kVec];
-        round.grad(p, u, row, col0 + col, mean, rstd, one, has_bias, xhat, d, g);
+        for (int u = 0; u < kGenericBwdUnroll; ++u) {
+          const int pack = base + u * threads;
+          if (pack >= to) break;
+          const int col = pack * kVec;
+          float xhat[kVec], d[kVec], g[kVec];
+          round.grad(p, u, row, col0 + col, mean, rstd, one, has_bias, xhat, d, g);
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          // g·d rounded alone in both passes (no fused multiply-add), so that at N = 1, where
-          // x̂ = 0, dx = rstd · (g·d − g·d) is exactly 0 and not rstd times a rounding residue.
-          const float gd = __fmul_rn(g[j], d[j]);
-          c1 += gd;
-          c2 += gd * xhat[j];
+          for (int j = 0; j < kVec; ++j) {
+            // g·d rounded alone in both passes (no fused multiply-add), so that at N = 1, where
+            // x̂ = 0, dx = rstd · (g·d − g·d) is exactly 0 and not rstd times a rounding residue.
+            const float gd = __fmul_rn(g[j], d[j]);
+            c1 += gd;
+            c2 += gd * xhat[j];
+          }
+          sum_g.update(pack, tid, threads, [&](float& v, int j) { v += d[j] * xhat[j]; });
+          if (has_bias) sum_b.update(pack, tid, threads, [&](float& v, int j) { v += d[j]; });
         }
-        sum_g.update(pack, tid, threads, [&](float& v, int j) { v += d[j] * xhat[j]; });
-        if (has_bias) sum_b.update(pack, tid, threads, [&](float& v, int j) { v += d[j]; });
       }
-    }
+    };
+    sums_pass(sx, sdy, tid, stage_end);
+    sums_pass(x, dy, past_stage, packs);
     const float2 sums = generic_cluster_reduce(generic_cta_sum2(c1, c2, scratch), &cluster_sums[turn & 1], cluster,
                                                make_float2(0.f, 0.f), ClusterSumOp{});
     const float mean_gd = subtracts_mean ? sums.x * inv_n : 0.f, mean_gdx = sums.y * inv_n;
@@ -585,30 +591,34 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
     // An fp32 stream's dh goes out unrounded too (dresidual); dx is it rounded.
     float* const dresidual =
         kResidual == kGenericResidualF32 ? static_cast<float*>(p.dresidual) + row * p.row_stride + col0 : nullptr;
-    for (int base = tid; base < packs; base += threads * kGenericBwdUnroll) {
-      GenericBwdRound<XT, ST, WT, Epilogue, kVec, kFromY> round;
-      round.load(x, dy, sx, sdy, staged, gamma, beta, base, threads, packs, has_bias, dh_out);
+    auto dx_pass = [&](const ST* xs, const XT* dys, int from, int to, bool from_stage) {
+      for (int base = from; base < to; base += threads * kGenericBwdUnroll) {
+        GenericBwdRound<XT, ST, WT, Epilogue, kVec, kFromY> round;
+        round.load(xs, dys, gamma, beta, base, threads, to, has_bias, dh_out);
 #pragma unroll
-      for (int u = 0; u < kGenericBwdUnroll; ++u) {
-        const int pack = base + u * threads;
-        if (pack >= packs) break;
-        const int col = pack * kVec;
-        float xhat[kVec], d[kVec], g[kVec], dh[kVec];
-        round.grad(p, u, row, col0 + col, mean, rstd, one, has_bias, xhat, d, g);
-        if (residual) unpack(round.dh[u], dh);
-        Pack<XT, kVec> o;
-        Pack<float, kVec> o32;
+        for (int u = 0; u < kGenericBwdUnroll; ++u) {
+          const int pack = base + u * threads;
+          if (pack >= to) break;
+          const int col = pack * kVec;
+          float xhat[kVec], d[kVec], g[kVec], dh[kVec];
+          round.grad(p, u, row, col0 + col, mean, rstd, one, has_bias, xhat, d, g);
+          if (residual) unpack(round.dh[u], dh);
+          Pack<XT, kVec> o;
+          Pack<float, kVec> o32;
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          o32.v[j] = rstd * (__fmul_rn(g[j], d[j]) - mean_gd - xhat[j] * mean_gdx) + (residual ? dh[j] : 0.f);
-          o.v[j] = Convert<XT>::from(o32.v[j]);
+          for (int j = 0; j < kVec; ++j) {
+            o32.v[j] = rstd * (__fmul_rn(g[j], d[j]) - mean_gd - xhat[j] * mean_gdx) + (residual ? dh[j] : 0.f);
+            o.v[j] = Convert<XT>::from(o32.v[j]);
+          }
+          store_pack<XT, kVec>(dx + col, o);
+          if constexpr (kResidual == kGenericResidualF32) store_pack<float, kVec>(dresidual + col, o32);
+          // The store depends on the pack's shared-memory loads: the copy cannot overtake them.
+          if (from_stage && !two_stages && has_next) stage_pack(stage, row + slots, pack);
         }
-        store_pack<XT, kVec>(dx + col, o);
-        if constexpr (kResidual == kGenericResidualF32) store_pack<float, kVec>(dresidual + col, o32);
-        // The store depends on the pack's shared-memory loads: the copy cannot overtake them.
-        if (!two_stages && has_next && pack < staged) stage_pack(stage, row + slots, pack);
       }
-    }
+    };
+    dx_pass(sx, sdy, tid, stage_end, true);
+    dx_pass(x, dy, past_stage, packs, false);
     if (!two_stages) commit_async();
   }
   if (shared_sums)
