@@ -1011,15 +1011,15 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec, int max_
     return int64_t(spec.has_bias ? 8 : 4) * ceil_div(segment_packs, int64_t(threads)) * threads * vec;
   };
   // Where the row's sums leave fewer than kGenericClusterWhenUnder CTAs a SM, a slot is a cluster
-  // (sm_90, 16-byte packs) of the fewest CTAs up to `max_cluster` whose segments' sums leave
-  // that many; past eight only where eight would leave the sums in the workspace. Each CTA takes a segment of whole warps' packs. H200, bf16, M = 32768, % of copy
-  // without / with: LayerNorm 16384 30.2 / 43.8 (2 CTAs), 65536 15.4 / 23.4 (8); RMSNorm 32768
+  // (sm_90, 16-byte packs) of the fewest CTAs up to `max_cluster` whose segments' sums leave that many
+  // (past eight, see below). Each CTA takes a segment of whole warps' packs. H200, bf16, M = 32768, %
+  // of copy without / with: LayerNorm 16384 30.2 / 43.8 (2 CTAs), 65536 15.4 / 23.4 (8); RMSNorm 32768
   // 34.5 / 50.3 (2), 65536 33.2 / 35.5 (4); LayerNorm 24576 31.5 / 20.7 and 32768 28.8 / 24.1 in
-  // clusters of four, which then ran only where one CTA could not hold the sums at all. Those
-  // clusters ran in two waves until the grid took only the resident clusters (below): since then
-  // LayerNorm 32768 24.5 -> 41.4 (4), 65536 23.2 -> 38.7 (8), RMSNorm 65536 36.2 -> 49.1 (4), fp32
-  // weights (perf-notes); and where one CTA holds the sums, one CTA / a cluster: LayerNorm 20480
-  // 31.3 / 36.2, 24576 31.5 / 39.5, 28672 31.2 / 37.5; RMSNorm 40960 34.1 / 44.8, 49152 31.3 / 46.2.
+  // clusters of four, which then ran only where one CTA could not hold the sums at all. Those clusters
+  // ran in two waves until the grid took only the resident clusters (below): since then LayerNorm
+  // 32768 24.5 -> 41.4 (4), 65536 23.2 -> 38.7 (8), RMSNorm 65536 36.2 -> 49.1 (4), fp32 weights
+  // (perf-notes); and where one CTA holds the sums, one CTA / a cluster: LayerNorm 20480 31.3 / 36.2,
+  // 24576 31.5 / 39.5, 28672 31.2 / 37.5; RMSNorm 40960 34.1 / 44.8, 49152 31.3 / 46.2.
   auto leaves_enough_ctas = [&](int64_t segment_packs) {
     return kGenericClusterWhenUnder * sums_bytes_for(segment_packs, threads_for(segment_packs)) <= free_bytes;
   };
@@ -1028,6 +1028,11 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec, int max_
     for (int64_t wanted = 2; wanted <= max_cluster; wanted *= 2) {
       segment = ceil_div(ceil_div(packs, wanted), int64_t(32)) * 32;
       if (leaves_enough_ctas(segment)) break;
+      // Past eight (non-portable) only where eight leave fewer than two CTAs a SM: H200, bf16, fp32
+      // weights, M = 4096, % of copy eight / sixteen: LayerNorm 98304 42.4 / 33.6 and RMSNorm 196608
+      // 44.0 / 41.3 (two CTAs of eight), LayerNorm 131072 26.0 / 34.2, 262144 11.2 / 24.2 and
+      // RMSNorm 262144 30.3 / 46.0 (one CTA of eight, or the sums in the workspace).
+      if (wanted == kMaxPortableCluster && 2 * sums_bytes_for(segment, threads_for(segment)) <= free_bytes) break;
     }
     if (segment < packs) {
       g.cluster = static_cast<unsigned>(ceil_div(packs, segment));
