@@ -21,7 +21,7 @@ constexpr DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 
 // The CTAs per SM the launch bounds ask: several rows in flight on each SM (at 512 threads and 128 registers one
 // row a SM ran 21 % of copy at N = 16384, H200).
-constexpr int kGenericForwardCtasPerSm = 4;  // 64 registers
+constexpr int kGenericForwardCtasPerSm = 2;  // of kGenericMaxForwardThreads: 64 registers
 // The backward, a pack a round, fits 80 registers unspilled (gelu spilled 8 bytes at 64).
 constexpr int kGenericBackwardCtasPerSm = 3;
 
@@ -126,6 +126,23 @@ unsigned generic_backward_threads(int64_t segment_packs, unsigned as_wide_as_row
   return picked;
 }
 
+GenericForwardShape generic_forward_shape(int64_t packs, int64_t row_bytes, int sm_count, int64_t l2_bytes,
+                                          const std::function<int(unsigned)>& ctas_per_sm) {
+  auto width = [&](unsigned widest) {
+    const int64_t threads = (std::max<int64_t>(packs, 1) + kGenericUnroll - 1) / kGenericUnroll;
+    return static_cast<unsigned>(std::clamp<int64_t>((threads + 31) / 32 * 32, 32, widest));
+  };
+  auto rows_in_flight_bytes = [&](unsigned threads) {
+    return int64_t(std::max(1, ctas_per_sm(threads))) * sm_count * row_bytes;
+  };
+  GenericForwardShape shape{width(kGenericMaxThreads), false};
+  if (const unsigned wider = width(kGenericMaxForwardThreads);
+      wider > shape.threads && rows_in_flight_bytes(shape.threads) > l2_bytes)
+    shape.threads = wider;
+  shape.rows_past_l2 = 2 * rows_in_flight_bytes(shape.threads) > l2_bytes;
+  return shape;
+}
+
 std::vector<DType> generic_program_dtypes() { return {std::begin(kDTypes), std::end(kDTypes)}; }
 
 GeneratedSource generic_source(DType x, GenericProgram program) {
@@ -143,8 +160,8 @@ GeneratedSource generic_source(DType x, GenericProgram program) {
   auto kernel = [&](const char* phase, DType w, Epilogue e, int vec, ResidualKind residual, bool from_y,
                     bool clustered = false) {
     const bool fwd = std::string(phase) == "fwd";
-    src << "extern \"C\" __global__ void __launch_bounds__(" << kGenericMaxThreads << ", "
-        << (fwd ? kGenericForwardCtasPerSm : kGenericBackwardCtasPerSm) << ") "
+    src << "extern \"C\" __global__ void __launch_bounds__(" << (fwd ? kGenericMaxForwardThreads : kGenericMaxThreads)
+        << ", " << (fwd ? kGenericForwardCtasPerSm : kGenericBackwardCtasPerSm) << ") "
         << kernel_name(phase, x, w, e, vec, residual, from_y, clustered)
         << "(const normjit::NormParams p) { normjit::generic_" << phase << "<" << xt << ", normjit::"
         << detail::device_type(w) << ", normjit::" << detail::epilogue_binding(e).functor << ", " << vec << ", "

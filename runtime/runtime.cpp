@@ -969,9 +969,10 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec, int max_
   if (spec.zero_centered) g.flags |= kGenericZeroCentered;
   if (spec.phase == Phase::kForwardTraining) g.flags |= kGenericTraining;
   if (spec.bias_in) g.flags |= kGenericBiasIn;
-  // The forward: about kGenericUnroll packs a thread, every load of a pass in flight at once. The
-  // backward takes a pack a round; its width is chosen below by occupancy, and this one (as wide
-  // as the row allows, in even rounds of at most kGenericMaxThreads packs) sizes its clusters.
+  // The forward: about kGenericUnroll packs a thread, every load of a pass in flight at once
+  // (generic_forward_shape). The backward takes a pack a round; its width is chosen below by
+  // occupancy, and this one (as wide as the row allows, in even rounds of at most
+  // kGenericMaxThreads packs) sizes its clusters.
   const int64_t packs = spec.n / vec;
   auto threads_for = [&](int64_t segment_packs) {
     const int64_t packs_per_thread =
@@ -981,11 +982,21 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec, int max_
   };
   g.threads = threads_for(packs);
   g.function = generic_function(spec.x_dtype, generic_program_of(spec), generic_kernel_name(spec, vec));
-  if (!backward) return g;
-  g.reduce = generic_function(spec.x_dtype, GenericProgram::kNorm, generic_reduce_name(spec.w_dtype));
   // The queries below need a current context: workspace_bytes() may come from a thread with none
   // (torch's autograd threads).
   use_context(context_, spec.str() + " (generic kernel)");
+  if (!backward) {
+    const GenericForwardShape shape = generic_forward_shape(
+        packs, spec.n * dtype_size(row_dtype(spec)), device_.sm_count, device_.l2_bytes, [&](unsigned threads) {
+          int ctas = 0;
+          NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, g.function, static_cast<int>(threads), 0));
+          return ctas;
+        });
+    g.threads = shape.threads;
+    if (shape.rows_past_l2) g.flags |= kGenericRowsPastL2;
+    return g;
+  }
+  g.reduce = generic_function(spec.x_dtype, GenericProgram::kNorm, generic_reduce_name(spec.w_dtype));
   if (generic_shared_optin_ < 0)
     NORMJIT_CU(cuDeviceGetAttribute(&generic_shared_optin_, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                                     cu_device_));

@@ -60,6 +60,21 @@ std::string generic_reduce_name(DType w);
 // within 10 % of the most any of them gets.
 unsigned generic_backward_threads(int64_t segment_packs, unsigned as_wide_as_row,
                                   const std::function<int(unsigned)>& ctas_per_sm);
+// The generic forward's CTA (one a row) for a row of `packs` packs and `row_bytes` bytes (the
+// pass after the statistics reads it again, from L2 where it stayed): about kGenericUnroll packs a
+// thread, at most 256 threads, or up to 512 where the rows in flight at 256 (`ctas_per_sm(threads)`
+// a SM on `sm_count` SMs) take more than the L2's `l2_bytes`; and whether the rows in flight then
+// take more than half of it (kGenericRowsPastL2: the statistics pass from the row's end, the last
+// pass streaming). ncu at LN 65536 (256 threads): DRAM 88 % busy moving 1.5x the kernel's bytes,
+// L2 hit rate 47 %: x was read twice from DRAM. H200, bf16, M = 32768 (4096 past 65536), % of copy
+// LN / RMS, 256 threads -> this: 32768 68.5 / 69.0 -> 77.6 / 80.9, 65536 65.1 / 65.9 -> 70.9 / 74.9
+// (512 threads), 131072 62.6 / 62.8 -> 67.4 / 68.0, 262144 61.9 / 62.3 -> 65.0 / 65.9.
+struct GenericForwardShape {
+  unsigned threads = 0;
+  bool rows_past_l2 = false;
+};
+GenericForwardShape generic_forward_shape(int64_t packs, int64_t row_bytes, int sm_count, int64_t l2_bytes,
+                                          const std::function<int(unsigned)>& ctas_per_sm);
 // A program of generic kernels of x dtype `x`: all weight dtypes, the program's epilogues,
 // vector widths and residual kinds, and for the norm program both phases and the reductions.
 GeneratedSource generic_source(DType x, GenericProgram program);

@@ -21,12 +21,18 @@ enum GenericFlag : int {
                              // NormParams::generic_stage_packs packs), the next row's while this one computes
   kGenericTwoStages = 256,   // with kGenericStaged: two stages, the next row copied into the other one
                              // (else one, each pack's copy after its last use)
+  kGenericRowsPastL2 = 512,  // forward: the rows in flight take more than half the L2, so the statistics
+                             // pass walks the row from its end (the next pass starts where it finished)
+                             // and the last pass's reads and y's stores stream (evict-first)
 };
 
 // Packs in flight per thread in each streaming pass; the launch gives a row about this many a thread.
 constexpr int kGenericUnroll = 4;
 // Most threads a generic CTA takes (their launch bounds).
 constexpr int kGenericMaxThreads = 256;
+// The forward's widest CTA: rows whose CTAs of kGenericMaxThreads would not fit the L2 together
+// take fewer, wider ones (generic_forward_shape). Its launch bounds keep the same 64 registers.
+constexpr int kGenericMaxForwardThreads = 512;
 // Most CTAs of a backward slot's cluster (the _cluster kernels): past the portable 8 a cluster is
 // non-portable (sm_90 holds 16 in a GPC), for rows whose sums fit no cluster of 8.
 constexpr int kGenericMaxCluster = 16;

@@ -7,7 +7,7 @@
 // One CTA per row (a grid-stride loop over rows), blockDim.x threads of any multiple of 32: pack p
 // of a row belongs to thread p % blockDim.x, the layout of the specialized kernels, so the same
 // epilogue functors apply. Each pass streams the row from global memory; the second pass finds it
-// in L2. LayerNorm sums deviations from the row's first element (the cancellation in
+// in L2, with eviction priorities where the rows in flight crowd it (kGenericRowsPastL2). LayerNorm sums deviations from the row's first element (the cancellation in
 // sq / N - shift^2 is bounded, as in the specialized CTA-wide rows).
 #pragma once
 #include "normjit/common.cuh"
@@ -51,6 +51,27 @@ __device__ __forceinline__ void unpack_word(const f16*, unsigned w, float& lo, f
   asm("{ .reg .b16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h; }" : "=f"(lo), "=f"(hi) : "r"(w));
 }
 
+// y's pack as a streaming store (st.global.cs: evict-first in L2), so that it does not push out
+// the rows the forward reads again; store_output_pack's st.global.v4 otherwise.
+template <class T, int kVec>
+__device__ __forceinline__ void store_output_pack_streaming(T* p, const Pack<T, kVec>& v) {
+  constexpr int kPerWord = 4 / static_cast<int>(sizeof(T));
+  constexpr int kWords = kVec / kPerWord;
+  if constexpr (kWords < 4 || kWords % 4 != 0) {
+    store_output_pack<T, kVec, true>(p, v);
+  } else {
+    unsigned w[kWords];
+#pragma unroll
+    for (int i = 0; i < kWords; ++i)
+      w[i] = kPerWord == 1 ? element_bits(v.v[i]) : element_bits(v.v[2 * i]) | element_bits(v.v[2 * i + 1]) << 16;
+#pragma unroll
+    for (int i = 0; i < kWords; i += 4)
+      asm volatile("{ .reg .u64 g; cvta.to.global.u64 g, %0; st.global.cs.v4.b32 [g], {%1, %2, %3, %4}; }" ::"l"(
+                       p + i * kPerWord),
+                   "r"(w[i]), "r"(w[i + 1]), "r"(w[i + 2]), "r"(w[i + 3]));
+  }
+}
+
 // A pack loaded in one pass and used later in it, kept as 32-bit words and written on every path
 // (clear() where there is nothing to load). Under the launch bounds' 64 registers, a Pack of
 // 16-bit elements left as it was on some path (no bias, past the row's end) was carried element
@@ -59,6 +80,7 @@ template <class T, int kVec, bool kInWords = sizeof(Pack<T, kVec>) % 4 == 0>
 struct GenericPack {
   Pack<T, kVec> pack;
   __device__ __forceinline__ void load(const T* p) { pack = load_pack<T, kVec>(p); }
+  __device__ __forceinline__ void load_streaming(const T* p) { load(p); }
   __device__ __forceinline__ void clear() {
 #pragma unroll
     for (int j = 0; j < kVec; ++j) pack.v[j] = T{};
@@ -82,6 +104,20 @@ struct GenericPack<T, kVec, true> {
     } else {
       static_assert(kWords == 1, "a pack of 4, 8 or a multiple of 16 bytes");
       w[0] = *reinterpret_cast<const unsigned*>(p);
+    }
+  }
+  // A last read (ld.global.cs: evict-first in L2).
+  __device__ __forceinline__ void load_streaming(const T* p) {
+    if constexpr (kWords % 4 == 0) {
+#pragma unroll
+      for (int i = 0; i < kWords; i += 4)
+        asm("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(w[i]), "=r"(w[i + 1]), "=r"(w[i + 2]), "=r"(w[i + 3])
+            : "l"(reinterpret_cast<const uint4*>(p) + i / 4));
+    } else if constexpr (kWords == 2) {
+      asm("ld.global.cs.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
+    } else {
+      asm("ld.global.cs.u32 %0, [%1];" : "=r"(w[0]) : "l"(p));
     }
   }
   __device__ __forceinline__ void clear() {
@@ -130,8 +166,12 @@ __device__ __forceinline__ float generic_cta_max(float v, float2* scratch) {
 template <class XT, class ST, class WT, int kVec, int kU, bool kResidual>
 __device__ __forceinline__ void generic_stats_pass(const XT* x, const ST* res, const WT* bias_row, ST* h, int tid,
                                                    int threads, int packs, bool bias_in, float center, float& dev,
-                                                   float& sq) {
-  for (int base = tid; base < packs; base += threads * kU) {
+                                                   float& sq, bool from_end) {
+  // From the row's end where the pass after it should find the lines read last in L2 (it starts
+  // from the row's start).
+  const int step = threads * kU, last = (packs - 1) / step * step;
+  for (int k = 0; k < packs; k += step) {
+    const int base = (from_end ? last - k : k) + tid;
     GenericPack<XT, kVec> v[kU];
     GenericPack<ST, kVec> r[kResidual ? kU : 1];
     GenericPack<WT, kVec> bi[kResidual ? kU : 1];
@@ -260,6 +300,11 @@ __device__ __forceinline__ void generic_fwd(const NormParams& p) {
   const int packs = n / kVec, threads = blockDim.x, tid = threadIdx.x;
   const float inv_n = 1.f / static_cast<float>(n);
   typename EpilogueState<Epilogue>::type state = EpilogueStart<Epilogue>::make(p);
+  // Where the rows in flight take more than half the L2 (kGenericRowsPastL2), the statistics pass
+  // walks the row from its end, so that the next pass starts on the lines read last, and the last
+  // pass reads the row and writes y as streaming accesses (evict-first), so that rows still to be
+  // read again stay.
+  const bool past_l2 = flags & kGenericRowsPastL2;
   for (long long row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const XT* x = static_cast<const XT*>(p.x) + row * p.row_stride;
     XT* y = static_cast<XT*>(p.y) + row * p.row_stride;
@@ -281,7 +326,7 @@ __device__ __forceinline__ void generic_fwd(const NormParams& p) {
                         : to_float(x[0]);
     float dev = 0.f, sq = 0.f;
     generic_stats_pass<XT, ST, WT, kVec, residual ? kGenericResidualUnroll : kGenericUnroll, residual>(
-        x, res, bias_row, h, tid, threads, packs, bias_in, center, dev, sq);
+        x, res, bias_row, h, tid, threads, packs, bias_in, center, dev, sq, past_l2);
     const float2 sums = generic_cta_sum2(dev, sq, scratch);
     const float shift = subtracts_mean ? sums.x * inv_n : 0.f;
     const float rstd = rsqrtf(fmaxf(sums.y * inv_n - shift * shift, 0.f) + p.eps);
@@ -296,11 +341,12 @@ __device__ __forceinline__ void generic_fwd(const NormParams& p) {
       GenericPack<ST, kVec> v[kOutUnroll];
       GenericPack<WT, kVec> g[kOutUnroll], b[kOutUnroll];
     };
-    auto load_round = [&](Round& r, int base) {
+    auto load_round = [&](Round& r, int base, bool last_read) {
 #pragma unroll
       for (int u = 0; u < kOutUnroll; ++u)
         if (const int pack = base + u * threads + tid; pack < packs) {
-          r.v[u].load(in + pack * kVec);
+          if (last_read) r.v[u].load_streaming(in + pack * kVec);
+          else r.v[u].load(in + pack * kVec);
           r.g[u].load(gamma + pack * kVec);
           if (has_bias) r.b[u].load(beta + pack * kVec);
           else r.b[u].clear();
@@ -321,10 +367,11 @@ __device__ __forceinline__ void generic_fwd(const NormParams& p) {
     };
     // Row-scaled epilogues: the row's largest |y| first (fmaxf drops NaN), in its own pass.
     float row_amax = 0.f;
+    const int step = threads * kOutUnroll;
     if constexpr (kRowScaled) {
-      for (int base = 0; base < packs; base += threads * kOutUnroll) {
+      for (int base = 0; base < packs; base += step) {
         Round r;
-        load_round(r, base);
+        load_round(r, base, false);
 #pragma unroll
         for (int u = 0; u < kOutUnroll; ++u)
           if (base + u * threads + tid < packs) {
@@ -343,9 +390,9 @@ __device__ __forceinline__ void generic_fwd(const NormParams& p) {
     }();
     // Every thread runs every round (the epilogue may shuffle across lanes); past the row's end
     // a pack is invalid.
-    for (int base = 0; base < packs; base += threads * kOutUnroll) {
+    for (int base = 0; base < packs; base += step) {
       Round r;
-      load_round(r, base);
+      load_round(r, base, past_l2);
 #pragma unroll
       for (int u = 0; u < kOutUnroll; ++u) {
         const int pack = base + u * threads + tid;
@@ -367,7 +414,8 @@ __device__ __forceinline__ void generic_fwd(const NormParams& p) {
           Pack<XT, kVec> o;
 #pragma unroll
           for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(out[j]);
-          store_output_pack<XT, kVec, true>(y + pack * kVec, o);
+          if (past_l2) store_output_pack_streaming<XT, kVec>(y + pack * kVec, o);
+          else store_output_pack<XT, kVec, true>(y + pack * kVec, o);
         }
       }
     }

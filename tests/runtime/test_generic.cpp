@@ -187,6 +187,43 @@ TEST_CASE("generic backward width: the widest CTA within 10 % of the most CTAs a
   }
 }
 
+TEST_CASE("generic forward shape: wider CTAs where the rows in flight outgrow the L2, and the L2 flag past half of it") {
+  // An H200: 132 SMs, 60 MB of L2; registers hold four CTAs of 256 threads a SM, two of 512.
+  constexpr int kSms = 132;
+  constexpr int64_t kL2 = 60 << 20;
+  std::vector<unsigned> asked;
+  auto occupancy = [&](unsigned threads) {
+    asked.push_back(threads);
+    return threads <= 256 ? 4 : 2;
+  };
+  SUBCASE("bf16 N = 1024: four packs a thread, one warp; the rows fit") {
+    const GenericForwardShape s = generic_forward_shape(128, 2048, kSms, kL2, occupancy);
+    CHECK(s.threads == 32u);
+    CHECK_FALSE(s.rows_past_l2);
+  }
+  SUBCASE("bf16 N = 16384: 256 threads, 17 MB in flight, under half the L2") {
+    const GenericForwardShape s = generic_forward_shape(2048, 32768, kSms, kL2, occupancy);
+    CHECK(s.threads == 256u);
+    CHECK_FALSE(s.rows_past_l2);
+  }
+  SUBCASE("bf16 N = 32768: 256 threads, 34 MB in flight, past half the L2") {
+    const GenericForwardShape s = generic_forward_shape(4096, 65536, kSms, kL2, occupancy);
+    CHECK(s.threads == 256u);
+    CHECK(s.rows_past_l2);
+  }
+  SUBCASE("bf16 N = 65536: 67 MB at 256 threads, more than the L2: 512 threads") {
+    const GenericForwardShape s = generic_forward_shape(8192, 131072, kSms, kL2, occupancy);
+    CHECK(s.threads == 512u);
+    CHECK(s.rows_past_l2);
+    CHECK(asked == std::vector<unsigned>{256, 512});
+  }
+  SUBCASE("a short row is never widened, however large the rows' bytes") {
+    const GenericForwardShape s = generic_forward_shape(64, int64_t(1) << 30, kSms, kL2, occupancy);
+    CHECK(s.threads == 32u);
+    CHECK(s.rows_past_l2);
+  }
+}
+
 TEST_CASE("background compiler: compiles a spec with NVRTC once, and hands its binary over once") {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("normjit-bg-" + std::to_string(::getpid()));
