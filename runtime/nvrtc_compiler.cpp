@@ -360,18 +360,11 @@ std::vector<CompileResult> compile_batch(const std::vector<GeneratedSource>& src
                           static_cast<double>(members.size());
       for (size_t m = 0; m < members.size(); ++m) {
         const GeneratedSource& src = *members[m];
-        // Its kernels: its name, or its name and a backward kernel's suffix. Local memory in any:
-        // compile() alone would try other launch bounds for it.
+        // Local memory in any of its kernels: compile() alone would try other launch bounds for it.
         int found = 0;
         bool spills = false;
         for (const auto& [function, frame] : *frames) {
-          const bool own = function == src.kernel_name ||
-                           (function.rfind(src.kernel_name, 0) == 0 &&
-                            (function.substr(src.kernel_name.size()) == "_fused" ||
-                             function.substr(src.kernel_name.size()) == "_rowsums" ||
-                             function.substr(src.kernel_name.size()) == "_tiles" ||
-                             function.substr(src.kernel_name.size()) == "_reduce"));
-          if (!own) continue;
+          if (!is_kernel_of(src, function)) continue;
           ++found;
           spills |= frame > 0;
         }
@@ -392,6 +385,12 @@ std::vector<CompileResult> compile_batch(const std::vector<GeneratedSource>& src
   for (size_t i = 0; i < srcs.size(); ++i)
     if (!done[i]) out[i] = compile(srcs[i], target);
   return out;
+}
+
+bool is_kernel_of(const GeneratedSource& src, std::string_view function) {
+  if (function.substr(0, src.kernel_name.size()) != src.kernel_name) return false;
+  const std::string_view suffix = function.substr(src.kernel_name.size());
+  return suffix.empty() || suffix == "_fused" || suffix == "_rowsums" || suffix == "_tiles" || suffix == "_reduce";
 }
 
 std::vector<KernelResources> parse_ptxas_report(const std::string& log) {

@@ -28,7 +28,8 @@ cd "$BUILD_DIR"
 if [ "$*" != "-N" ] && ! tests/normjit_gpu_tests --list-test-cases >/dev/null 2>&1; then
   tests/normjit_gpu_tests | head -1 || true  # exits 77 by design
 fi
-ctest --output-on-failure "$@"
+# In parallel: the fuzz test's clang builds fill the cores that normjit_tests' serial cases leave idle.
+ctest --output-on-failure -j "$(nproc)" "$@"
 cd - >/dev/null
 
 if [[ $PYTHON_TESTS == 1 && "$*" != "-N" ]]; then
@@ -39,7 +40,7 @@ if [[ $PYTHON_TESTS == 1 && "$*" != "-N" ]]; then
   if ! "$venv/bin/python" -c "import torch, numpy, pytest, nanobind, scikit_build_core" 2>/dev/null; then
     "$venv/bin/pip" install -q --disable-pip-version-check torch numpy pytest nanobind scikit-build-core
   fi
-  # The Python builds embed the generic kernels the C++ build just compiled (about 4 minutes each
+  # The Python builds embed the generic kernels the C++ build just compiled (about 5 minutes each
   # otherwise): same tree, same images.
   generic_cpp=$(cd "$BUILD_DIR" && pwd)/generated/generic_images.cpp
   if [[ -f $generic_cpp ]]; then export NORMJIT_GENERIC_PREBUILT=$generic_cpp; fi

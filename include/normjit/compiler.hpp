@@ -106,6 +106,9 @@ struct KernelResources {
   int spill_load_bytes = 0;
 };
 std::vector<KernelResources> parse_ptxas_report(const std::string& log);
+// Whether a function of a compiled image is one of src's kernels: its name, or its name and a
+// backward kernel's suffix (a batch's image and log hold every member's kernels).
+bool is_kernel_of(const GeneratedSource& src, std::string_view function);
 
 // Stack-frame bytes per function (local memory: spills land there) from a cubin's .nv.info
 // records, for every function including device subroutines; nullopt if the image is not an

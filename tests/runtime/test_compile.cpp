@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "normjit/normjit.hpp"
+#include "tests/compile_batches.hpp"
 #include "tests/runtime/pinned_specs.hpp"
 #include "tools/manifest.hpp"
 
@@ -159,7 +160,6 @@ TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
   for (const Spec& s : tools::read_manifest(NORMJIT_DEFAULT_MANIFEST))
     if (Spec r = resolve(s); seen.insert(r.str()).second) specs.push_back(r);
 
-  std::atomic<size_t> next{0};
   std::mutex mutex;
   std::vector<std::string> failures;
   std::vector<double> ms;
@@ -168,49 +168,43 @@ TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
   std::ofstream report("ptxas_report.csv");
   report << "spec,function,registers,stack_frame_bytes,spill_store_bytes,spill_load_bytes\n";
   size_t functions = 0, within_allowance = 0;
-  auto worker = [&] {
-    for (size_t i; (i = next++) < specs.size();) {
-      try {
-        const GeneratedSource src = generate(specs[i]);
-        const CompileResult r = compile(src, Target{90});
-        const auto resources = parse_ptxas_report(r.log);
-        std::lock_guard<std::mutex> lock(mutex);
-        ms.push_back(r.milliseconds);
-        if (r.binary.image.size() < 256 || r.binary.is_ptx) failures.push_back(specs[i].str() + ": no cubin");
-        if (resources.empty()) failures.push_back(specs[i].str() + ": no ptxas report in the log");
-        const auto frames = cubin_frame_bytes(r.binary.image);
-        if (!frames) failures.push_back(specs[i].str() + ": cubin_frame_bytes could not read the cubin");
-        for (const KernelResources& k : resources) {
-          ++functions;
-          report << specs[i].str() << ',' << k.function << ',' << k.registers << ',' << k.stack_frame_bytes << ','
-                 << k.spill_store_bytes << ',' << k.spill_load_bytes << '\n';
-          if (frames && (!frames->count(k.function) || frames->at(k.function) != k.stack_frame_bytes))
-            failures.push_back(specs[i].str() + ": " + k.function + ": the cubin's frame size differs from ptxas's " +
-                               std::to_string(k.stack_frame_bytes) + " B");
-          // Capped kernels may keep the spill their source allows for the CTAs it asks.
-          if (k.stack_frame_bytes > src.spill_allowance_bytes ||
-              (src.spill_allowance_bytes == 0 && (k.spill_store_bytes > 0 || k.spill_load_bytes > 0))) {
-            failures.push_back(specs[i].str() + ": " + k.function + " uses local memory (" +
-                               std::to_string(k.stack_frame_bytes) + " B stack, " +
-                               std::to_string(k.spill_store_bytes) + " B spill stores; " +
-                               std::to_string(src.spill_allowance_bytes) + " B allowed)");
-          } else if (k.stack_frame_bytes > 0) {
-            ++within_allowance;
-          }
-        }
-      } catch (const Error& e) {
-        std::lock_guard<std::mutex> lock(mutex);
-        failures.push_back(e.what());
+  std::vector<testing::CompileJob> jobs;
+  for (const Spec& s : specs) jobs.push_back({s, Target{90}});
+  testing::compile_in_batches(jobs, [&](size_t i, const testing::CompiledJob& c) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!c.error.empty()) {
+      failures.push_back(c.error);
+      return;
+    }
+    const CompileResult& r = c.result;
+    ms.push_back(r.milliseconds);
+    if (r.binary.image.size() < 256 || r.binary.is_ptx) failures.push_back(specs[i].str() + ": no cubin");
+    if (c.resources.empty()) failures.push_back(specs[i].str() + ": no ptxas report in the log");
+    const auto frames = cubin_frame_bytes(r.binary.image);
+    if (!frames) failures.push_back(specs[i].str() + ": cubin_frame_bytes could not read the cubin");
+    for (const KernelResources& k : c.resources) {
+      ++functions;
+      report << specs[i].str() << ',' << k.function << ',' << k.registers << ',' << k.stack_frame_bytes << ','
+             << k.spill_store_bytes << ',' << k.spill_load_bytes << '\n';
+      if (frames && (!frames->count(k.function) || frames->at(k.function) != k.stack_frame_bytes))
+        failures.push_back(specs[i].str() + ": " + k.function + ": the cubin's frame size differs from ptxas's " +
+                           std::to_string(k.stack_frame_bytes) + " B");
+      // Capped kernels may keep the spill their source allows for the CTAs it asks.
+      if (k.stack_frame_bytes > c.src.spill_allowance_bytes ||
+          (c.src.spill_allowance_bytes == 0 && (k.spill_store_bytes > 0 || k.spill_load_bytes > 0))) {
+        failures.push_back(specs[i].str() + ": " + k.function + " uses local memory (" +
+                           std::to_string(k.stack_frame_bytes) + " B stack, " + std::to_string(k.spill_store_bytes) +
+                           " B spill stores; " + std::to_string(c.src.spill_allowance_bytes) + " B allowed)");
+      } else if (k.stack_frame_bytes > 0) {
+        ++within_allowance;
       }
     }
-  };
-  std::vector<std::thread> threads;
-  for (unsigned t = 0; t < std::max(2u, std::thread::hardware_concurrency()); ++t) threads.emplace_back(worker);
-  for (auto& t : threads) t.join();
+  });
   for (const auto& f : failures) FAIL_CHECK(f);
   CHECK(ms.size() == specs.size());
   std::sort(ms.begin(), ms.end());
-  MESSAGE(specs.size() << " kernels compiled for sm_90; median " << ms[ms.size() / 2] << " ms per kernel (this CPU); "
+  MESSAGE(specs.size() << " kernels compiled for sm_90, eight to a program where they batch; median "
+                        << ms[ms.size() / 2] << " ms per kernel (this CPU); "
                         << functions << " functions in ptxas_report.csv, none with local memory past its "
                         << "source's allowance (" << within_allowance << " within it)");
   CHECK(functions >= specs.size());
