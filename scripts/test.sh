@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the build needs (Debian/Ubuntu, as root), builds normjit and its tests, runs ctest,
-# then installs the Python package (pip install . into $BUILD_DIR/venv, with torch and pytest) and
-# runs its tests, and scripts/wheel_check.sh (WHEEL_CHECK=0: not). GPU tests are reported as skipped
-# when no GPU is present. PYTHON_TESTS=0: C++ only.
+# then installs the Python package (pip install . into $BUILD_DIR/venv, with torch and pytest, which
+# download meanwhile) and runs its tests, and scripts/wheel_check.sh (WHEEL_CHECK=0: not). GPU
+# tests are reported as skipped when no GPU is present. PYTHON_TESTS=0: C++ only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -21,6 +21,24 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 export PATH=/usr/local/cuda/bin:$PATH
+python_tests=0
+[[ $PYTHON_TESTS == 1 && "$*" != "-N" ]] && python_tests=1
+if [[ $python_tests == 1 ]]; then
+  # The Python side's packages download while the C++ side builds and tests (about two minutes
+  # of mostly network time); installed once, a reused venv keeps them. The build's own
+  # requirements go in too, so that --no-build-isolation reuses the build directory
+  # (pyproject.toml's build-dir) between runs.
+  root=$PWD venv=$BUILD_DIR/venv
+  mkdir -p "$BUILD_DIR"
+  [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
+  pip_log=$BUILD_DIR/pip-install.log
+  if ! "$venv/bin/python" -c "import torch, numpy, pytest, nanobind, scikit_build_core" 2>/dev/null; then
+    "$venv/bin/pip" install -q --disable-pip-version-check torch numpy pytest nanobind scikit-build-core \
+      >"$pip_log" 2>&1 &
+    pip_pid=$!
+    trap 'kill "$pip_pid" 2>/dev/null || true' EXIT  # a failed C++ step leaves no download behind
+  fi
+fi
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 cd "$BUILD_DIR"
@@ -32,13 +50,11 @@ fi
 ctest --output-on-failure -j "$(nproc)" "$@"
 cd - >/dev/null
 
-if [[ $PYTHON_TESTS == 1 && "$*" != "-N" ]]; then
-  root=$PWD venv=$BUILD_DIR/venv
-  [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
-  # Installed once; a reused venv keeps them. The build's own requirements go in too, so that
-  # --no-build-isolation reuses the build directory (pyproject.toml's build-dir) between runs.
-  if ! "$venv/bin/python" -c "import torch, numpy, pytest, nanobind, scikit_build_core" 2>/dev/null; then
-    "$venv/bin/pip" install -q --disable-pip-version-check torch numpy pytest nanobind scikit-build-core
+if [[ $python_tests == 1 ]]; then
+  if [[ -n ${pip_pid:-} ]] && ! wait "$pip_pid"; then
+    cat "$pip_log" >&2
+    echo "pip install of the Python tests' packages failed (above)" >&2
+    exit 1
   fi
   # The Python builds embed the generic kernels the C++ build just compiled (about 5 minutes each
   # otherwise): same tree, same images.
