@@ -969,22 +969,12 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec, int max_
   if (spec.zero_centered) g.flags |= kGenericZeroCentered;
   if (spec.phase == Phase::kForwardTraining) g.flags |= kGenericTraining;
   if (spec.bias_in) g.flags |= kGenericBiasIn;
-  // The forward: about kGenericUnroll packs a thread, every load of a pass in flight at once
-  // (generic_forward_shape). The backward takes a pack a round; its width is chosen below by
-  // occupancy, and this one (as wide as the row allows, in even rounds of at most
-  // kGenericMaxThreads packs) sizes its clusters.
   const int64_t packs = spec.n / vec;
-  auto threads_for = [&](int64_t segment_packs) {
-    const int64_t packs_per_thread =
-        backward ? ceil_div(std::max<int64_t>(segment_packs, 1), int64_t(kGenericMaxThreads)) : kGenericUnroll;
-    return static_cast<unsigned>(
-        std::clamp<int64_t>((ceil_div(segment_packs, packs_per_thread) + 31) / 32 * 32, 32, kGenericMaxThreads));
-  };
-  g.threads = threads_for(packs);
   g.function = generic_function(spec.x_dtype, generic_program_of(spec), generic_kernel_name(spec, vec));
   // The queries below need a current context: workspace_bytes() may come from a thread with none
   // (torch's autograd threads).
   use_context(context_, spec.str() + " (generic kernel)");
+  // The forward: about kGenericUnroll packs a thread, every load of a pass in flight at once.
   if (!backward) {
     const GenericForwardShape shape = generic_forward_shape(
         packs, spec.n * dtype_size(row_dtype(spec)), device_.sm_count, device_.l2_bytes, [&](unsigned threads) {
@@ -996,6 +986,14 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec, int max_
     if (shape.rows_past_l2) g.flags |= kGenericRowsPastL2;
     return g;
   }
+  // The backward takes a pack a round; its width is chosen below by occupancy, and this one (as
+  // wide as the row allows, in even rounds of at most kGenericMaxThreads packs) sizes its clusters.
+  auto threads_for = [&](int64_t segment_packs) {
+    const int64_t packs_per_thread = ceil_div(std::max<int64_t>(segment_packs, 1), int64_t(kGenericMaxThreads));
+    return static_cast<unsigned>(
+        std::clamp<int64_t>((ceil_div(segment_packs, packs_per_thread) + 31) / 32 * 32, 32, kGenericMaxThreads));
+  };
+  g.threads = threads_for(packs);
   g.reduce = generic_function(spec.x_dtype, GenericProgram::kNorm, generic_reduce_name(spec.w_dtype));
   if (generic_shared_optin_ < 0)
     NORMJIT_CU(cuDeviceGetAttribute(&generic_shared_optin_, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
