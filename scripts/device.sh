@@ -26,7 +26,7 @@ usage: scripts/device.sh JOB [ARGS...]
 env: OUT (results, default ./.out), M (rows; default 32768, 4096 past N = 65536, sweep 16384),
   BUILD_DIR (default build), BENCH_ARGS (more normjit-bench / normjit-tune options)
   test: GPU_TC (doctest -tc of the GPU cases; unset: all), each case in its own process (the longest first), GPU_JOBS
-        at a time (default 6), NORMJIT_GPU_TEST_NS, CPU_TESTS=0, MEMCHECK=0, MEMCHECK_TC
+        at a time (default 6), NORMJIT_GPU_TEST_NS, NORMJIT_GPU_TEST_SEED, CPU_TESTS=0, MEMCHECK=0, MEMCHECK_TC
   peers: PEER_NS, PEER_NORMS, PEER_PROVIDERS, PEER_PHASES (fwd bwd), PEER_S (seconds per phase's peers)
   sweep: FROM, TO, STEP, PHASES (fwd bwd)   tune: TUNE_BUDGET_S, TUNE_CANDIDATES   generic: GENERIC_NS
   profile: KERNEL (kernel-name regex, default normjit_), NCU_ARGS (default: a set of sections), BENCH_ARGS

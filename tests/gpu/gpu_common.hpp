@@ -7,8 +7,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <sstream>
 #include <string>
@@ -28,9 +28,13 @@ inline Runtime& runtime() {
 }
 
 inline std::mt19937_64& rng() {
+  // A fresh seed each run, printed; NORMJIT_GPU_TEST_SEED replays one (with the same test case,
+  // since the cases draw from one generator in order).
   static std::mt19937_64 r([] {
-    const uint64_t seed = std::random_device{}();
-    std::printf("gpu tests: seed %llu\n", static_cast<unsigned long long>(seed));
+    const char* fixed = std::getenv("NORMJIT_GPU_TEST_SEED");
+    const uint64_t seed = fixed && *fixed ? std::strtoull(fixed, nullptr, 10) : uint64_t(std::random_device{}());
+    std::printf("gpu tests: seed %llu%s\n", static_cast<unsigned long long>(seed),
+                fixed && *fixed ? " (NORMJIT_GPU_TEST_SEED)" : "");
     return seed;
   }());
   return r;
