@@ -46,7 +46,7 @@ struct Chain {
   normjit::DType x;
   normjit::GenericProgram program;
   int arch;
-  fs::path ptx_file;  // the compute_90 PTX that ships
+  fs::path ptx_file;  // written for arch 90 only: the compute_90 PTX that ships
   fs::path cubin_file;
 };
 
@@ -148,6 +148,7 @@ int main(int argc, char** argv) {
           const fs::path input = fs::path(c.cubin_file).replace_extension(".ptx");
           const fs::path log = fs::path(c.cubin_file).replace_extension(".ptxas.log");
           write_file(input, text.data(), text.size());
+          fs::remove(c.cubin_file);  // a failed run then leaves no earlier build's cubin behind
           const std::string command = quoted(ptxas) + " -arch=sm_" + std::to_string(c.arch) + " -v " + quoted(input) +
                                       " -o " + quoted(c.cubin_file) + " >" + quoted(log) + " 2>&1";
           const int status = std::system(command.c_str());
