@@ -45,9 +45,17 @@ std::string kernel_name(const char* phase, DType x, DType w, Epilogue e, int vec
          (clustered ? "_cluster" : "");
 }
 
-// The backward's clustered kernels (a slot's row split over 2-16 CTAs) come in 16-byte packs of the
-// rows' dtype (x's, or an fp32 stream's) only.
-bool has_clustered(bool backward, DType rows, int vec) { return backward && vec == 16 / dtype_size(rows); }
+// The clustered kernels (a row split over 2-16 CTAs) come in 16-byte packs of the rows' dtype (x's, or an
+// fp32 stream's) only: the backward's for every kind, the forward's for the norm program's epilogues
+// without the residual add (rows that crowd the L2, read once into shared memory).
+bool has_clustered(bool backward, DType rows, int vec, ResidualKind residual, Epilogue e) {
+  if (vec != 16 / dtype_size(rows)) return false;
+  return backward || (residual == kNoResidual && !quantizes(e));
+}
+
+// The forward's clustered CTAs: several small ones a SM (segments of at most 32 KB in shared memory); 48
+// registers, two packs a round with their weights loaded ahead.
+constexpr int kGenericClusterForwardCtasPerSm = 5;
 
 }  // namespace
 
@@ -102,7 +110,8 @@ std::string generic_kernel_name(const Spec& s, int vec, bool clustered) {
 }
 
 bool generic_has_clustered(const Spec& s, int vec) {
-  return has_clustered(s.phase == Phase::kBackward, s.residual_f32 ? DType::kF32 : s.x_dtype, vec);
+  return has_clustered(s.phase == Phase::kBackward, s.residual_f32 ? DType::kF32 : s.x_dtype, vec, residual_kind(s),
+                       s.epilogue);
 }
 
 std::string generic_reduce_name(DType w) { return std::string("normjit_generic_reduce_w") + to_string(w); }
@@ -143,6 +152,20 @@ GenericForwardShape generic_forward_shape(int64_t packs, int64_t row_bytes, int 
   return shape;
 }
 
+GenericForwardCluster generic_forward_cluster_shape(int64_t packs, int64_t pack_bytes, int64_t segment_bytes,
+                                                    int max_cluster) {
+  auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  packs = std::max<int64_t>(packs, 1);
+  const int64_t wanted =
+      std::clamp<int64_t>(ceil_div(packs * pack_bytes, std::max<int64_t>(segment_bytes, 1)), 2, max_cluster);
+  GenericForwardCluster shape;
+  shape.segment_packs = ceil_div(ceil_div(packs, wanted), 32) * 32;  // whole warps' packs
+  shape.cluster = static_cast<unsigned>(ceil_div(packs, shape.segment_packs));
+  shape.threads = static_cast<unsigned>(
+      std::clamp<int64_t>(ceil_div(shape.segment_packs, int64_t(kGenericUnroll) * 32) * 32, 32, kGenericMaxThreads));
+  return shape;
+}
+
 std::vector<DType> generic_program_dtypes() { return {std::begin(kDTypes), std::end(kDTypes)}; }
 
 GeneratedSource generic_source(DType x, GenericProgram program) {
@@ -160,12 +183,19 @@ GeneratedSource generic_source(DType x, GenericProgram program) {
   auto kernel = [&](const char* phase, DType w, Epilogue e, int vec, ResidualKind residual, bool from_y,
                     bool clustered = false) {
     const bool fwd = std::string(phase) == "fwd";
-    src << "extern \"C\" __global__ void __launch_bounds__(" << (fwd ? kGenericMaxForwardThreads : kGenericMaxThreads)
-        << ", " << (fwd ? kGenericForwardCtasPerSm : kGenericBackwardCtasPerSm) << ") "
-        << kernel_name(phase, x, w, e, vec, residual, from_y, clustered)
-        << "(const normjit::NormParams p) { normjit::generic_" << phase << "<" << xt << ", normjit::"
-        << detail::device_type(w) << ", normjit::" << detail::epilogue_binding(e).functor << ", " << vec << ", "
-        << int(residual) << (fwd ? "" : from_y ? ", true" : ", false") << (clustered ? ", true" : "") << ">(p); }\n";
+    const std::string types = xt + ", normjit::" + detail::device_type(w) + ", normjit::" +
+                              detail::epilogue_binding(e).functor + ", " + std::to_string(vec);
+    src << "extern \"C\" __global__ void __launch_bounds__(";
+    if (fwd && clustered)
+      src << kGenericMaxThreads << ", " << kGenericClusterForwardCtasPerSm << ") "
+          << kernel_name(phase, x, w, e, vec, residual, from_y, clustered)
+          << "(const normjit::NormParams p) { normjit::generic_fwd_cluster<" << types << ">(p); }\n";
+    else
+      src << (fwd ? kGenericMaxForwardThreads : kGenericMaxThreads) << ", "
+          << (fwd ? kGenericForwardCtasPerSm : kGenericBackwardCtasPerSm) << ") "
+          << kernel_name(phase, x, w, e, vec, residual, from_y, clustered)
+          << "(const normjit::NormParams p) { normjit::generic_" << phase << "<" << types << ", " << int(residual)
+          << (fwd ? "" : from_y ? ", true" : ", false") << (clustered ? ", true" : "") << ">(p); }\n";
     ++kernels;
   };
   for (DType w : kDTypes) {
@@ -173,9 +203,11 @@ GeneratedSource generic_source(DType x, GenericProgram program) {
       for (ResidualKind residual : residual_kinds(x))
         // An fp32 stream's rows are f32: vectors of at most 16 bytes of f32.
         for (int vec : generic_vecs(residual == kResidualF32 ? DType::kF32 : x)) {
+          const DType rows = residual == kResidualF32 ? DType::kF32 : x;
           kernel("fwd", w, e, vec, residual, false);
+          if (has_clustered(false, rows, vec, residual, e)) kernel("fwd", w, e, vec, residual, false, true);
           if (quant) continue;  // the quantizing epilogues have no backward
-          const bool clustered = has_clustered(true, residual == kResidualF32 ? DType::kF32 : x, vec);
+          const bool clustered = has_clustered(true, rows, vec, residual, e);
           kernel("bwd", w, e, vec, residual, false);
           if (clustered) kernel("bwd", w, e, vec, residual, false, true);
           // memory_efficient: epilogue none, not with an fp32 stream (the spec refuses both).

@@ -806,18 +806,24 @@ size_t Runtime::workspace_bytes(const Spec& spec, int64_t rows, int64_t rows_per
 // A generic backward slot becomes a cluster where its row's dgamma/dbeta sums would leave fewer
 // CTAs a SM than this.
 constexpr int kGenericClusterWhenUnder = 3;
+// The forward's clustered CTAs: x's segment a CTA in shared memory, at most 32 KB where eight CTAs
+// hold the row, else up to 48 KB in eight (H200, bf16, M = 4096: 196608 in eight of 48 KB, LN / RMS
+// 64.7 / 65.6 -> 68.2 / 72.5 % of copy; 262144 in eight of 64 KB, 65.2 / 66.0 -> 61.0 / 65.0, so
+// such rows stay one CTA).
+constexpr int64_t kGenericClusterSegmentBytes = 32 * 1024;
+constexpr int64_t kGenericClusterMaxSegmentBytes = 48 * 1024;
 
 // The generic kernels' launch: functions, grid and workspace.
 struct Runtime::GenericLaunch {
   CUfunction function = nullptr, reduce = nullptr;
   unsigned threads = 0, grid_x = 0, grid_y = 1, smem = 0;
-  unsigned cluster = 1;   // backward: CTAs of a slot (its _cluster kernel where > 1)
-  int segment_packs = 0;  // backward in a cluster: packs of the row each CTA takes
+  unsigned cluster = 1;   // CTAs of a backward slot or a forward row (the _cluster kernel where > 1)
+  int segment_packs = 0;  // in a cluster: packs of the row each CTA takes
   int flags = 0;
   int stage_packs = 0;  // kGenericStaged: packs of the row in shared memory
   int ctas_per_sm = 0;  // backward: resident CTAs a SM at this shape and shared memory
-  int resident_clusters = 0;  // backward in clusters: how many the device holds at once (0: no cluster)
-  int carveout = -1;  // backward: the shared-memory share of the SM in percent, a launch attribute (-1: none)
+  int resident_clusters = 0;  // in clusters: how many the device holds at once (0: no cluster)
+  int carveout = -1;  // the shared-memory share of the SM in percent, a launch attribute (-1: none)
   int64_t slots = 0;  // backward: partial slots a group
   size_t workspace_bytes = 0;
 };
@@ -881,8 +887,8 @@ Runtime::GenericLaunch Runtime::generic_launch(const Spec& spec, int vec, int64_
       generic_plans_.emplace(key, std::make_unique<GenericLaunch>(g));
     }
   }
-  if (spec.phase != Phase::kBackward) {
-    g.grid_x = static_cast<unsigned>(std::min<int64_t>(rows, 0x7fffffff));
+  if (spec.phase != Phase::kBackward) {  // a CTA a row, or a cluster a row
+    g.grid_x = static_cast<unsigned>(std::min<int64_t>(rows, 0x7fffffff / g.cluster) * g.cluster);
     return g;
   }
   const bool ada = is_adaptive(spec.norm);
@@ -958,6 +964,45 @@ CUlaunchConfig Runtime::generic_config(const GenericLaunch& g, unsigned grid_x, 
   return config;
 }
 
+// The forward of a row that crowds the L2 in a cluster (norm_generic.cuh, generic_fwd_cluster): the
+// fewest CTAs, up to the portable 8, whose segments of x take at most kGenericClusterSegmentBytes of
+// shared memory each (past 8 x 32 KB, eight larger ones, up to kGenericClusterMaxSegmentBytes).
+// Clusters of 9-16 CTAs of 32 KB ran 0.96-1.03x one CTA a row at 131112-262144, eight CTAs
+// 1.06-1.11x at 131112-196608 (H200, bf16, M = 4096). False (g unchanged) where the row needs none or no such cluster is resident. mutex_ held.
+bool Runtime::plan_generic_forward_cluster(GenericLaunch& g, const Spec& spec, int vec) {
+  const int64_t pack_bytes = int64_t(vec) * dtype_size(spec.x_dtype);
+  const GenericForwardCluster shape =
+      generic_forward_cluster_shape(spec.n / vec, pack_bytes, kGenericClusterSegmentBytes, kMaxPortableCluster);
+  if (shape.cluster < 2 || shape.segment_packs * pack_bytes > kGenericClusterMaxSegmentBytes) return false;
+  GenericLaunch c = g;
+  c.cluster = shape.cluster;
+  c.segment_packs = static_cast<int>(shape.segment_packs);
+  c.threads = shape.threads;
+  c.smem = static_cast<unsigned>(shape.segment_packs * pack_bytes);
+  c.function = generic_function(spec.x_dtype, GenericProgram::kNorm, generic_kernel_name(spec, vec, true));
+  const std::string what = "the generic forward of " + spec.str() + " in clusters of " + std::to_string(c.cluster) +
+                           " CTAs of " + std::to_string(c.smem) + " bytes of shared memory";
+  NORMJIT_CU_CTX(cuFuncSetAttribute(c.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    static_cast<int>(c.smem)),
+                 what);
+  NORMJIT_CU_CTX(cuFuncSetAttribute(c.function, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                    CU_SHAREDMEM_CARVEOUT_MAX_SHARED),
+                 what);
+  int per_sm = 0;
+  NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, c.function, static_cast<int>(c.threads), c.smem));
+  if (per_sm < 1) return false;
+  c.carveout = smallest_generic_carveout(c.function, c.threads, c.smem, per_sm);
+  CUlaunchAttribute attrs[2];
+  const CUlaunchConfig config = generic_config(c, c.cluster, nullptr, attrs);
+  NORMJIT_CU_CTX(cuOccupancyMaxActiveClusters(&c.resident_clusters, c.function, &config), what);
+  if (c.resident_clusters < 1) {
+    detail::log().debug("{}: none resident", what);
+    return false;
+  }
+  g = c;
+  return true;
+}
+
 // mutex_ held (generic_function).
 Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec, int max_cluster) {
   if (const std::string why = generic_refusal(spec); !why.empty()) throw Error(Status::kNotSupported, why);
@@ -983,7 +1028,11 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec, int max_
           return ctas;
         });
     g.threads = shape.threads;
-    if (shape.rows_past_l2) g.flags |= kGenericRowsPastL2;
+    // Where even 512-thread CTAs leave more rows in flight than the L2 holds, a cluster a row.
+    const bool crowds_l2 = shape.threads > unsigned(kGenericMaxThreads);
+    if (shape.rows_past_l2 && !(crowds_l2 && target_.arch >= 90 && generic_has_clustered(spec, vec) &&
+                                plan_generic_forward_cluster(g, spec, vec)))
+      g.flags |= kGenericRowsPastL2;
     return g;
   }
   // The backward takes a pack a round; its width is chosen below by occupancy, and this one (as

@@ -75,6 +75,16 @@ struct GenericForwardShape {
 };
 GenericForwardShape generic_forward_shape(int64_t packs, int64_t row_bytes, int sm_count, int64_t l2_bytes,
                                           const std::function<int(unsigned)>& ctas_per_sm);
+// The generic forward of a row that crowds the L2 (rows_past_l2) in a cluster (the _cluster kernel,
+// sm_90): the fewest CTAs, 2 to `max_cluster`, whose segments of whole warps' packs take at most
+// `segment_bytes` of x each, and about kGenericUnroll packs a thread (at most 256 threads). A
+// cluster of 1 where the row needs no second CTA.
+struct GenericForwardCluster {
+  unsigned cluster = 1, threads = 0;
+  int64_t segment_packs = 0;
+};
+GenericForwardCluster generic_forward_cluster_shape(int64_t packs, int64_t pack_bytes, int64_t segment_bytes,
+                                                    int max_cluster);
 // A program of generic kernels of x dtype `x`: all weight dtypes, the program's epilogues,
 // vector widths and residual kinds, and for the norm program both phases and the reductions.
 GeneratedSource generic_source(DType x, GenericProgram program);

@@ -273,6 +273,7 @@ class Runtime {
                                size_t workspace_limit);
   // What of a generic launch depends only on the spec and vector width (mutex_ held).
   GenericLaunch generic_plan(const Spec& spec, int vec, int max_cluster);
+  bool plan_generic_forward_cluster(GenericLaunch& g, const Spec& spec, int vec);
   CUlaunchConfig generic_config(const GenericLaunch& g, unsigned grid_x, CUstream stream,
                                 CUlaunchAttribute (&attrs)[2]) const;
   bool carveout_launch_attribute() const { return device_.driver_version >= 12040; }

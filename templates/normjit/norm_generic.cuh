@@ -243,8 +243,16 @@ __device__ __forceinline__ unsigned generic_cluster_rank() {
 #endif
 }
 
-// cluster_reduce (reduce_cluster.cuh) for a cluster of run-time size, its slot rules included:
-// each rank's part folded in rank order, so every CTA gets the same bits.
+__device__ __forceinline__ float shfl_lane(float v, int lane) { return __shfl_sync(0xffffffffu, v, lane); }
+__device__ __forceinline__ float2 shfl_lane(float2 v, int lane) {
+  return make_float2(__shfl_sync(0xffffffffu, v.x, lane), __shfl_sync(0xffffffffu, v.y, lane));
+}
+
+// cluster_reduce (reduce_cluster.cuh) for a cluster of run-time size (at most 32), its slot rules
+// included: each rank's part folded in rank order, so every CTA gets the same bits. Lane r of each
+// warp loads rank r's part, all at once, and the warp folds them through shuffles: a loop of
+// remote loads, each waited for before the next (the size is not known to unroll it), took a
+// distributed-shared-memory latency per rank.
 template <class T, class Combine>
 __device__ __forceinline__ T generic_cluster_reduce(T v, T* slot, unsigned cluster, T init, Combine combine) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -255,12 +263,11 @@ __device__ __forceinline__ T generic_cluster_reduce(T v, T* slot, unsigned clust
     }
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
     cluster_wait();
+    const unsigned lane = threadIdx.x % 32;
+    T part = init;
+    if (lane < cluster) load_cluster_slot(part, cluster_address(slot, lane));
     T total = init;
-    for (unsigned r = 0; r < cluster; ++r) {
-      T part;
-      load_cluster_slot(part, cluster_address(slot, r));
-      combine(total, part);
-    }
+    for (unsigned r = 0; r < cluster; ++r) combine(total, shfl_lane(part, static_cast<int>(r)));
     return total;
   }
 #endif
@@ -422,6 +429,116 @@ __device__ __forceinline__ void generic_fwd(const NormParams& p) {
     }
   }
   if constexpr (kStateful) Epilogue::template finish<1024>(state, p);  // every thread reaches it
+}
+
+// The forward of rows that crowd the L2 (generic_forward_cluster_shape): a cluster of 2-16 CTAs a
+// row, each copying its segment of x (NormParams::generic_segment_packs, whole warps' packs) into
+// shared memory with cp.async, so that x is read from global memory once. The row's two sums add
+// over the cluster through distributed shared memory in rank order; the output pass reads the
+// segment back from shared memory. A thread copies and reads only its own packs, so no barrier
+// guards the segment. Many small CTAs a SM (a segment of about 32 KB) keep copies in flight while
+// others write. Epilogues of the norm program (none, relu_bitmask, gelu), no residual add.
+template <class XT, class WT, class Epilogue, int kVec>
+__device__ __forceinline__ void generic_fwd_cluster(const NormParams& p) {
+  static_assert(!RowScaled<Epilogue>::value && !EpilogueState<Epilogue>::kStateful,
+                "the quantizing epilogues' generic forward reads its row from global memory");
+  __shared__ float2 scratch[32];
+  __shared__ float2 cluster_sums[2];  // alternate rows' slots (generic_cluster_reduce)
+  extern __shared__ __align__(16) unsigned char dynamic_shared[];
+  XT* const segment_x = reinterpret_cast<XT*>(dynamic_shared);
+  const int n = p.n, flags = p.generic_flags;
+  const bool subtracts_mean = flags & kGenericSubtractsMean, has_bias = flags & kGenericHasBias;
+  const float one = (flags & kGenericZeroCentered) ? 1.f : 0.f;
+  const int threads = blockDim.x, tid = threadIdx.x;
+  const unsigned cluster = generic_cluster_size();
+  const int all_packs = n / kVec, segment = p.generic_segment_packs;
+  const int first = min(all_packs, static_cast<int>(generic_cluster_rank()) * segment);
+  const int packs = min(all_packs - first, segment);  // this CTA's
+  const int col0 = first * kVec;
+  const float inv_n = 1.f / static_cast<float>(n);
+  const long long rows_step = gridDim.x / cluster;
+  constexpr int kU = kGenericOutUnroll;  // packs a round
+  const int step = threads * kU;
+  for (long long row = blockIdx.x / cluster, turn = 0; row < p.rows; row += rows_step, ++turn) {
+    const XT* x = static_cast<const XT*>(p.x) + row * p.row_stride;
+    for (int pack = tid; pack < packs; pack += threads)
+      copy_async<XT, kVec>(segment_x + pack * kVec, x + col0 + pack * kVec);
+    commit_async();
+    const long long group_weights = (flags & kGenericPerGroup) ? group_of_row(row, p.rows_per_group) * n : 0;
+    const WT* gamma = static_cast<const WT*>(p.gamma) + group_weights + col0;
+    const WT* beta = has_bias ? static_cast<const WT*>(p.beta) + group_weights + col0 : nullptr;
+    XT* y = static_cast<XT*>(p.y) + row * p.row_stride + col0;
+    const float center = subtracts_mean ? to_float(x[0]) : 0.f;
+    struct Weights {
+      GenericPack<WT, kVec> g[kU], b[kU];
+    } weights;
+    auto load_weights = [&](int base) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+        if (const int pack = base + u * threads + tid; pack < packs) {
+          weights.g[u].load(gamma + pack * kVec);
+          if (has_bias) weights.b[u].load(beta + pack * kVec);
+          else weights.b[u].clear();
+        } else {
+          weights.g[u].clear();
+          weights.b[u].clear();
+        }
+    };
+    load_weights(0);
+    wait_async<0>();
+    float dev = 0.f, sq = 0.f;
+    for (int pack = tid; pack < packs; pack += threads) {
+      float f[kVec];
+      unpack(load_pack<XT, kVec>(segment_x + pack * kVec), f);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float d = f[j] - center;
+        dev += d;
+        sq += d * d;
+      }
+    }
+    const float2 sums = generic_cluster_reduce(generic_cta_sum2(dev, sq, scratch), &cluster_sums[turn & 1], cluster,
+                                               make_float2(0.f, 0.f), ClusterSumOp{});
+    const float shift = subtracts_mean ? sums.x * inv_n : 0.f;
+    const float rstd = rsqrtf(fmaxf(sums.y * inv_n - shift * shift, 0.f) + p.eps);
+    if ((flags & kGenericTraining) && tid == 0 && first == 0) {
+      if (subtracts_mean) p.mean[row] = center + shift;
+      p.rstd[row] = rstd;
+    }
+    // Every thread runs every round (the epilogue may shuffle across lanes); past the segment's
+    // end a pack is invalid. The round's weights were loaded before its stores (y may alias them
+    // for all the compiler knows, so a load after a store would wait for it): the first round's
+    // while the copies were in flight, each later one's at the end of the round before it.
+    for (int base = 0; base < packs; base += step) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int pack = base + u * threads + tid;
+        const bool valid = pack < packs;
+        float out[kVec];
+        if (valid) {
+          float f[kVec], gf[kVec], bf[kVec];
+          unpack(load_pack<XT, kVec>(segment_x + pack * kVec), f);
+          weights.g[u].unpack_to(gf);
+          weights.b[u].unpack_to(bf);
+#pragma unroll
+          for (int j = 0; j < kVec; ++j)
+            out[j] = (f[j] - center - shift) * rstd * (gf[j] + one) + (has_bias ? bf[j] : 0.f);
+        } else {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) out[j] = 0.f;
+        }
+        Epilogue::template forward<XT, kVec, 1024>(out, valid, p, row, col0 + pack * kVec, tid);
+        if (valid) {
+          Pack<XT, kVec> o;
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) o.v[j] = Convert<XT>::from(out[j]);
+          store_output_pack_streaming<XT, kVec>(y + pack * kVec, o);
+        }
+      }
+      load_weights(base + step);
+    }
+  }
+  generic_cluster_exit(cluster);
 }
 
 // The packs of a backward round, loaded before any of the round's stores (dx, the sums) for the

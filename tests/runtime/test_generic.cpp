@@ -224,6 +224,38 @@ TEST_CASE("generic forward shape: wider CTAs where the rows in flight outgrow th
   }
 }
 
+TEST_CASE("generic forward clusters: the fewest CTAs whose segments of whole warps' packs fit the segment bytes") {
+  constexpr int64_t kSegment = 32 * 1024, kPack = 16;  // 16-byte packs
+  SUBCASE("bf16 N = 32768 (64 KB): two CTAs of 2048 packs, 256 threads") {
+    const GenericForwardCluster s = generic_forward_cluster_shape(4096, kPack, kSegment, 16);
+    CHECK(s.cluster == 2u);
+    CHECK(s.segment_packs == 2048);
+    CHECK(s.threads == 256u);
+  }
+  SUBCASE("bf16 N = 98304 (192 KB): six CTAs") {
+    const GenericForwardCluster s = generic_forward_cluster_shape(12288, kPack, kSegment, 16);
+    CHECK(s.cluster == 6u);
+    CHECK(s.segment_packs == 2048);
+  }
+  SUBCASE("bf16 N = 65608: five segments of whole warps, the last one shorter") {
+    const GenericForwardCluster s = generic_forward_cluster_shape(8201, kPack, kSegment, 16);
+    CHECK(s.segment_packs == 1664);  // 8201 / 5 = 1640.2, up to 52 warps' packs
+    CHECK(s.cluster == 5u);
+    CHECK(4 * s.segment_packs < 8201);
+    CHECK(s.threads == 256u);  // 1664 / 4 = 416 threads, capped at 256
+  }
+  SUBCASE("bf16 N = 262144 (512 KB): sixteen CTAs, or eight where sixteen are not allowed") {
+    CHECK(generic_forward_cluster_shape(32768, kPack, kSegment, 16).cluster == 16u);
+    const GenericForwardCluster portable = generic_forward_cluster_shape(32768, kPack, kSegment, 8);
+    CHECK(portable.cluster == 8u);
+    CHECK(portable.segment_packs == 4096);  // 64 KB a CTA
+  }
+  SUBCASE("never fewer than two CTAs, and one where the row has a single warp's packs") {
+    CHECK(generic_forward_cluster_shape(1024, kPack, kSegment, 16).cluster == 2u);  // 16 KB: two of 512
+    CHECK(generic_forward_cluster_shape(32, kPack, kSegment, 16).cluster == 1u);
+  }
+}
+
 TEST_CASE("background compiler: compiles a spec with NVRTC once, and hands its binary over once") {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("normjit-bg-" + std::to_string(::getpid()));
