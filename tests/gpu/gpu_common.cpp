@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include "normjit/quant_reference.hpp"
 #include "templates/normjit/block_scale_layout.h"
 #include "tests/gpu/gpu_common.hpp"
@@ -248,7 +250,15 @@ ForwardRun run_forward(const Case& c) {
     };
     const reference::Tolerance f32_tol = reference::tolerance(DType::kF32);
     double amax_want = 0;
+    struct AmbiguousRow {
+      int64_t row = 0, count = 0;
+      double amax = 0, multiplier = 0;
+      std::string first;
+    };
+    std::vector<AmbiguousRow> ambiguous_rows;
     for (int64_t r = 0; r <= c.rows; ++r) {
+      const int64_t ambiguous_before = run.quant_ambiguous;
+      std::string first_ambiguous;
       // Per-row: the scale against the reference row's amax / qmax; the codes against the scale
       // the kernel stored, so a scale one ulp off does not move every code.
       double multiplier = run.quant_scale;
@@ -311,12 +321,28 @@ ForwardRun run_forward(const Case& c) {
         // Near zero the window may span several of a fine format's subnormal codes (e5m2's step
         // is 2^-16): any code whose value lies between the window's two ends is right.
         ++run.quant_ambiguous;
+        if (std::count(first_ambiguous.begin(), first_ambiguous.end(), ';') < 3)
+          first_ambiguous += " " + std::to_string(want) + " -> " + std::to_string(v) + " +- " +
+                             std::to_string(margin) + ";";
         const double got_value = value_of(code);
         if (!(value_of(lo) <= got_value && got_value <= value_of(hi)) && run.quant_mismatches++ == 0)
           run.quant_first_mismatch = "row " + std::to_string(r) + " col " + std::to_string(i) + ": y " +
                                      std::to_string(want) + " x " + std::to_string(multiplier) + " gave code " +
                                      std::to_string(code) + ", want " + std::to_string(lo) + ".." + std::to_string(hi);
       }
+      if (run.quant_ambiguous > ambiguous_before) {
+        double row_amax = 0;
+        for (int64_t i = 0; i < sh.n; ++i) row_amax = std::max(row_amax, std::abs(ref.y[r * sh.n + i]));
+        ambiguous_rows.push_back({r, run.quant_ambiguous - ambiguous_before, row_amax, multiplier, first_ambiguous});
+      }
+    }
+    std::sort(ambiguous_rows.begin(), ambiguous_rows.end(),
+              [](const AmbiguousRow& a, const AmbiguousRow& b) { return a.count > b.count; });
+    for (size_t k = 0; k < std::min<size_t>(ambiguous_rows.size(), 4); ++k) {
+      const AmbiguousRow& a = ambiguous_rows[k];
+      run.quant_ambiguous_where += "row " + std::to_string(a.row) + ": " + std::to_string(a.count) + " (amax " +
+                                   std::to_string(a.amax) + ", x " + std::to_string(a.multiplier) + ";" + a.first +
+                                   ") ";
     }
     if (per_tensor) run.amax_rel_err = std::abs(amax_got - amax_want) / std::max(amax_want, 1e-30);
   }

@@ -172,6 +172,9 @@ struct ForwardRun {
   double row_scale_rel_err = 0;  // *_row: worst |scale - amax(row) / qmax| / (amax(row) / qmax)
   int64_t quant_checked = 0, quant_mismatches = 0, quant_ambiguous = 0;
   std::string quant_first_mismatch;  // ambiguous: on a rounding boundary
+  // Where the boundary codes sit: the rows with the most of them (count, the row's largest |y|, the
+  // multiplier) and their first values (y, y * multiplier, the window's half-width).
+  std::string quant_ambiguous_where;
   double amax_rel_err = 0;
   float quant_scale = 0;
   // residual specs: h as the GPU wrote it (in the stream's dtype, row_dtype), and its elements that

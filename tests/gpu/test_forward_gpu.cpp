@@ -183,6 +183,9 @@ TEST_CASE("epilogues forward: relu_bitmask (mask exact) and gelu, with every op"
   MESSAGE(checked << " epilogue forward cases");
 }
 
+// The most of a quantized case's codes (N >= 32) that may sit on a rounding boundary: 1 / this (+ 5).
+constexpr int64_t kAmbiguousPerCase = 20;
+
 // Per-tensor FP8 over every op x dtype x N x row layout; generic: through the generic kernels.
 void gpu_test::check_fp8_grid(bool generic) {
   std::optional<GenericKernelsOn> generic_on;
@@ -210,12 +213,17 @@ void gpu_test::check_fp8_grid(bool generic) {
             CHECK(r.worst <= 1.0);  // y in x's dtype, written beside the codes
             CHECK(r.quant_checked == c.rows * n);
             CAPTURE(r.quant_first_mismatch);
+            CAPTURE(r.quant_ambiguous_where);
             CHECK(r.quant_mismatches == 0);
             CHECK(r.amax_rel_err <= 1e-5);
-            // The boundary window must stay narrow, or the exact check would check little. Not
-            // for N < 32: there y is often β or ±β + γ exactly, whose bf16 / f16 bits may sit on an
-            // FP8 midpoint (round half to even decides; the window accepts either).
-            if (n >= 32) CHECK(r.quant_ambiguous <= r.quant_checked / 100 + 5);
+            // The boundary window must stay narrow, or the exact check would check little: at
+            // most 5 % of a case (N >= 32), 1 % of the grid. Not for N < 32: there y is often β or
+            // ±β + γ exactly, whose bf16 / f16 bits may sit on an FP8 midpoint (round half to even
+            // decides; the window accepts either). A small case's count swings with its data: at
+            // N = 127 with per-row scales, y · 448 / amax is a ratio of products of bf16 values
+            // and lands near midpoints more often than uniform values would (one seed: 89 of 4699
+            // codes, at most 4 a row, 0.14 % over the grid).
+            if (n >= 32) CHECK(r.quant_ambiguous <= r.quant_checked / kAmbiguousPerCase + 5);
             checked += r.quant_checked;
             ambiguous += r.quant_ambiguous;
             ++cases;
@@ -223,13 +231,16 @@ void gpu_test::check_fp8_grid(bool generic) {
   MESSAGE(cases << std::string(generic ? " generic" : "") << " fp8 cases, " << checked
                 << " codes checked against the host encoding, " << ambiguous
                 << " of them on a rounding boundary (either neighbour accepted)");
+  CHECK(ambiguous <= checked / 100);
 }
 
 TEST_CASE("quantized output: fp8 e4m3 / e5m2 codes and amax against the host references") { check_fp8_grid(false); }
 
 // The per-row and block-scaled epilogues over every op x dtype x N x row layout (bf16_only: with
 // bf16 x only, its code path being another format's), plus pinned specs of other row caches. At
-// N >= 32 a case may have at most 1 / ambiguous_divisor of its codes (+ 5) on a rounding boundary.
+// N >= 32 a case may have at most 5 % of its codes (+ 5) on a rounding boundary, and the grid at
+// most 1 / ambiguous_divisor of them (a row of N = 32 is one scale block, and a block with a small
+// scale has a wide window for all its codes at once: MXFP8, f16 x, 39 of 1184 in one run).
 // Block-scaled formats run each case with both scale layouts (row-major, swizzled 128x4); e2m1
 // codes (two a byte) take even row strides and offsets.
 void check_quantized_grid(const char* what, std::initializer_list<Epilogue> formats, Epilogue bf16_only,
@@ -248,15 +259,13 @@ void check_quantized_grid(const char* what, std::initializer_list<Epilogue> form
     c.rows_per_batch = is_adaptive(c.spec.norm) ? c.rows : 0;
     const ForwardRun r = run_forward(c);
     CAPTURE(r.quant_first_mismatch);
+    CAPTURE(r.quant_ambiguous_where);
     CHECK(r.worst <= 1.0);  // y in x's dtype, written beside the codes
     CHECK(r.quant_checked == c.rows * c.spec.n);
     CHECK(r.quant_mismatches == 0);
     CHECK(r.row_scale_rel_err <= 2e-5);  // per-row scales (0 elsewhere)
-    // See the fp8 case. At N = 32 a row is one scale block, and a block with a small scale has a
-    // wide window for all its codes at once: boundary codes come a row at a time (MXFP8, f16 x:
-    // 39 of 1184 in one run), so that size is held to 5 %.
-    const int64_t divisor = c.spec.n <= 32 ? std::min<int64_t>(ambiguous_divisor, 20) : ambiguous_divisor;
-    if (c.spec.n >= 32) CHECK(r.quant_ambiguous <= r.quant_checked / divisor + 5);
+    // See the fp8 case: each case at most 5 %, the grid at most 1 / ambiguous_divisor.
+    if (c.spec.n >= 32) CHECK(r.quant_ambiguous <= r.quant_checked / kAmbiguousPerCase + 5);
     checked += r.quant_checked;
     ambiguous += r.quant_ambiguous;
     ++cases;
@@ -294,6 +303,7 @@ void check_quantized_grid(const char* what, std::initializer_list<Epilogue> form
   }
   MESSAGE(cases << std::string(generic ? " generic " : " ") << std::string(what) << " cases, " << checked << " codes checked against the host encoding, " << ambiguous
                 << " codes or scales on a rounding boundary (either neighbour accepted)");
+  CHECK(ambiguous <= checked / ambiguous_divisor);
 }
 
 void gpu_test::check_row_quant_grid(bool generic) {
