@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,17 +29,10 @@ struct CompiledJob {
 // done(i, compiled) is called once per job, from the worker threads.
 template <class Done>
 void compile_in_batches(const std::vector<CompileJob>& jobs, Done&& done, size_t batch = 8) {
-  std::vector<std::vector<size_t>> units;
-  std::map<std::string, size_t> open_unit;  // target and phase -> its unit being filled
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    const std::string key = jobs[i].target.str() + (jobs[i].spec.phase == Phase::kBackward ? " bwd" : " fwd");
-    auto it = open_unit.find(key);
-    if (it == open_unit.end() || units[it->second].size() >= batch) {
-      units.push_back({});
-      it = open_unit.insert_or_assign(key, units.size() - 1).first;
-    }
-    units[it->second].push_back(i);
-  }
+  std::vector<std::string> keys;
+  for (const CompileJob& job : jobs)
+    keys.push_back(job.target.str() + (job.spec.phase == Phase::kBackward ? " bwd" : " fwd"));
+  const std::vector<std::vector<size_t>> units = compile_batch_groups(keys, batch);
   auto finish = [&](size_t i, CompiledJob& c) {
     if (c.error.empty())
       for (KernelResources& k : parse_ptxas_report(c.result.log))

@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
-#include <map>
 #include <mutex>
 #include <thread>
 
@@ -86,22 +85,10 @@ int main(int argc, char** argv) {
 
     // Units of work: specs of one target and phase in groups of up to `batch`, one NVRTC program
     // each, on one thread (compile_batch).
-    std::vector<std::vector<size_t>> units;
-    std::map<std::string, size_t> open_unit;  // target and phase -> its group being filled
-    for (size_t i = 0; i < work.size(); ++i) {
-      const std::string target =
-          work[i].target.str() + (work[i].spec.phase == normjit::Phase::kBackward ? " bwd" : " fwd");
-      if (batch < 2) {
-        units.push_back({i});
-        continue;
-      }
-      auto it = open_unit.find(target);
-      if (it == open_unit.end() || units[it->second].size() >= batch) {
-        units.push_back({});
-        it = open_unit.insert_or_assign(target, units.size() - 1).first;
-      }
-      units[it->second].push_back(i);
-    }
+    std::vector<std::string> keys;
+    for (const Job& job : work)
+      keys.push_back(job.target.str() + (job.spec.phase == normjit::Phase::kBackward ? " bwd" : " fwd"));
+    const std::vector<std::vector<size_t>> units = normjit::compile_batch_groups(keys, batch);
 
     std::atomic<size_t> next{0}, done{0};
     std::mutex print_mutex;

@@ -93,6 +93,27 @@ CompileResult compile(const GeneratedSource& src, const Target& target,
 std::vector<CompileResult> compile_batch(const std::vector<GeneratedSource>& srcs, const Target& target,
                                          bool split = false);
 
+// The groups compile_batch takes: items of one key (a target and phase) in groups of at most
+// `batch`, each group in the order of its first item; an item whose key is empty, and every item
+// where batch < 2, in a group of its own. Indices into `keys`.
+inline std::vector<std::vector<size_t>> compile_batch_groups(const std::vector<std::string>& keys, size_t batch) {
+  std::vector<std::vector<size_t>> groups;
+  std::map<std::string, size_t> open_group;  // key -> its group being filled
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (batch < 2 || keys[i].empty()) {
+      groups.push_back({i});
+      continue;
+    }
+    auto it = open_group.find(keys[i]);
+    if (it == open_group.end() || groups[it->second].size() >= batch) {
+      groups.push_back({});
+      it = open_group.insert_or_assign(keys[i], groups.size() - 1).first;
+    }
+    groups[it->second].push_back(i);
+  }
+  return groups;
+}
+
 // PTX of generated source for a virtual arch (compute_XY), for the driver to compile on any GPU of
 // that arch or newer.
 CompileResult compile_ptx(const GeneratedSource& src, int virtual_arch);

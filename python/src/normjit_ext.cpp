@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
-#include <map>
 #include <mutex>
 #include <thread>
 
@@ -146,23 +145,11 @@ nb::dict precompile(nb::iterable specs, const std::string& arch, std::optional<s
 
   // Units of work, as normjit-precompile --batch groups them: up to `batch` specs of one phase in
   // one NVRTC program (DiskCache::lookup_batch); a spec that did not parse is a unit of its own.
-  std::vector<std::vector<size_t>> units;
-  {
-    std::map<bool, size_t> open_unit;  // backward or not -> its unit being filled
-    for (size_t i = 0; i < work.size(); ++i) {
-      if (batch < 2 || !work[i].spec) {
-        units.push_back({i});
-        continue;
-      }
-      const bool backward = work[i].spec->phase == normjit::Phase::kBackward;
-      auto it = open_unit.find(backward);
-      if (it == open_unit.end() || units[it->second].size() >= static_cast<size_t>(batch)) {
-        units.push_back({});
-        it = open_unit.insert_or_assign(backward, units.size() - 1).first;
-      }
-      units[it->second].push_back(i);
-    }
-  }
+  std::vector<std::string> keys;
+  for (const auto& job : work)
+    keys.push_back(!job.spec ? "" : job.spec->phase == normjit::Phase::kBackward ? "bwd" : "fwd");
+  const std::vector<std::vector<size_t>> units =
+      normjit::compile_batch_groups(keys, static_cast<size_t>(batch));
   std::atomic<size_t> next{0};
   std::atomic<bool> stop{false};
   std::mutex mutex;

@@ -366,6 +366,15 @@ std::map<std::string, std::string> function_code(const std::vector<char>& cubin)
 }
 }  // namespace
 
+TEST_CASE("compile_batch_groups: items of one key in groups of at most `batch`, in order") {
+  const std::vector<std::string> keys = {"sm_90 fwd", "sm_90 bwd", "sm_90 fwd", "", "sm_90 fwd", "sm_90 bwd"};
+  using Groups = std::vector<std::vector<size_t>>;
+  CHECK(compile_batch_groups(keys, 2) == Groups{{0, 2}, {1, 5}, {3}, {4}});  // an empty key: alone
+  CHECK(compile_batch_groups(keys, 8) == Groups{{0, 2, 4}, {1, 5}, {3}});
+  CHECK(compile_batch_groups(keys, 1) == Groups{{0}, {1}, {2}, {3}, {4}, {5}});
+  CHECK(compile_batch_groups({}, 8).empty());
+}
+
 TEST_CASE("a batched compile gives every kernel the machine code of its own compile, in one image") {
   // Forward rows of several kinds, epilogues, fusions and dtypes, and the backward's fused and
   // split routes; the quantizing epilogues are compiled alone.
