@@ -8,7 +8,8 @@
 // of a row belongs to thread p % blockDim.x, the layout of the specialized kernels, so the same
 // epilogue functors apply. Each pass streams the row from global memory; the second pass finds it
 // in L2 (where the rows in flight crowd it, kGenericRowsPastL2 orders the passes and streams the
-// last one). LayerNorm sums deviations from the row's first element (the cancellation in
+// last one, or generic_fwd_cluster splits the row over a cluster that reads it once into shared
+// memory). LayerNorm sums deviations from the row's first element (the cancellation in
 // sq / N - shift^2 is bounded, as in the specialized CTA-wide rows).
 #pragma once
 #include "normjit/common.cuh"
