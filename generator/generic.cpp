@@ -185,17 +185,18 @@ GeneratedSource generic_source(DType x, GenericProgram program) {
     const bool fwd = std::string(phase) == "fwd";
     const std::string types = xt + ", normjit::" + detail::device_type(w) + ", normjit::" +
                               detail::epilogue_binding(e).functor + ", " + std::to_string(vec);
-    src << "extern \"C\" __global__ void __launch_bounds__(";
-    if (fwd && clustered)
-      src << kGenericMaxThreads << ", " << kGenericClusterForwardCtasPerSm << ") "
-          << kernel_name(phase, x, w, e, vec, residual, from_y, clustered)
-          << "(const normjit::NormParams p) { normjit::generic_fwd_cluster<" << types << ">(p); }\n";
-    else
-      src << (fwd ? kGenericMaxForwardThreads : kGenericMaxThreads) << ", "
-          << (fwd ? kGenericForwardCtasPerSm : kGenericBackwardCtasPerSm) << ") "
-          << kernel_name(phase, x, w, e, vec, residual, from_y, clustered)
-          << "(const normjit::NormParams p) { normjit::generic_" << phase << "<" << types << ", " << int(residual)
-          << (fwd ? "" : from_y ? ", true" : ", false") << (clustered ? ", true" : "") << ">(p); }\n";
+    const bool fwd_cluster = fwd && clustered;
+    const int max_threads = fwd && !clustered ? kGenericMaxForwardThreads : kGenericMaxThreads;
+    const int ctas_per_sm = fwd_cluster ? kGenericClusterForwardCtasPerSm
+                            : fwd       ? kGenericForwardCtasPerSm
+                                        : kGenericBackwardCtasPerSm;
+    const std::string body =
+        fwd_cluster ? "generic_fwd_cluster<" + types + ">"
+                    : std::string("generic_") + phase + "<" + types + ", " + std::to_string(int(residual)) +
+                          (fwd ? "" : from_y ? ", true" : ", false") + (clustered ? ", true" : "") + ">";
+    src << "extern \"C\" __global__ void __launch_bounds__(" << max_threads << ", " << ctas_per_sm << ") "
+        << kernel_name(phase, x, w, e, vec, residual, from_y, clustered)
+        << "(const normjit::NormParams p) { normjit::" << body << "(p); }\n";
     ++kernels;
   };
   for (DType w : kDTypes) {

@@ -968,7 +968,8 @@ CUlaunchConfig Runtime::generic_config(const GenericLaunch& g, unsigned grid_x, 
 // fewest CTAs, up to the portable 8, whose segments of x take at most kGenericClusterSegmentBytes of
 // shared memory each (past 8 x 32 KB, eight larger ones, up to kGenericClusterMaxSegmentBytes).
 // Clusters of 9-16 CTAs of 32 KB ran 0.96-1.03x one CTA a row at 131112-262144, eight CTAs
-// 1.06-1.11x at 131112-196608 (H200, bf16, M = 4096). False (g unchanged) where the row needs none or no such cluster is resident. mutex_ held.
+// 1.06-1.11x at 131112-196608 (H200, bf16, M = 4096). False (g unchanged) where the row needs
+// none or no such cluster is resident. mutex_ held.
 bool Runtime::plan_generic_forward_cluster(GenericLaunch& g, const Spec& spec, int vec) {
   const int64_t pack_bytes = int64_t(vec) * dtype_size(spec.x_dtype);
   const GenericForwardCluster shape =

@@ -256,6 +256,11 @@ ForwardRun run_forward(const Case& c) {
       std::string first;
     };
     std::vector<AmbiguousRow> ambiguous_rows;
+    auto row_amax_of = [&](int64_t r) {
+      double row_amax = 0;
+      for (int64_t i = 0; i < sh.n; ++i) row_amax = std::max(row_amax, std::abs(ref.y[r * sh.n + i]));
+      return row_amax;
+    };
     for (int64_t r = 0; r <= c.rows; ++r) {
       const int64_t ambiguous_before = run.quant_ambiguous;
       std::string first_ambiguous;
@@ -263,8 +268,7 @@ ForwardRun run_forward(const Case& c) {
       // the kernel stored, so a scale one ulp off does not move every code.
       double multiplier = run.quant_scale;
       if (per_row && r < c.rows) {
-        double row_amax = 0;
-        for (int64_t i = 0; i < sh.n; ++i) row_amax = std::max(row_amax, std::abs(ref.y[r * sh.n + i]));
+        const double row_amax = row_amax_of(r);
         const double scale_want = row_amax > 0 ? row_amax / qmax : 1.0;
         run.row_scale_rel_err = std::max(run.row_scale_rel_err, std::abs(scales_got[r] - scale_want) / scale_want);
         multiplier = static_cast<double>(1.0f / scales_got[r]);  // the kernel's fp32 reciprocal
@@ -330,11 +334,9 @@ ForwardRun run_forward(const Case& c) {
                                      std::to_string(want) + " x " + std::to_string(multiplier) + " gave code " +
                                      std::to_string(code) + ", want " + std::to_string(lo) + ".." + std::to_string(hi);
       }
-      if (run.quant_ambiguous > ambiguous_before) {
-        double row_amax = 0;
-        for (int64_t i = 0; i < sh.n; ++i) row_amax = std::max(row_amax, std::abs(ref.y[r * sh.n + i]));
-        ambiguous_rows.push_back({r, run.quant_ambiguous - ambiguous_before, row_amax, multiplier, first_ambiguous});
-      }
+      if (run.quant_ambiguous > ambiguous_before)
+        ambiguous_rows.push_back(
+            {r, run.quant_ambiguous - ambiguous_before, row_amax_of(r), multiplier, first_ambiguous});
     }
     std::sort(ambiguous_rows.begin(), ambiguous_rows.end(),
               [](const AmbiguousRow& a, const AmbiguousRow& b) { return a.count > b.count; });

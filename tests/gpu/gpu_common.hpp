@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -32,7 +33,17 @@ inline std::mt19937_64& rng() {
   // since the cases draw from one generator in order).
   static std::mt19937_64 r([] {
     const char* fixed = std::getenv("NORMJIT_GPU_TEST_SEED");
-    const uint64_t seed = fixed && *fixed ? std::strtoull(fixed, nullptr, 10) : uint64_t(std::random_device{}());
+    uint64_t seed = std::random_device{}();
+    if (fixed && *fixed) {
+      char* end = nullptr;
+      errno = 0;
+      seed = std::strtoull(fixed, &end, 10);
+      if (*end != '\0' || errno != 0 || *fixed == '-') {
+        std::fprintf(stderr, "gpu tests: NORMJIT_GPU_TEST_SEED='%s' is not a seed (a whole number, as printed)\n",
+                     fixed);
+        std::exit(2);
+      }
+    }
     std::printf("gpu tests: seed %llu%s\n", static_cast<unsigned long long>(seed),
                 fixed && *fixed ? " (NORMJIT_GPU_TEST_SEED)" : "");
     return seed;
