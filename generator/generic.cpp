@@ -24,6 +24,9 @@ constexpr DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 constexpr int kGenericForwardCtasPerSm = 2;  // of kGenericMaxForwardThreads: 64 registers
 // The backward, a pack a round, fits 80 registers unspilled (gelu spilled 8 bytes at 64).
 constexpr int kGenericBackwardCtasPerSm = 3;
+// The held-row backward (generic_bwd_held) at 1 and 2 packs a thread: a pack's x, dy, weights and
+// sums take about 40 registers.
+constexpr int kGenericHeldCtasPerSm[kGenericMaxHeldPacks] = {3, 2};
 
 // The residual add's kinds (norm_generic.cuh, GenericResidual): none, x's dtype, an fp32 stream.
 enum ResidualKind { kNoResidual = 0, kResidualX = 1, kResidualF32 = 2 };
@@ -39,10 +42,16 @@ ResidualKind residual_kind(const Spec& s) {
 }
 
 std::string kernel_name(const char* phase, DType x, DType w, Epilogue e, int vec, ResidualKind residual,
-                        bool from_y, bool clustered = false) {
+                        bool from_y, bool clustered = false, int held_packs = 0) {
   return std::string("normjit_generic_") + phase + "_" + to_string(x) + "_w" + to_string(w) + "_" + to_string(e) +
          "_v" + std::to_string(vec) + kResidualSuffix[residual] + (from_y ? "_from_y" : "") +
-         (clustered ? "_cluster" : "");
+         (clustered ? "_cluster" : "") + (held_packs ? "_held" + std::to_string(held_packs) : "");
+}
+
+// The backward's held-row kernels (1 to kGenericMaxHeldPacks packs a thread in registers across the
+// slot's rows): 16-byte packs, no residual add, not memory-efficient.
+bool has_held(bool backward, DType rows, int vec, ResidualKind residual, bool from_y) {
+  return backward && vec == 16 / dtype_size(rows) && residual == kNoResidual && !from_y;
 }
 
 // The clustered kernels (a row split over 2-16 CTAs) come in 16-byte packs of the rows' dtype (x's, or an
@@ -104,9 +113,14 @@ std::vector<int> generic_vecs(DType x) {
   return vecs;
 }
 
-std::string generic_kernel_name(const Spec& s, int vec, bool clustered) {
+std::string generic_kernel_name(const Spec& s, int vec, bool clustered, int held_packs) {
   return kernel_name(s.phase == Phase::kBackward ? "bwd" : "fwd", s.x_dtype, s.w_dtype, s.epilogue, vec,
-                     residual_kind(s), s.memory_efficient, clustered);
+                     residual_kind(s), s.memory_efficient, clustered, held_packs);
+}
+
+bool generic_has_held(const Spec& s, int vec) {
+  return has_held(s.phase == Phase::kBackward, s.residual_f32 ? DType::kF32 : s.x_dtype, vec, residual_kind(s),
+                  s.memory_efficient);
 }
 
 bool generic_has_clustered(const Spec& s, int vec) {
@@ -181,21 +195,23 @@ GeneratedSource generic_source(DType x, GenericProgram program) {
   const std::string xt = std::string("normjit::") + detail::device_type(x);
   int kernels = 0;
   auto kernel = [&](const char* phase, DType w, Epilogue e, int vec, ResidualKind residual, bool from_y,
-                    bool clustered = false) {
+                    bool clustered = false, int held_packs = 0) {
     const bool fwd = std::string(phase) == "fwd";
     const std::string types = xt + ", normjit::" + detail::device_type(w) + ", normjit::" +
                               detail::epilogue_binding(e).functor + ", " + std::to_string(vec);
     const bool fwd_cluster = fwd && clustered;
     const int max_threads = fwd && !clustered ? kGenericMaxForwardThreads : kGenericMaxThreads;
-    const int ctas_per_sm = fwd_cluster ? kGenericClusterForwardCtasPerSm
-                            : fwd       ? kGenericForwardCtasPerSm
-                                        : kGenericBackwardCtasPerSm;
+    const int ctas_per_sm = fwd_cluster  ? kGenericClusterForwardCtasPerSm
+                            : fwd          ? kGenericForwardCtasPerSm
+                            : held_packs   ? kGenericHeldCtasPerSm[held_packs - 1]
+                                           : kGenericBackwardCtasPerSm;
     const std::string body =
-        fwd_cluster ? "generic_fwd_cluster<" + types + ">"
+        fwd_cluster  ? "generic_fwd_cluster<" + types + ">"
+        : held_packs ? "generic_bwd_held<" + types + ", " + std::to_string(held_packs) + ">"
                     : std::string("generic_") + phase + "<" + types + ", " + std::to_string(int(residual)) +
                           (fwd ? "" : from_y ? ", true" : ", false") + (clustered ? ", true" : "") + ">";
     src << "extern \"C\" __global__ void __launch_bounds__(" << max_threads << ", " << ctas_per_sm << ") "
-        << kernel_name(phase, x, w, e, vec, residual, from_y, clustered)
+        << kernel_name(phase, x, w, e, vec, residual, from_y, clustered, held_packs)
         << "(const normjit::NormParams p) { normjit::" << body << "(p); }\n";
     ++kernels;
   };
@@ -211,6 +227,9 @@ GeneratedSource generic_source(DType x, GenericProgram program) {
           const bool clustered = has_clustered(true, rows, vec, residual, e);
           kernel("bwd", w, e, vec, residual, false);
           if (clustered) kernel("bwd", w, e, vec, residual, false, true);
+          if (has_held(true, rows, vec, residual, false))
+            for (int held_packs = 1; held_packs <= kGenericMaxHeldPacks; ++held_packs)
+              kernel("bwd", w, e, vec, residual, false, false, held_packs);
           // memory_efficient: epilogue none, not with an fp32 stream (the spec refuses both).
           if (e == Epilogue::kNone && residual != kResidualF32) {
             kernel("bwd", w, e, vec, residual, true);

@@ -48,7 +48,12 @@ std::vector<int> generic_vecs(DType x);
 // Kernel names. Forward specs share the forward kernel of their dtypes, epilogue and residual add
 // (training or not is a flag); backward specs run the row kernel, then the reduction of the weight
 // dtype.
-std::string generic_kernel_name(const Spec& spec, int vec, bool clustered = false);
+// held_packs: the backward's held-row kernel of that many packs a thread (0: not held).
+std::string generic_kernel_name(const Spec& spec, int vec, bool clustered = false, int held_packs = 0);
+// Whether the backward's held-row kernels (1 to kGenericMaxHeldPacks packs a thread in registers,
+// rows of at most kGenericMaxHeldPacks * kGenericMaxThreads packs) exist for the spec at this vector
+// width.
+bool generic_has_held(const Spec& spec, int vec);
 // Whether the backward of `spec` at vector width `vec` has a clustered kernel (16-byte packs: a
 // slot's row split over a cluster of CTAs on sm_90, each a segment of its columns).
 bool generic_has_clustered(const Spec& spec, int vec);

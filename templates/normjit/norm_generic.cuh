@@ -796,6 +796,109 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
   generic_cluster_exit(cluster);
 }
 
+// The backward of rows of at most kPacks packs a thread (blockDim.x * kPacks >= N / kVec, pack
+// k * blockDim.x + tid): the thread's packs of x and dy, its weights and its dgamma / dbeta sums
+// stay in registers across the slot's rows, and the slot's next row is loaded while this one
+// reduces. Slots and workspace as generic_bwd's (its reduction adds them); no staging, no
+// shared-memory sums, no cluster. Not with the residual add or the memory-efficient backward.
+template <class XT, class WT, class Epilogue, int kVec, int kPacks>
+__device__ __forceinline__ void generic_bwd_held(const NormParams& p) {
+  __shared__ float2 scratch[32];
+  const int n = p.n, flags = p.generic_flags;
+  const bool subtracts_mean = flags & kGenericSubtractsMean, has_bias = flags & kGenericHasBias;
+  const float one = (flags & kGenericZeroCentered) ? 1.f : 0.f;
+  const int threads = blockDim.x, tid = threadIdx.x, packs = n / kVec;
+  const float inv_n = 1.f / static_cast<float>(n);
+  const long long group = blockIdx.y, groups = gridDim.y, slot = blockIdx.x, slots = gridDim.x;
+  const long long rows_per_group = p.rows_per_group;
+  const long long weights = (flags & kGenericPerGroup) ? group * n : 0;
+  auto col_of = [&](int k) { return (k * threads + tid) * kVec; };
+  auto active = [&](int k) { return k * threads + tid < packs; };
+  float g[kPacks][kVec], b[kPacks][kVec];
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    GenericPack<WT, kVec> gp, bp;
+    if (active(k)) gp.load(static_cast<const WT*>(p.gamma) + weights + col_of(k));
+    else gp.clear();
+    if (active(k) && has_bias) bp.load(static_cast<const WT*>(p.beta) + weights + col_of(k));
+    else bp.clear();
+    gp.unpack_to(g[k]);
+    bp.unpack_to(b[k]);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) g[k][j] += one;
+  }
+  float sum_g[kPacks][kVec], sum_b[kPacks][kVec];
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k)
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) sum_g[k][j] = sum_b[k][j] = 0.f;
+  GenericPack<XT, kVec> x_next[kPacks], dy_next[kPacks];
+  auto load_row = [&](long long row) {
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k)
+      if (active(k)) {
+        x_next[k].load(static_cast<const XT*>(p.x) + row * p.row_stride + col_of(k));
+        dy_next[k].load(static_cast<const XT*>(p.dy) + row * p.row_stride + col_of(k));
+      } else {
+        x_next[k].clear();
+        dy_next[k].clear();
+      }
+  };
+  if (slot < rows_per_group) load_row(group * rows_per_group + slot);
+  for (long long r = slot; r < rows_per_group; r += slots) {
+    const long long row = group * rows_per_group + r;
+    float xhat[kPacks][kVec], d[kPacks][kVec];
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      x_next[k].unpack_to(xhat[k]);
+      dy_next[k].unpack_to(d[k]);
+    }
+    if (r + slots < rows_per_group) load_row(row + slots);
+    const float mean = subtracts_mean ? p.mean[row] : 0.f, rstd = p.rstd[row];
+    float c1 = 0.f, c2 = 0.f;
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      float pre[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        xhat[k][j] = (xhat[k][j] - mean) * rstd;
+        if constexpr (Epilogue::kNeedsPreActivation) pre[j] = xhat[k][j] * g[k][j] + (has_bias ? b[k][j] : 0.f);
+      }
+      Epilogue::template backward<kVec>(d[k], pre, active(k), p, row, col_of(k));
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        // g·d rounded alone, as generic_bwd does (dx exactly 0 at N = 1).
+        const float gd = __fmul_rn(g[k][j], d[k][j]);
+        c1 += gd;
+        c2 += gd * xhat[k][j];
+        sum_g[k][j] += d[k][j] * xhat[k][j];
+        sum_b[k][j] += d[k][j];
+      }
+    }
+    const float2 sums = generic_cta_sum2(c1, c2, scratch);
+    const float mean_gd = subtracts_mean ? sums.x * inv_n : 0.f, mean_gdx = sums.y * inv_n;
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k)
+      if (active(k)) {
+        Pack<XT, kVec> o;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j)
+          o.v[j] = Convert<XT>::from(rstd * (__fmul_rn(g[k][j], d[k][j]) - mean_gd - xhat[k][j] * mean_gdx));
+        store_output_pack<XT, kVec, true>(static_cast<XT*>(p.dx) + row * p.row_stride + col_of(k), o);
+      }
+  }
+  float* const slot_g = p.workspace + (group * slots + slot) * n;
+  float* const slot_b = p.workspace + ((groups + group) * slots + slot) * n;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k)
+    if (active(k))
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        slot_g[col_of(k) + j] = sum_g[k][j];
+        if (has_bias) slot_b[col_of(k) + j] = sum_b[k][j];
+      }
+}
+
 // dgamma / dbeta of group blockIdx.y: each column's slot sums added in slot order (8 lanes of
 // slots per column, then the lanes in order), so results are bitwise reproducible. 256 threads.
 template <class WT>

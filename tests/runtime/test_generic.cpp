@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "normjit/normjit.hpp"
+#include "templates/normjit/generic_flags.h"
 
 using namespace normjit;
 
@@ -142,6 +143,9 @@ TEST_CASE("the library carries generic images (norm: sm_80, sm_90, compute_90; q
           for (int vec : generic_vecs(s.residual_f32 ? DType::kF32 : x)) {
             expected.insert(generic_kernel_name(s, vec));
             if (generic_has_clustered(s, vec)) expected.insert(generic_kernel_name(s, vec, true));
+            if (generic_has_held(s, vec))
+              for (int held_packs = 1; held_packs <= kGenericMaxHeldPacks; ++held_packs)
+                expected.insert(generic_kernel_name(s, vec, false, held_packs));
           }
         }
         for (const std::string& name : expected) CHECK_MESSAGE(names.count(name) == 1, name);
