@@ -25,8 +25,8 @@ constexpr int kGenericForwardCtasPerSm = 2;  // of kGenericMaxForwardThreads: 64
 // The backward, a pack a round, fits 80 registers unspilled (gelu spilled 8 bytes at 64).
 constexpr int kGenericBackwardCtasPerSm = 3;
 // The held-row backward (generic_bwd_held) at 1 and 2 packs a thread: a pack's x, dy, weights and
-// sums take about 40 registers.
-constexpr int kGenericHeldCtasPerSm[kGenericMaxHeldPacks] = {3, 2};
+// sums take about 40 registers; at two packs up to kGenericMaxHeldThreads threads, 128 registers.
+constexpr int kGenericHeldCtasPerSm[kGenericMaxHeldPacks] = {3, 1};
 
 // The residual add's kinds (norm_generic.cuh, GenericResidual): none, x's dtype, an fp32 stream.
 enum ResidualKind { kNoResidual = 0, kResidualX = 1, kResidualF32 = 2 };
@@ -200,7 +200,9 @@ GeneratedSource generic_source(DType x, GenericProgram program) {
     const std::string types = xt + ", normjit::" + detail::device_type(w) + ", normjit::" +
                               detail::epilogue_binding(e).functor + ", " + std::to_string(vec);
     const bool fwd_cluster = fwd && clustered;
-    const int max_threads = fwd && !clustered ? kGenericMaxForwardThreads : kGenericMaxThreads;
+    const int max_threads = held_packs > 1        ? kGenericMaxHeldThreads
+                            : fwd && !clustered   ? kGenericMaxForwardThreads
+                                                  : kGenericMaxThreads;
     const int ctas_per_sm = fwd_cluster  ? kGenericClusterForwardCtasPerSm
                             : fwd          ? kGenericForwardCtasPerSm
                             : held_packs   ? kGenericHeldCtasPerSm[held_packs - 1]

@@ -1046,11 +1046,14 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec, int max_
   g.threads = threads_for(packs);
   g.reduce = generic_function(spec.x_dtype, GenericProgram::kNorm, generic_reduce_name(spec.w_dtype));
   // Rows of at most kGenericMaxHeldPacks packs a thread stay in registers, with the weights and the
-  // dgamma / dbeta sums, and the next row loads while this one reduces (generic_bwd_held). H200,
-  // bf16, fp32 weights, M = 32768, % of copy LN / RMS, staged rows -> one pack a thread: 1024
-  // 50.2 / 60.2 -> 58.4 / 71.3, 1536 54.7 / 65.4 -> 61.6 / 71.2, 2048 57.9 / 67.3 -> 65.7 / 73.5.
-  if (const int64_t per_thread = ceil_div(std::max<int64_t>(packs, 1), int64_t(kGenericMaxThreads));
-      per_thread <= kGenericMaxHeldPacks && generic_has_held(spec, vec)) {
+  // dgamma / dbeta sums, and the next row loads while this one reduces (generic_bwd_held); two
+  // packs a thread from kGenericHeldTwoFrom packs (more bytes in flight a thread). H200, bf16, fp32
+  // weights, M = 32768, % of copy LN / RMS, staged rows -> held: 1024 50.2 / 60.2 -> 57.5 / 76.8,
+  // 2048 57.9 / 67.3 -> 67.9 / 80.8, 2560 55.6 / 65.3 -> 69.9 / 83.0, 4096 59.9 / 67.8 -> 72.5 / 83.4,
+  // 7168 53.2 / 66.9 -> 68.6 / 73.3, 8192 57.3 / 71.4 -> 72.3 / 77.1; RMS 5120 67.5 -> 65.8 the one
+  // loss (bench/data/2026-11-29-h200/generic_experiments/).
+  if (const int64_t per_thread = packs >= kGenericHeldTwoFrom ? 2 : 1;
+      packs <= int64_t(kGenericMaxHeldPacks) * kGenericMaxHeldThreads && generic_has_held(spec, vec)) {
     g.function = generic_function(spec.x_dtype, GenericProgram::kNorm,
                                   generic_kernel_name(spec, vec, false, static_cast<int>(per_thread)));
     g.threads = static_cast<unsigned>(std::max<int64_t>(32, ceil_div(ceil_div(packs, per_thread), int64_t(32)) * 32));

@@ -51,7 +51,7 @@ std::vector<int> generic_vecs(DType x);
 // held_packs: the backward's held-row kernel of that many packs a thread (0: not held).
 std::string generic_kernel_name(const Spec& spec, int vec, bool clustered = false, int held_packs = 0);
 // Whether the backward's held-row kernels (1 to kGenericMaxHeldPacks packs a thread in registers,
-// rows of at most kGenericMaxHeldPacks * kGenericMaxThreads packs) exist for the spec at this vector
+// rows of at most kGenericMaxHeldPacks * kGenericMaxHeldThreads packs) exist for the spec at this vector
 // width.
 bool generic_has_held(const Spec& spec, int vec);
 // Whether the backward of `spec` at vector width `vec` has a clustered kernel (16-byte packs: a

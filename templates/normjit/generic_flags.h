@@ -31,8 +31,11 @@ constexpr int kGenericUnroll = 4;
 // Most threads a generic CTA takes (their launch bounds).
 constexpr int kGenericMaxThreads = 256;
 // Most packs a thread of the backward's held rows (generic_bwd_held): rows of at most this many
-// times kGenericMaxThreads packs keep x, dy, the weights and the dgamma / dbeta sums in registers.
+// times kGenericMaxHeldThreads packs keep x, dy, the weights and the dgamma / dbeta sums in registers.
 constexpr int kGenericMaxHeldPacks = 2;
+// The widest CTA of the held rows at two packs a thread, and the fewest packs a row that take two.
+constexpr int kGenericMaxHeldThreads = 512;
+constexpr int kGenericHeldTwoFrom = 64;
 // The forward's widest CTA: rows whose CTAs of kGenericMaxThreads would not fit the L2 together
 // take fewer, wider ones (generic_forward_shape). Its launch bounds keep the same 64 registers.
 constexpr int kGenericMaxForwardThreads = 512;

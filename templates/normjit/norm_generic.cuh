@@ -9,7 +9,8 @@
 // epilogue functors apply. Each pass streams the row from global memory; the second pass finds it
 // in L2 (where the rows in flight crowd it, kGenericRowsPastL2 orders the passes and streams the
 // last one, or generic_fwd_cluster splits the row over a cluster that reads it once into shared
-// memory). LayerNorm sums deviations from the row's first element (the cancellation in
+// memory; the backward holds rows of at most 1024 packs in registers, generic_bwd_held). LayerNorm
+// sums deviations from the row's first element (the cancellation in
 // sq / N - shift^2 is bounded, as in the specialized CTA-wide rows).
 #pragma once
 #include "normjit/common.cuh"

@@ -166,22 +166,28 @@ TEST_CASE("generic kernels: many rows a slot, each staged backward row copied wh
 
 TEST_CASE("generic kernels: the backward is bitwise deterministic, and takes a small workspace with fewer slots") {
   GenericKernelsOn generic;
-  Case c;
-  c.spec = Spec::make(Norm::kLayerNorm, Phase::kBackward, DType::kBF16, 5003, true);
-  c.spec.w_dtype = DType::kF32;
-  c.rows = 777;
-  std::vector<std::vector<char>> dgammas, dxs;
-  const BackwardRun r = run_backward(c, 3, &dgammas, &dxs);
-  CHECK(r.dx <= 1.0);
-  CHECK(r.dgamma <= 1.0);
-  REQUIRE(dgammas.size() == 3);
-  CHECK(dgammas[0] == dgammas[1]);
-  CHECK(dgammas[0] == dgammas[2]);
-  CHECK(dxs[0] == dxs[2]);
-  const size_t full = runtime().generic_workspace_bytes(c.spec, c.rows);
-  const size_t one_slot = runtime().generic_workspace_bytes(c.spec, c.rows, 0, 1);
-  CHECK(one_slot == size_t(8) * 5003);
-  CHECK(full > one_slot);
+  // 5003: the staged two-pass rows (narrow packs); 4096: a row held in registers, two packs a thread.
+  for (int64_t n : {5003, 4096}) {
+    Case c;
+    c.spec = Spec::make(Norm::kLayerNorm, Phase::kBackward, DType::kBF16, n, true);
+    c.spec.w_dtype = DType::kF32;
+    c.rows = 777;
+    const std::string name = c.spec.str();
+    CAPTURE(name);
+    std::vector<std::vector<char>> dgammas, dxs;
+    const BackwardRun r = run_backward(c, 3, &dgammas, &dxs);
+    CHECK(r.dx <= 1.0);
+    CHECK(r.dgamma <= 1.0);
+    CHECK(r.dbeta <= 1.0);
+    REQUIRE(dgammas.size() == 3);
+    CHECK(dgammas[0] == dgammas[1]);
+    CHECK(dgammas[0] == dgammas[2]);
+    CHECK(dxs[0] == dxs[2]);
+    const size_t full = runtime().generic_workspace_bytes(c.spec, c.rows);
+    const size_t one_slot = runtime().generic_workspace_bytes(c.spec, c.rows, 0, 1);
+    CHECK(one_slot == size_t(8) * size_t(n));
+    CHECK(full > one_slot);
+  }
 }
 
 TEST_CASE("async mode: the generic kernel runs at once, the specialized one takes over once compiled") {
