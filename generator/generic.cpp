@@ -166,6 +166,15 @@ GenericForwardShape generic_forward_shape(int64_t packs, int64_t row_bytes, int 
   return shape;
 }
 
+GenericBackwardHeld generic_backward_held_shape(int64_t packs) {
+  GenericBackwardHeld shape;
+  if (packs > int64_t(kGenericMaxHeldPacks) * kGenericMaxHeldThreads) return shape;
+  shape.packs_per_thread = packs >= kGenericHeldTwoFrom ? 2 : 1;
+  const int64_t used = (std::max<int64_t>(packs, 1) + shape.packs_per_thread - 1) / shape.packs_per_thread;
+  shape.threads = static_cast<unsigned>((used + 31) / 32 * 32);
+  return shape;
+}
+
 GenericForwardCluster generic_forward_cluster_shape(int64_t packs, int64_t pack_bytes, int64_t segment_bytes,
                                                     int max_cluster) {
   auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };

@@ -1052,11 +1052,11 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec, int max_
   // 2048 57.9 / 67.3 -> 67.9 / 80.8, 2560 55.6 / 65.3 -> 69.9 / 83.0, 4096 59.9 / 67.8 -> 72.5 / 83.4,
   // 7168 53.2 / 66.9 -> 68.6 / 73.3, 8192 57.3 / 71.4 -> 72.3 / 77.1; RMS 5120 67.5 -> 65.8 the one
   // loss (bench/data/2026-11-29-h200/generic_experiments/).
-  if (const int64_t per_thread = packs >= kGenericHeldTwoFrom ? 2 : 1;
-      packs <= int64_t(kGenericMaxHeldPacks) * kGenericMaxHeldThreads && generic_has_held(spec, vec)) {
-    g.function = generic_function(spec.x_dtype, GenericProgram::kNorm,
-                                  generic_kernel_name(spec, vec, false, static_cast<int>(per_thread)));
-    g.threads = static_cast<unsigned>(std::max<int64_t>(32, ceil_div(ceil_div(packs, per_thread), int64_t(32)) * 32));
+  if (const GenericBackwardHeld held = generic_backward_held_shape(packs);
+      held.packs_per_thread > 0 && generic_has_held(spec, vec)) {
+    g.function =
+        generic_function(spec.x_dtype, GenericProgram::kNorm, generic_kernel_name(spec, vec, false, held.packs_per_thread));
+    g.threads = held.threads;
     NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&g.ctas_per_sm, g.function, static_cast<int>(g.threads), 0));
     return g;
   }

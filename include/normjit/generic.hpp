@@ -90,6 +90,15 @@ struct GenericForwardCluster {
 };
 GenericForwardCluster generic_forward_cluster_shape(int64_t packs, int64_t pack_bytes, int64_t segment_bytes,
                                                     int max_cluster);
+// The generic backward of a row held in registers (generic_bwd_held, the _held kernels): one pack
+// a thread under kGenericHeldTwoFrom packs, two from there, in the fewest whole warps (at least
+// one). packs_per_thread 0 where the row has more than kGenericMaxHeldPacks * kGenericMaxHeldThreads
+// packs (the staged kernels take it).
+struct GenericBackwardHeld {
+  int packs_per_thread = 0;
+  unsigned threads = 0;
+};
+GenericBackwardHeld generic_backward_held_shape(int64_t packs);
 // A program of generic kernels of x dtype `x`: all weight dtypes, the program's epilogues,
 // vector widths and residual kinds, and for the norm program both phases and the reductions.
 GeneratedSource generic_source(DType x, GenericProgram program);

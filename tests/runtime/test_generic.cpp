@@ -228,6 +228,24 @@ TEST_CASE("generic forward shape: wider CTAs where the rows in flight outgrow th
   }
 }
 
+TEST_CASE("generic backward held rows: a pack a thread under 64 packs, two up to 1024, in whole warps") {
+  auto check = [](int64_t packs, int per_thread, unsigned threads) {
+    CAPTURE(packs);
+    const GenericBackwardHeld s = generic_backward_held_shape(packs);
+    CHECK(s.packs_per_thread == per_thread);
+    CHECK(s.threads == threads);
+    if (per_thread > 0) CHECK(int64_t(s.threads) * s.packs_per_thread >= packs);  // every pack has a thread
+  };
+  check(1, 1, 32);       // bf16 N = 8: one warp, one pack a thread
+  check(63, 1, 64);      // the last size of one pack a thread
+  check(64, 2, 32);      // bf16 N = 512
+  check(128, 2, 64);     // bf16 N = 1024
+  check(360, 2, 192);    // bf16 N = 2880: 180 threads rounded up to whole warps
+  check(1024, 2, 512);   // bf16 N = 8192: the widest held row
+  check(1025, 0, 0);     // past it: the staged kernels
+  check(32768, 0, 0);
+}
+
 TEST_CASE("generic forward clusters: the fewest CTAs whose segments of whole warps' packs fit the segment bytes") {
   constexpr int64_t kSegment = 32 * 1024, kPack = 16;  // 16-byte packs
   SUBCASE("bf16 N = 32768 (64 KB): two CTAs of 2048 packs, 256 threads") {
