@@ -66,6 +66,8 @@ bool has_clustered(bool backward, DType rows, int vec, ResidualKind residual, Ep
 // registers, two packs a round with their weights loaded ahead.
 constexpr int kGenericClusterForwardCtasPerSm = 5;
 
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 }  // namespace
 
 const char* to_string(CompileMode m) {
@@ -170,14 +172,13 @@ GenericBackwardHeld generic_backward_held_shape(int64_t packs) {
   GenericBackwardHeld shape;
   if (packs > int64_t(kGenericMaxHeldPacks) * kGenericMaxHeldThreads) return shape;
   shape.packs_per_thread = packs >= kGenericHeldTwoFrom ? 2 : 1;
-  const int64_t used = (std::max<int64_t>(packs, 1) + shape.packs_per_thread - 1) / shape.packs_per_thread;
-  shape.threads = static_cast<unsigned>((used + 31) / 32 * 32);
+  const int64_t used = ceil_div(std::max<int64_t>(packs, 1), shape.packs_per_thread);
+  shape.threads = static_cast<unsigned>(ceil_div(used, 32) * 32);
   return shape;
 }
 
 GenericForwardCluster generic_forward_cluster_shape(int64_t packs, int64_t pack_bytes, int64_t segment_bytes,
                                                     int max_cluster) {
-  auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
   packs = std::max<int64_t>(packs, 1);
   const int64_t wanted =
       std::clamp<int64_t>(ceil_div(packs * pack_bytes, std::max<int64_t>(segment_bytes, 1)), 2, max_cluster);

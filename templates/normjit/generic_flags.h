@@ -28,7 +28,8 @@ enum GenericFlag : int {
 
 // Packs in flight per thread in each streaming pass; the launch gives a row about this many a thread.
 constexpr int kGenericUnroll = 4;
-// Most threads a generic CTA takes (their launch bounds).
+// Most threads a generic CTA takes (their launch bounds), but the forward's widest rows and the
+// held backward rows of two packs a thread (kGenericMaxForwardThreads, kGenericMaxHeldThreads).
 constexpr int kGenericMaxThreads = 256;
 // Most packs a thread of the backward's held rows (generic_bwd_held): rows of at most this many
 // times kGenericMaxHeldThreads packs keep x, dy, the weights and the dgamma / dbeta sums in registers.

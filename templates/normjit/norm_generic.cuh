@@ -848,7 +848,7 @@ __device__ __forceinline__ void generic_bwd_held(const NormParams& p) {
   if (slot < rows_per_group) load_row(group * rows_per_group + slot);
   for (long long r = slot; r < rows_per_group; r += slots) {
     const long long row = group * rows_per_group + r;
-    float xhat[kPacks][kVec], d[kPacks][kVec];
+    float xhat[kPacks][kVec], d[kPacks][kVec];  // xhat holds x until the row's statistics normalize it
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
       x_next[k].unpack_to(xhat[k]);
