@@ -177,6 +177,20 @@ GenericBackwardHeld generic_backward_held_shape(int64_t packs) {
   return shape;
 }
 
+GenericBackwardHeldCluster generic_backward_held_cluster_shape(int64_t packs, int max_cluster) {
+  GenericBackwardHeldCluster shape;
+  const int64_t cta_packs = int64_t(kGenericMaxHeldPacks) * kGenericMaxHeldThreads;
+  if (packs <= cta_packs) return shape;  // one CTA holds it
+  int64_t wanted = ceil_div(packs, kGenericHeldSegmentPacks);
+  if (wanted > max_cluster) wanted = ceil_div(packs, cta_packs);
+  if (wanted > max_cluster) return shape;
+  const int64_t round = int64_t(kGenericMaxHeldPacks) * 32;  // a warp's two packs a lane
+  shape.segment_packs = ceil_div(ceil_div(packs, wanted), round) * round;
+  shape.cluster = static_cast<unsigned>(ceil_div(packs, shape.segment_packs));
+  shape.threads = static_cast<unsigned>(shape.segment_packs / kGenericMaxHeldPacks);
+  return shape;
+}
+
 GenericForwardCluster generic_forward_cluster_shape(int64_t packs, int64_t pack_bytes, int64_t segment_bytes,
                                                     int max_cluster) {
   packs = std::max<int64_t>(packs, 1);
@@ -219,7 +233,7 @@ GeneratedSource generic_source(DType x, GenericProgram program) {
                                            : kGenericBackwardCtasPerSm;
     const std::string body =
         fwd_cluster  ? "generic_fwd_cluster<" + types + ">"
-        : held_packs ? "generic_bwd_held<" + types + ", " + std::to_string(held_packs) + ">"
+        : held_packs ? "generic_bwd_held<" + types + ", " + std::to_string(held_packs) + (clustered ? ", true" : "") + ">"
                     : std::string("generic_") + phase + "<" + types + ", " + std::to_string(int(residual)) +
                           (fwd ? "" : from_y ? ", true" : ", false") + (clustered ? ", true" : "") + ">";
     src << "extern \"C\" __global__ void __launch_bounds__(" << max_threads << ", " << ctas_per_sm << ") "
@@ -242,6 +256,9 @@ GeneratedSource generic_source(DType x, GenericProgram program) {
           if (has_held(true, rows, vec, residual, false))
             for (int held_packs = 1; held_packs <= kGenericMaxHeldPacks; ++held_packs)
               kernel("bwd", w, e, vec, residual, false, false, held_packs);
+          // A held row of two packs a thread split over a cluster (rows past one CTA's 1024 packs).
+          if (clustered && has_held(true, rows, vec, residual, false))
+            kernel("bwd", w, e, vec, residual, false, true, kGenericMaxHeldPacks);
           // memory_efficient: epilogue none, not with an fp32 stream (the spec refuses both).
           if (e == Epilogue::kNone && residual != kResidualF32) {
             kernel("bwd", w, e, vec, residual, true);

@@ -1060,6 +1060,29 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec, int max_
     NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&g.ctas_per_sm, g.function, static_cast<int>(g.threads), 0));
     return g;
   }
+  // Rows past one CTA's held packs: the held row split over a cluster (sm_90), its two sums added
+  // over distributed shared memory. H200, bf16, fp32 weights, M = 32768, % of copy LN / RMS, staged
+  // -> held clusters of 512-pack segments: 12288 49.5 / 62.6 -> 65.3 / 66.1, 16384 44.9 / 60.7 ->
+  // 67.8 / 68.5, 32768 41.8 / 53.3 -> 63.0 / 63.4; 65536 in eight 1024-pack segments 40.3 / 49.1 ->
+  // 57.3 / 57.4. Clusters of 12-16 (non-portable) lost at 98304 / RMS 131072, so none past 8
+  // (bench/data/2026-11-29-h200/generic_experiments/bwd_held_cluster_*.md).
+  if (const GenericBackwardHeldCluster held = generic_backward_held_cluster_shape(packs, kMaxPortableCluster);
+      held.cluster > 0 && target_.arch >= 90 && generic_has_held(spec, vec) && generic_has_clustered(spec, vec)) {
+    GenericLaunch c = g;
+    c.cluster = held.cluster;
+    c.segment_packs = static_cast<int>(held.segment_packs);
+    c.threads = held.threads;
+    c.function = generic_function(spec.x_dtype, GenericProgram::kNorm,
+                                  generic_kernel_name(spec, vec, true, kGenericMaxHeldPacks));
+    NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&c.ctas_per_sm, c.function, static_cast<int>(c.threads), 0));
+    CUlaunchAttribute attrs[2];
+    const CUlaunchConfig config = generic_config(c, c.cluster, nullptr, attrs);
+    const std::string what = "the generic backward of " + spec.str() + " held in clusters of " +
+                             std::to_string(c.cluster) + " CTAs";
+    NORMJIT_CU_CTX(cuOccupancyMaxActiveClusters(&c.resident_clusters, c.function, &config), what);
+    if (c.ctas_per_sm >= 1 && c.resident_clusters >= 1) return c;
+    detail::log().debug("{}: none resident", what);
+  }
   if (generic_shared_optin_ < 0)
     NORMJIT_CU(cuDeviceGetAttribute(&generic_shared_optin_, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                                     cu_device_));

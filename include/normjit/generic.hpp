@@ -99,6 +99,16 @@ struct GenericBackwardHeld {
   unsigned threads = 0;
 };
 GenericBackwardHeld generic_backward_held_shape(int64_t packs);
+// Rows past one CTA's held packs (kGenericMaxHeldPacks * kGenericMaxHeldThreads), split over a
+// cluster: about kGenericHeldSegmentPacks packs a CTA (two CTAs a SM overlap one another's
+// cluster barriers), or the widest held CTAs where that takes more than max_cluster CTAs. A
+// cluster of 0: the row takes no held cluster (the staged kernels).
+struct GenericBackwardHeldCluster {
+  unsigned cluster = 0;
+  int64_t segment_packs = 0;  // a multiple of two packs a lane of whole warps; the last CTA's may be shorter
+  unsigned threads = 0;       // segment_packs / kGenericMaxHeldPacks
+};
+GenericBackwardHeldCluster generic_backward_held_cluster_shape(int64_t packs, int max_cluster);
 // A program of generic kernels of x dtype `x`: all weight dtypes, the program's epilogues,
 // vector widths and residual kinds, and for the norm program both phases and the reductions.
 GeneratedSource generic_source(DType x, GenericProgram program);

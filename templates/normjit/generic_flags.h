@@ -37,6 +37,8 @@ constexpr int kGenericMaxHeldPacks = 2;
 // The widest CTA of the held rows at two packs a thread, and the fewest packs a row that take two.
 constexpr int kGenericMaxHeldThreads = 512;
 constexpr int kGenericHeldTwoFrom = 64;
+// The packs a CTA of a held row split over a cluster aims at: 256 threads, two CTAs a SM.
+constexpr int kGenericHeldSegmentPacks = 512;
 // The forward's widest CTA: rows whose CTAs of kGenericMaxThreads would not fit the L2 together
 // take fewer, wider ones (generic_forward_shape). Its launch bounds keep the same 64 registers.
 constexpr int kGenericMaxForwardThreads = 512;

@@ -801,19 +801,26 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
 // k * blockDim.x + tid): the thread's packs of x and dy, its weights and its dgamma / dbeta sums
 // stay in registers across the slot's rows, and the slot's next row is loaded while this one
 // reduces. Slots and workspace as generic_bwd's (its reduction adds them); no staging, no
-// shared-memory sums, no cluster. Not with the residual add or the memory-efficient backward.
-template <class XT, class WT, class Epilogue, int kVec, int kPacks>
+// shared-memory sums. kClustered: a slot is a cluster whose CTAs hold a segment of the row each
+// (NormParams::generic_segment_packs), the row's two sums added over distributed shared memory
+// as generic_bwd's clusters do. Not with the residual add or the memory-efficient backward.
+template <class XT, class WT, class Epilogue, int kVec, int kPacks, bool kClustered = false>
 __device__ __forceinline__ void generic_bwd_held(const NormParams& p) {
   __shared__ float2 scratch[32];
   const int n = p.n, flags = p.generic_flags;
   const bool subtracts_mean = flags & kGenericSubtractsMean, has_bias = flags & kGenericHasBias;
   const float one = (flags & kGenericZeroCentered) ? 1.f : 0.f;
-  const int threads = blockDim.x, tid = threadIdx.x, packs = n / kVec;
+  const int threads = blockDim.x, tid = threadIdx.x;
+  const unsigned cluster = kClustered ? generic_cluster_size() : 1;
+  const int all_packs = n / kVec;
+  const int first = kClustered ? min(all_packs, static_cast<int>(generic_cluster_rank()) * p.generic_segment_packs) : 0;
+  const int packs = kClustered ? min(all_packs - first, p.generic_segment_packs) : all_packs;  // this CTA's
   const float inv_n = 1.f / static_cast<float>(n);
-  const long long group = blockIdx.y, groups = gridDim.y, slot = blockIdx.x, slots = gridDim.x;
+  const long long group = blockIdx.y, groups = gridDim.y, slot = blockIdx.x / cluster, slots = gridDim.x / cluster;
+  __shared__ float2 cluster_sums[2];  // alternate rows' slots (generic_cluster_reduce)
   const long long rows_per_group = p.rows_per_group;
   const long long weights = (flags & kGenericPerGroup) ? group * n : 0;
-  auto col_of = [&](int k) { return (k * threads + tid) * kVec; };
+  auto col_of = [&](int k) { return (first + k * threads + tid) * kVec; };
   auto active = [&](int k) { return k * threads + tid < packs; };
   float g[kPacks][kVec], b[kPacks][kVec];
 #pragma unroll
@@ -834,7 +841,12 @@ __device__ __forceinline__ void generic_bwd_held(const NormParams& p) {
 #pragma unroll
     for (int j = 0; j < kVec; ++j) sum_g[k][j] = sum_b[k][j] = 0.f;
   GenericPack<XT, kVec> x_next[kPacks], dy_next[kPacks];
+  // The row's statistics come with its packs, a row ahead: loaded where they are used, they cost
+  // every row a memory latency before its sums.
+  float mean_next = 0.f, rstd_next = 0.f;
   auto load_row = [&](long long row) {
+    if (subtracts_mean) mean_next = p.mean[row];
+    rstd_next = p.rstd[row];
 #pragma unroll
     for (int k = 0; k < kPacks; ++k)
       if (active(k)) {
@@ -846,7 +858,7 @@ __device__ __forceinline__ void generic_bwd_held(const NormParams& p) {
       }
   };
   if (slot < rows_per_group) load_row(group * rows_per_group + slot);
-  for (long long r = slot; r < rows_per_group; r += slots) {
+  for (long long r = slot, turn = 0; r < rows_per_group; r += slots, ++turn) {
     const long long row = group * rows_per_group + r;
     float xhat[kPacks][kVec], d[kPacks][kVec];  // xhat holds x until the row's statistics normalize it
 #pragma unroll
@@ -854,8 +866,8 @@ __device__ __forceinline__ void generic_bwd_held(const NormParams& p) {
       x_next[k].unpack_to(xhat[k]);
       dy_next[k].unpack_to(d[k]);
     }
+    const float mean = mean_next, rstd = rstd_next;
     if (r + slots < rows_per_group) load_row(row + slots);
-    const float mean = subtracts_mean ? p.mean[row] : 0.f, rstd = p.rstd[row];
     float c1 = 0.f, c2 = 0.f;
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
@@ -876,7 +888,8 @@ __device__ __forceinline__ void generic_bwd_held(const NormParams& p) {
         sum_b[k][j] += d[k][j];
       }
     }
-    const float2 sums = generic_cta_sum2(c1, c2, scratch);
+    const float2 sums = generic_cluster_reduce(generic_cta_sum2(c1, c2, scratch), &cluster_sums[turn & 1], cluster,
+                                               make_float2(0.f, 0.f), ClusterSumOp{});
     const float mean_gd = subtracts_mean ? sums.x * inv_n : 0.f, mean_gdx = sums.y * inv_n;
 #pragma unroll
     for (int k = 0; k < kPacks; ++k)
@@ -898,6 +911,7 @@ __device__ __forceinline__ void generic_bwd_held(const NormParams& p) {
         slot_g[col_of(k) + j] = sum_g[k][j];
         if (has_bias) slot_b[col_of(k) + j] = sum_b[k][j];
       }
+  generic_cluster_exit(cluster);
 }
 
 // dgamma / dbeta of group blockIdx.y: each column's slot sums added in slot order (8 lanes of

@@ -166,8 +166,9 @@ TEST_CASE("generic kernels: many rows a slot, each staged backward row copied wh
 
 TEST_CASE("generic kernels: the backward is bitwise deterministic, and takes a small workspace with fewer slots") {
   GenericKernelsOn generic;
-  // 5003: the staged two-pass rows (narrow packs); 4096: a row held in registers, two packs a thread.
-  for (int64_t n : {5003, 4096}) {
+  // 5003: the staged two-pass rows (narrow packs); 4096: a row held in registers, two packs a thread;
+  // 12296: a held row split over a cluster of four CTAs, the last one shorter.
+  for (int64_t n : {5003, 4096, 12296}) {
     Case c;
     c.spec = Spec::make(Norm::kLayerNorm, Phase::kBackward, DType::kBF16, n, true);
     c.spec.w_dtype = DType::kF32;

@@ -146,6 +146,8 @@ TEST_CASE("the library carries generic images (norm: sm_80, sm_90, compute_90; q
             if (generic_has_held(s, vec))
               for (int held_packs = 1; held_packs <= kGenericMaxHeldPacks; ++held_packs)
                 expected.insert(generic_kernel_name(s, vec, false, held_packs));
+            if (generic_has_held(s, vec) && generic_has_clustered(s, vec))
+              expected.insert(generic_kernel_name(s, vec, true, kGenericMaxHeldPacks));
           }
         }
         for (const std::string& name : expected) CHECK_MESSAGE(names.count(name) == 1, name);
@@ -244,6 +246,31 @@ TEST_CASE("generic backward held rows: a pack a thread under 64 packs, two up to
   check(1024, 2, 512);   // bf16 N = 8192: the widest held row
   check(1025, 0, 0);     // past it: the staged kernels
   check(32768, 0, 0);
+}
+
+TEST_CASE("generic backward held clusters: segments of about 512 packs, 1024 where eight CTAs would not hold 512") {
+  auto check = [](int64_t packs, unsigned cluster, int64_t segment) {
+    CAPTURE(packs);
+    const GenericBackwardHeldCluster s = generic_backward_held_cluster_shape(packs, 8);
+    CHECK(s.cluster == cluster);
+    CHECK(s.segment_packs == segment);
+    if (cluster == 0) return;
+    CHECK(s.segment_packs % 64 == 0);  // whole warps at two packs a lane
+    CHECK(int64_t(s.threads) * 2 == s.segment_packs);
+    CHECK(s.threads <= 512u);
+    CHECK(int64_t(s.cluster) * s.segment_packs >= packs);        // every pack has a CTA
+    CHECK(int64_t(s.cluster - 1) * s.segment_packs < packs);     // and every CTA a pack
+  };
+  check(1024, 0, 0);      // bf16 N = 8192: one CTA holds it (generic_backward_held_shape)
+  check(1025, 3, 384);    // bf16 N = 8200: three CTAs, the last one 257 packs
+  check(1536, 3, 512);    // bf16 N = 12288
+  check(2048, 4, 512);    // bf16 N = 16384
+  check(2304, 5, 512);    // bf16 N = 18432: 460.8 packs a CTA, rounded up to 512
+  check(4096, 8, 512);    // bf16 N = 32768: the last size of 512-pack segments
+  check(4097, 5, 832);    // past eight of 512: the fewest CTAs of at most 1024
+  check(8192, 8, 1024);   // bf16 N = 65536
+  check(8193, 0, 0);      // past eight CTAs of 1024 packs: the staged kernels
+  CHECK(generic_backward_held_cluster_shape(8192, 16).cluster == 16u);  // where non-portable clusters are asked
 }
 
 TEST_CASE("generic forward clusters: the fewest CTAs whose segments of whole warps' packs fit the segment bytes") {
