@@ -543,6 +543,14 @@ __device__ __forceinline__ void generic_fwd_cluster(const NormParams& p) {
   generic_cluster_exit(cluster);
 }
 
+// One element's dx: rstd·(g·d − mean(g·d) − x̂·mean(g·d·x̂)). g·d is rounded alone, as in the row
+// sums, so that dx is exactly 0 where the two agree (N = 1).
+__device__ __forceinline__ float generic_dx(float rstd, float g, float d, float xhat, float mean_gd, float mean_gdx) {
+  return rstd * (__fmul_rn(g, d) - mean_gd - xhat * mean_gdx);
+}
+// The epilogue's pre-activation x̂·g + β (β 0 without a bias), which its backward needs.
+__device__ __forceinline__ float generic_pre_activation(float xhat, float g, float beta) { return xhat * g + beta; }
+
 // The packs of a backward round, loaded before any of the round's stores (dx, the sums) for the
 // reason the forward's output pass gives. One pack: at two the kernels took 123-184 registers, two
 // CTAs of 256 threads a SM; at one 72-108, and 80 under launch bounds of three CTAs, unspilled.
@@ -595,7 +603,7 @@ struct GenericBwdRound {
     float pre[kVec];
     if constexpr (Epilogue::kNeedsPreActivation) {
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) pre[j] = xhat[j] * gf[j] + (has_bias ? bf[j] : 0.f);
+      for (int j = 0; j < kVec; ++j) pre[j] = generic_pre_activation(xhat[j], gf[j], has_bias ? bf[j] : 0.f);
     }
     Epilogue::template backward<kVec>(d, pre, true, p, row, col);
   }
@@ -775,7 +783,7 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
           Pack<float, kVec> o32;
 #pragma unroll
           for (int j = 0; j < kVec; ++j) {
-            o32.v[j] = rstd * (__fmul_rn(g[j], d[j]) - mean_gd - xhat[j] * mean_gdx) + (residual ? dh[j] : 0.f);
+            o32.v[j] = generic_dx(rstd, g[j], d[j], xhat[j], mean_gd, mean_gdx) + (residual ? dh[j] : 0.f);
             o.v[j] = Convert<XT>::from(o32.v[j]);
           }
           store_pack<XT, kVec>(dx + col, o);
@@ -875,7 +883,8 @@ __device__ __forceinline__ void generic_bwd_held(const NormParams& p) {
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         xhat[k][j] = (xhat[k][j] - mean) * rstd;
-        if constexpr (Epilogue::kNeedsPreActivation) pre[j] = xhat[k][j] * g[k][j] + (has_bias ? b[k][j] : 0.f);
+        if constexpr (Epilogue::kNeedsPreActivation)
+          pre[j] = generic_pre_activation(xhat[k][j], g[k][j], has_bias ? b[k][j] : 0.f);
       }
       Epilogue::template backward<kVec>(d[k], pre, active(k), p, row, col_of(k));
 #pragma unroll
@@ -897,7 +906,7 @@ __device__ __forceinline__ void generic_bwd_held(const NormParams& p) {
         Pack<XT, kVec> o;
 #pragma unroll
         for (int j = 0; j < kVec; ++j)
-          o.v[j] = Convert<XT>::from(rstd * (__fmul_rn(g[k][j], d[k][j]) - mean_gd - xhat[k][j] * mean_gdx));
+          o.v[j] = Convert<XT>::from(generic_dx(rstd, g[k][j], d[k][j], xhat[k][j], mean_gd, mean_gdx));
         store_output_pack<XT, kVec, true>(static_cast<XT*>(p.dx) + row * p.row_stride + col_of(k), o);
       }
   }
