@@ -964,6 +964,14 @@ CUlaunchConfig Runtime::generic_config(const GenericLaunch& g, unsigned grid_x, 
   return config;
 }
 
+int Runtime::generic_resident_clusters(const GenericLaunch& g, const std::string& what) const {
+  CUlaunchAttribute attrs[2];
+  const CUlaunchConfig config = generic_config(g, g.cluster, nullptr, attrs);
+  int clusters = 0;
+  NORMJIT_CU_CTX(cuOccupancyMaxActiveClusters(&clusters, g.function, &config), what);
+  return clusters;
+}
+
 // The forward of a row that crowds the L2 in a cluster (norm_generic.cuh, generic_fwd_cluster): the
 // fewest CTAs, up to the portable 8, whose segments of x take at most kGenericClusterSegmentBytes of
 // shared memory each (past 8 x 32 KB, eight larger ones, up to kGenericClusterMaxSegmentBytes).
@@ -993,9 +1001,7 @@ bool Runtime::plan_generic_forward_cluster(GenericLaunch& g, const Spec& spec, i
   NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, c.function, static_cast<int>(c.threads), c.smem));
   if (per_sm < 1) return false;
   c.carveout = smallest_generic_carveout(c.function, c.threads, c.smem, per_sm);
-  CUlaunchAttribute attrs[2];
-  const CUlaunchConfig config = generic_config(c, c.cluster, nullptr, attrs);
-  NORMJIT_CU_CTX(cuOccupancyMaxActiveClusters(&c.resident_clusters, c.function, &config), what);
+  c.resident_clusters = generic_resident_clusters(c, what);
   if (c.resident_clusters < 1) {
     detail::log().debug("{}: none resident", what);
     return false;
@@ -1075,11 +1081,9 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec, int max_
     c.function = generic_function(spec.x_dtype, GenericProgram::kNorm,
                                   generic_kernel_name(spec, vec, true, kGenericMaxHeldPacks));
     NORMJIT_CU(cuOccupancyMaxActiveBlocksPerMultiprocessor(&c.ctas_per_sm, c.function, static_cast<int>(c.threads), 0));
-    CUlaunchAttribute attrs[2];
-    const CUlaunchConfig config = generic_config(c, c.cluster, nullptr, attrs);
     const std::string what = "the generic backward of " + spec.str() + " held in clusters of " +
                              std::to_string(c.cluster) + " CTAs";
-    NORMJIT_CU_CTX(cuOccupancyMaxActiveClusters(&c.resident_clusters, c.function, &config), what);
+    c.resident_clusters = generic_resident_clusters(c, what);
     if (c.ctas_per_sm >= 1 && c.resident_clusters >= 1) return c;
     detail::log().debug("{}: none resident", what);
   }
@@ -1208,10 +1212,7 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec, int max_
   if (g.cluster > 1) {
     // A cluster must fit one GPC: fewer may be resident than the SMs' CTAs suggest, and a slot
     // past them would run as a second wave.
-    CUlaunchAttribute attrs[2];
-    const CUlaunchConfig config = generic_config(g, g.cluster, nullptr, attrs);
-    NORMJIT_CU_CTX(cuOccupancyMaxActiveClusters(&g.resident_clusters, g.function, &config),
-                   "sizing the generic backward's clusters of " + spec.str());
+    g.resident_clusters = generic_resident_clusters(g, "sizing the generic backward's clusters of " + spec.str());
     // A GPU whose GPCs hold no non-portable cluster of this shape: the portable plan.
     if (g.resident_clusters < 1 && g.cluster > unsigned(kMaxPortableCluster)) {
       detail::log().debug("generic backward of {}: no cluster of {} CTAs resident; clusters of at most {}",

@@ -276,6 +276,8 @@ class Runtime {
   bool plan_generic_forward_cluster(GenericLaunch& g, const Spec& spec, int vec);
   CUlaunchConfig generic_config(const GenericLaunch& g, unsigned grid_x, CUstream stream,
                                 CUlaunchAttribute (&attrs)[2]) const;
+  // How many of g's clusters (g.cluster CTAs each) the GPU holds at once; `what` names the launch in an error.
+  int generic_resident_clusters(const GenericLaunch& g, const std::string& what) const;
   bool carveout_launch_attribute() const { return device_.driver_version >= 12040; }
   // Whether a resolved spec's kernel is loaded in this runtime.
   bool is_loaded(const Spec& resolved) const;
