@@ -276,6 +276,47 @@ __device__ __forceinline__ T generic_cluster_reduce(T v, T* slot, unsigned clust
   return v;
 }
 
+// A float2 stored into another CTA's shared memory (`slot`, from cluster_address), its bytes
+// counted on that CTA's mbarrier (`bar`, likewise mapped).
+__device__ __forceinline__ void push_cluster_slot(unsigned slot, unsigned bar, float2 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(slot),
+               "f"(v.x), "f"(v.y), "r"(bar)
+               : "memory");
+#endif
+}
+
+// generic_cluster_reduce's sum with the parts pushed rather than fetched: thread r stores the
+// CTA's part into CTA r's `parts` (st.async, counted by CTA r's `bar`; its own by a plain store),
+// and each CTA waits on its own barrier only, one remote store's latency instead of a cluster
+// barrier's round trip and a remote load. parts / bar: one of two buffers by row parity (a CTA
+// pushes row t + 2 only after every CTA pushed row t + 1, so after every CTA read row t); parity:
+// the buffer's phase. Folded in rank order as generic_cluster_reduce folds: the same bits.
+__device__ __forceinline__ float2 generic_cluster_push_sum(float2 v, float2* parts, unsigned long long* bar,
+                                                           unsigned parity, unsigned cluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (cluster > 1) {
+    const unsigned rank = generic_cluster_rank(), tid = threadIdx.x;
+    if (tid < cluster) {
+      if (tid == rank) {
+        parts[rank] = v;
+        expect_bulk_bytes(bar, (cluster - 1) * static_cast<unsigned>(sizeof(float2)));  // releases the store
+      } else {
+        push_cluster_slot(cluster_address(parts + rank, tid), cluster_address(bar, tid), v);
+      }
+    }
+    wait_row_barrier(bar, parity);
+    const unsigned lane = tid % 32;
+    float2 part = make_float2(0.f, 0.f);
+    if (lane < cluster) part = parts[lane];
+    float2 total = make_float2(0.f, 0.f);
+    for (unsigned r = 0; r < cluster; ++r) ClusterSumOp{}(total, shfl_lane(part, static_cast<int>(r)));
+    return total;
+  }
+#endif
+  return v;
+}
+
 // No CTA of a cluster leaves while another may still read its slots.
 __device__ __forceinline__ void generic_cluster_exit(unsigned cluster) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -825,7 +866,23 @@ __device__ __forceinline__ void generic_bwd_held(const NormParams& p) {
   const int packs = kClustered ? min(all_packs - first, p.generic_segment_packs) : all_packs;  // this CTA's
   const float inv_n = 1.f / static_cast<float>(n);
   const long long group = blockIdx.y, groups = gridDim.y, slot = blockIdx.x / cluster, slots = gridDim.x / cluster;
-  __shared__ float2 cluster_sums[2];  // alternate rows' slots (generic_cluster_reduce)
+  // Two buffers of the cluster's pushed parts and their barriers (generic_cluster_push_sum), set
+  // up in every CTA before any CTA pushes.
+  __shared__ float2 pushed_parts[2][kGenericMaxCluster];
+  __shared__ unsigned long long pushed[2];
+  if constexpr (kClustered) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (cluster > 1) {
+      if (threadIdx.x == 0) {
+        init_barrier(&pushed[0]);
+        init_barrier(&pushed[1]);
+        fence_barrier_init();
+      }
+      cluster_arrive();
+      cluster_wait();
+    }
+#endif
+  }
   const long long rows_per_group = p.rows_per_group;
   const long long weights = (flags & kGenericPerGroup) ? group * n : 0;
   auto col_of = [&](int k) { return (first + k * threads + tid) * kVec; };
@@ -897,8 +954,10 @@ __device__ __forceinline__ void generic_bwd_held(const NormParams& p) {
         sum_b[k][j] += d[k][j];
       }
     }
-    const float2 sums = generic_cluster_reduce(generic_cta_sum2(c1, c2, scratch), &cluster_sums[turn & 1], cluster,
-                                               make_float2(0.f, 0.f), ClusterSumOp{});
+    float2 sums = generic_cta_sum2(c1, c2, scratch);
+    if constexpr (kClustered)
+      sums = generic_cluster_push_sum(sums, pushed_parts[turn & 1], &pushed[turn & 1],
+                                      static_cast<unsigned>(turn >> 1) & 1u, cluster);
     const float mean_gd = subtracts_mean ? sums.x * inv_n : 0.f, mean_gdx = sums.y * inv_n;
 #pragma unroll
     for (int k = 0; k < kPacks; ++k)
