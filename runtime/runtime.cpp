@@ -1068,9 +1068,10 @@ Runtime::GenericLaunch Runtime::generic_plan(const Spec& spec, int vec, int max_
   }
   // Rows past one CTA's held packs: the held row split over a cluster (sm_90), its two sums added
   // over distributed shared memory. H200, bf16, fp32 weights, M = 32768, % of copy LN / RMS, staged
-  // -> held clusters of 512-pack segments: 12288 49.5 / 62.6 -> 65.3 / 66.1, 16384 44.9 / 60.7 ->
-  // 67.8 / 68.5, 32768 41.8 / 53.0 -> 63.0 / 63.4; 65536 in eight 1024-pack segments 40.3 / 49.4 ->
-  // 57.3 / 57.4. Clusters of 12-16 (non-portable) lost at 98304 / RMS 131072, so none past 8
+  // -> held clusters of 512-pack segments, sums pushed: 12288 49.5 / 62.6 -> 77.7 / 78.6, 16384
+  // 44.9 / 60.7 -> 79.8 / 80.9, 32768 41.8 / 53.0 -> 77.1 / 77.5; 65536 in eight 1024-pack
+  // segments 40.3 / 49.4 -> 71.9 / 72.1. Clusters of 12-16 (non-portable) lost at 98304 / RMS
+  // 131072 with a cluster barrier a row, so none past 8
   // (bench/data/2026-11-29-h200/generic_experiments/bwd_held_cluster_*.md).
   if (const GenericBackwardHeldCluster held = generic_backward_held_cluster_shape(packs, kMaxPortableCluster);
       held.cluster > 0 && target_.arch >= 90 && generic_has_held(spec, vec) && generic_has_clustered(spec, vec)) {

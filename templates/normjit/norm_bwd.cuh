@@ -46,9 +46,9 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
   static_assert(!kDbetaShared || (!Source::kInRegisters && Cfg::kHasBias),
                 "shared dbeta sums belong to shared-memory rows");
   __shared__ float2 pair_scratch[S::kThreads > 32 ? S::kThreads / 32 : 1];
-  // Clustered rows: the row sums' cluster slots, alternating per row so one barrier per row
-  // suffices (a slot is rewritten only after every CTA passed the next row's barrier).
-  __shared__ float2 cluster_slots[2];
+  // Clustered rows: the row sums' exchange (ClusterPushSums), set up before anything else.
+  __shared__ ClusterPushSums<S::kCluster> cluster_sums;
+  if constexpr (S::kCluster > 1) cluster_sums.init_and_arrive();
   __shared__ unsigned long long row_ready[Source::kBulk ? Source::kBuffers : 1];  // bulk copies' barriers
   // The source's row buffers, each x then dy; the shared dbeta sums after the last one.
   extern __shared__ __align__(16) unsigned char dynamic_shared[];
@@ -113,10 +113,11 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
     if (kRows == 1 || w.row_in_cta == 0) fill_xhat_table<Cfg>(table_reciprocal, table_beta, gamma, beta, w.lane);
     if constexpr (kRows > 1) __syncthreads();
   }
-  int parity = 0;             // alternates per row: the cluster slot
+  if constexpr (S::kCluster > 1) cluster_wait();  // every CTA's exchange is set up
+  unsigned turn = 0;          // this CTA's rows so far: the exchange's buffer and phase
   int buffer = 0;             // pipelined rows: this row's buffer
   unsigned ready_phases = 0;  // bulk copies: see row_pipeline.cuh
-  for (long long block = w.slot; block < w.row_blocks; block += w.slots, parity ^= 1) {
+  for (long long block = w.slot; block < w.row_blocks; block += w.slots, ++turn) {
     const long long local = block * kRows + w.row_in_cta;
     const bool active = local < p.rows_per_group;
     const long long row = w.group * p.rows_per_group + (active ? local : 0);
@@ -193,7 +194,8 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
     constexpr bool kShuffleFold = S::kCluster == 1 && S::kThreads / 32 > kSerialFold;
     if constexpr (kLayerNorm) row_sum_pair<S::kThreads, kShuffleFold>(c1, c2, pair_scratch);
     else c2 = row_sum<S::kThreads, kShuffleFold>(c2, reinterpret_cast<float*>(pair_scratch));
-    const float2 sums = cluster_sum<S::kCluster>(make_float2(c1, c2), &cluster_slots[parity]);
+    float2 sums = make_float2(c1, c2);
+    if constexpr (S::kCluster > 1) sums = cluster_sums.sum(sums, turn);
     c1 = kLayerNorm ? sums.x * S::kInvN : 0.f;
     c2 = sums.y * S::kInvN;
 
@@ -248,11 +250,13 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
       }
     }
     if constexpr (Source::kBuffers > 1) buffer = Source::next(buffer);
-    // The next row's reduction reuses pair_scratch (the cluster barrier already orders it).
-    if constexpr (S::kThreads > 32 && S::kCluster == 1) __syncthreads();
+    // The next row's reduction reuses pair_scratch (and a cluster's pushes need this row's parts
+    // read: ClusterPushSums).
+    if constexpr (S::kThreads > 32) __syncthreads();
   }
   Source::finish();
-  // Done reading the other CTAs' slots; the wait before exit keeps ours alive for theirs.
+  // A CTA's rows end with every push into it landed; the barrier before exit is kept so that no
+  // CTA leaves while another may still address its shared memory.
   if constexpr (S::kCluster > 1) cluster_arrive();
   // One partial row per CTA: rows of a CTA that share columns are summed in a fixed order.
   float* out_g = bwd_partial<Cfg>(p, 0, w.group, w.slot) + w.segment_col;

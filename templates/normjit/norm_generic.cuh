@@ -276,46 +276,65 @@ __device__ __forceinline__ T generic_cluster_reduce(T v, T* slot, unsigned clust
   return v;
 }
 
-// A float2 stored into another CTA's shared memory (`slot`, from cluster_address), its bytes
-// counted on that CTA's mbarrier (`bar`, likewise mapped).
-__device__ __forceinline__ void push_cluster_slot(unsigned slot, unsigned bar, float2 v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(slot),
-               "f"(v.x), "f"(v.y), "r"(bar)
-               : "memory");
-#endif
-}
+// A row's two sums added over a cluster of run-time size (at most kGenericMaxCluster), in shared
+// memory: thread r of each CTA pushes the CTA's part into CTA r's `parts` (st.async, counted on
+// CTA r's own mbarrier; its own part by a plain store), and each CTA waits on its own barrier only:
+// one remote store's latency a row, where a cluster barrier and remote loads took a round trip
+// more (17-26 % of the held backward's time at 10240-65536, H200). Then lane r of each warp reads
+// rank r's part and the warp folds them in rank order, so every CTA gets the same bits. Two
+// buffers by row parity: a CTA pushes row t + 2 only after every CTA pushed row t + 1, so after
+// every CTA read row t. kClustered false: no cluster, nothing in shared memory.
+template <bool kClustered>
+struct GenericClusterSums {
+  __device__ __forceinline__ void init(unsigned) {}
+  __device__ __forceinline__ float2 sum(float2 v, long long, unsigned) { return v; }
+};
+template <>
+struct GenericClusterSums<true> {
+  float2 parts[2][kGenericMaxCluster];
+  unsigned long long arrived[2];
 
-// generic_cluster_reduce's sum with the parts pushed rather than fetched: thread r stores the
-// CTA's part into CTA r's `parts` (st.async, counted by CTA r's `bar`; its own by a plain store),
-// and each CTA waits on its own barrier only, one remote store's latency instead of a cluster
-// barrier's round trip and a remote load. parts / bar: one of two buffers by row parity (a CTA
-// pushes row t + 2 only after every CTA pushed row t + 1, so after every CTA read row t); parity:
-// the buffer's phase. Folded in rank order as generic_cluster_reduce folds: the same bits.
-__device__ __forceinline__ float2 generic_cluster_push_sum(float2 v, float2* parts, unsigned long long* bar,
-                                                           unsigned parity, unsigned cluster) {
+  // Every thread of every CTA, before any row's sum: the barriers exist before anyone pushes.
+  __device__ __forceinline__ void init(unsigned cluster) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (cluster > 1) {
-    const unsigned rank = generic_cluster_rank(), tid = threadIdx.x;
-    if (tid < cluster) {
-      if (tid == rank) {
-        parts[rank] = v;
-        expect_bulk_bytes(bar, (cluster - 1) * static_cast<unsigned>(sizeof(float2)));  // releases the store
-      } else {
-        push_cluster_slot(cluster_address(parts + rank, tid), cluster_address(bar, tid), v);
+    if (cluster > 1) {
+      if (threadIdx.x == 0) {
+        init_barrier(&arrived[0]);
+        init_barrier(&arrived[1]);
+        fence_barrier_init();
       }
+      cluster_arrive();
+      cluster_wait();
     }
-    wait_row_barrier(bar, parity);
-    const unsigned lane = tid % 32;
-    float2 part = make_float2(0.f, 0.f);
-    if (lane < cluster) part = parts[lane];
-    float2 total = make_float2(0.f, 0.f);
-    for (unsigned r = 0; r < cluster; ++r) ClusterSumOp{}(total, shfl_lane(part, static_cast<int>(r)));
-    return total;
-  }
 #endif
-  return v;
-}
+  }
+  // turn: the CTA's row count so far. Every thread calls it after a CTA barrier has made `v` whole.
+  __device__ __forceinline__ float2 sum(float2 v, long long turn, unsigned cluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (cluster > 1) {
+      float2* const buffer = parts[turn & 1];
+      unsigned long long* const bar = &arrived[turn & 1];
+      const unsigned rank = generic_cluster_rank(), tid = threadIdx.x;
+      if (tid < cluster) {
+        if (tid == rank) {
+          buffer[rank] = v;
+          expect_bulk_bytes(bar, (cluster - 1) * static_cast<unsigned>(sizeof(float2)));  // releases the store
+        } else {
+          push_cluster_slot(cluster_address(buffer + rank, tid), cluster_address(bar, tid), v);
+        }
+      }
+      wait_row_barrier(bar, static_cast<unsigned>(turn >> 1) & 1u);
+      const unsigned lane = tid % 32;
+      float2 part = make_float2(0.f, 0.f);
+      if (lane < cluster) part = buffer[lane];
+      float2 total = make_float2(0.f, 0.f);
+      for (unsigned r = 0; r < cluster; ++r) ClusterSumOp{}(total, shfl_lane(part, static_cast<int>(r)));
+      return total;
+    }
+#endif
+    return v;
+  }
+};
 
 // No CTA of a cluster leaves while another may still read its slots.
 __device__ __forceinline__ void generic_cluster_exit(unsigned cluster) {
@@ -486,7 +505,9 @@ __device__ __forceinline__ void generic_fwd_cluster(const NormParams& p) {
   static_assert(!RowScaled<Epilogue>::value && !EpilogueState<Epilogue>::kStateful,
                 "the quantizing epilogues' generic forward reads its row from global memory");
   __shared__ float2 scratch[32];
-  __shared__ float2 cluster_sums[2];  // alternate rows' slots (generic_cluster_reduce)
+  // Alternate rows' slots (generic_cluster_reduce): the pushed exchange of the backward
+  // (GenericClusterSums) ran 0.96-1.00x here, five CTAs a SM hiding the barrier.
+  __shared__ float2 cluster_sums[2];
   extern __shared__ __align__(16) unsigned char dynamic_shared[];
   XT* const segment_x = reinterpret_cast<XT*>(dynamic_shared);
   const int n = p.n, flags = p.generic_flags;
@@ -717,7 +738,8 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
   const long long group = blockIdx.y, groups = gridDim.y, slot = blockIdx.x / cluster, slots = gridDim.x / cluster;
   float* const slot_g = p.workspace + (group * slots + slot) * n + col0;
   float* const slot_b = p.workspace + ((groups + group) * slots + slot) * n + col0;
-  __shared__ float2 cluster_sums[2];  // alternate rows' slots (generic_cluster_reduce)
+  __shared__ GenericClusterSums<kClustered> cluster_sums;
+  cluster_sums.init(cluster);
   const bool shared_sums = flags & kGenericSharedSums;
   constexpr bool residual = kResidual != kGenericNoResidual;  // x is h; dx gets dh_out added
   // In shared memory each array covers whole rounds of packs (see GenericSums).
@@ -799,8 +821,7 @@ __device__ __forceinline__ void generic_bwd(const NormParams& p) {
     };
     sums_pass(sx, sdy, tid, stage_end);
     sums_pass(x, dy, past_stage, packs);
-    const float2 sums = generic_cluster_reduce(generic_cta_sum2(c1, c2, scratch), &cluster_sums[turn & 1], cluster,
-                                               make_float2(0.f, 0.f), ClusterSumOp{});
+    const float2 sums = cluster_sums.sum(generic_cta_sum2(c1, c2, scratch), turn, cluster);
     const float mean_gd = subtracts_mean ? sums.x * inv_n : 0.f, mean_gdx = sums.y * inv_n;
     // Pass 2: dx (+ dh_out with the residual add: the gradient of x and of the residual), from
     // the stage or from the row again (in L2).
@@ -866,23 +887,8 @@ __device__ __forceinline__ void generic_bwd_held(const NormParams& p) {
   const int packs = kClustered ? min(all_packs - first, p.generic_segment_packs) : all_packs;  // this CTA's
   const float inv_n = 1.f / static_cast<float>(n);
   const long long group = blockIdx.y, groups = gridDim.y, slot = blockIdx.x / cluster, slots = gridDim.x / cluster;
-  // Two buffers of the cluster's pushed parts and their barriers (generic_cluster_push_sum), set
-  // up in every CTA before any CTA pushes.
-  __shared__ float2 pushed_parts[2][kGenericMaxCluster];
-  __shared__ unsigned long long pushed[2];
-  if constexpr (kClustered) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (cluster > 1) {
-      if (threadIdx.x == 0) {
-        init_barrier(&pushed[0]);
-        init_barrier(&pushed[1]);
-        fence_barrier_init();
-      }
-      cluster_arrive();
-      cluster_wait();
-    }
-#endif
-  }
+  __shared__ GenericClusterSums<kClustered> cluster_sums;
+  cluster_sums.init(cluster);
   const long long rows_per_group = p.rows_per_group;
   const long long weights = (flags & kGenericPerGroup) ? group * n : 0;
   auto col_of = [&](int k) { return (first + k * threads + tid) * kVec; };
@@ -954,10 +960,7 @@ __device__ __forceinline__ void generic_bwd_held(const NormParams& p) {
         sum_b[k][j] += d[k][j];
       }
     }
-    float2 sums = generic_cta_sum2(c1, c2, scratch);
-    if constexpr (kClustered)
-      sums = generic_cluster_push_sum(sums, pushed_parts[turn & 1], &pushed[turn & 1],
-                                      static_cast<unsigned>(turn >> 1) & 1u, cluster);
+    const float2 sums = cluster_sums.sum(generic_cta_sum2(c1, c2, scratch), turn, cluster);
     const float mean_gd = subtracts_mean ? sums.x * inv_n : 0.f, mean_gdx = sums.y * inv_n;
 #pragma unroll
     for (int k = 0; k < kPacks; ++k)
