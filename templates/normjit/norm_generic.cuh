@@ -276,14 +276,8 @@ __device__ __forceinline__ T generic_cluster_reduce(T v, T* slot, unsigned clust
   return v;
 }
 
-// A row's two sums added over a cluster of run-time size (at most kGenericMaxCluster), in shared
-// memory: thread r of each CTA pushes the CTA's part into CTA r's `parts` (st.async, counted on
-// CTA r's own mbarrier; its own part by a plain store), and each CTA waits on its own barrier only:
-// one remote store's latency a row, where a cluster barrier and remote loads took a round trip
-// more (17-26 % of the held backward's time at 10240-65536, H200). Then lane r of each warp reads
-// rank r's part and the warp folds them in rank order, so every CTA gets the same bits. Two
-// buffers by row parity: a CTA pushes row t + 2 only after every CTA pushed row t + 1, so after
-// every CTA read row t. kClustered false: no cluster, nothing in shared memory.
+// The backward's row sums over a cluster of run-time size (ClusterPushSums, pushed into each
+// CTA). kClustered false: no cluster, nothing in shared memory.
 template <bool kClustered>
 struct GenericClusterSums {
   __device__ __forceinline__ void init(unsigned) {}
@@ -291,19 +285,13 @@ struct GenericClusterSums {
 };
 template <>
 struct GenericClusterSums<true> {
-  float2 parts[2][kGenericMaxCluster];
-  unsigned long long arrived[2];
+  ClusterPushSums<kGenericMaxCluster> pushed;
 
   // Every thread of every CTA, before any row's sum: the barriers exist before anyone pushes.
   __device__ __forceinline__ void init(unsigned cluster) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (cluster > 1) {
-      if (threadIdx.x == 0) {
-        init_barrier(&arrived[0]);
-        init_barrier(&arrived[1]);
-        fence_barrier_init();
-      }
-      cluster_arrive();
+      pushed.init_and_arrive();
       cluster_wait();
     }
 #endif
@@ -311,26 +299,7 @@ struct GenericClusterSums<true> {
   // turn: the CTA's row count so far. Every thread calls it after a CTA barrier has made `v` whole.
   __device__ __forceinline__ float2 sum(float2 v, long long turn, unsigned cluster) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (cluster > 1) {
-      float2* const buffer = parts[turn & 1];
-      unsigned long long* const bar = &arrived[turn & 1];
-      const unsigned rank = generic_cluster_rank(), tid = threadIdx.x;
-      if (tid < cluster) {
-        if (tid == rank) {
-          buffer[rank] = v;
-          expect_bulk_bytes(bar, (cluster - 1) * static_cast<unsigned>(sizeof(float2)));  // releases the store
-        } else {
-          push_cluster_slot(cluster_address(buffer + rank, tid), cluster_address(bar, tid), v);
-        }
-      }
-      wait_row_barrier(bar, static_cast<unsigned>(turn >> 1) & 1u);
-      const unsigned lane = tid % 32;
-      float2 part = make_float2(0.f, 0.f);
-      if (lane < cluster) part = buffer[lane];
-      float2 total = make_float2(0.f, 0.f);
-      for (unsigned r = 0; r < cluster; ++r) ClusterSumOp{}(total, shfl_lane(part, static_cast<int>(r)));
-      return total;
-    }
+    if (cluster > 1) return pushed.sum(v, static_cast<unsigned>(turn), cluster);
 #endif
     return v;
   }
