@@ -446,12 +446,6 @@ Runtime::Runtime(int device, std::filesystem::path cache_dir) : disk_cache_(std:
   NORMJIT_CU(cuDeviceGetAttribute(&memory_khz, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, cu_device_));
   NORMJIT_CU(cuDeviceGetAttribute(&bus_bits, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, cu_device_));
   device_.dram_gb_per_s = 2.0 * memory_khz * 1e3 * (bus_bits / 8) / 1e9;  // two transfers per clock
-  // 16-CTA (non-portable) clusters pay off only where each SM's share of DRAM bandwidth is low:
-  // with more bandwidth per SM the split route's extra pass costs less than the 16-CTA barriers
-  // (docs/perf-notes.md has the figures).
-  constexpr double kNonPortableClusterMaxGbPerSm = 30;
-  if (device_.sm_count > 0 && device_.dram_gb_per_s / device_.sm_count > kNonPortableClusterMaxGbPerSm)
-    max_cluster_ = kMaxPortableCluster;
   if (device_.sm_major < 8)
     throw Error(Status::kNotSupported, "device " + std::to_string(device) + " (" + device_.name + ") is sm_" +
                                            std::to_string(device_.sm_major * 10 + device_.sm_minor) +

@@ -248,9 +248,8 @@ constexpr int kMaxProducerStages = 8;  // ws rows
 // (generator/picks/, docs/picks.md) that holds the spec, else a rule-based fallback. max_vec caps
 // the vector width, e.g. when a caller's pointers are less aligned than 16 bytes. sm is the
 // target's compute capability (90 for sm_90): clusters are chosen only from sm_90 on. max_cluster caps the CTAs per
-// row: the runtime passes kMaxPortableCluster on a GPU with more than 30 GB/s of DRAM bandwidth per
-// SM (an H200: 16-CTA rows measured slower than the split route there) or one that cannot
-// co-schedule 16 CTAs. Offline tools resolve with 16, as for an H100.
+// row: the runtime passes kMaxPortableCluster once the GPU has failed to co-schedule 16 CTAs.
+// Offline tools resolve with 16, as the runtime does on an H100 or H200.
 Spec resolve(const Spec& spec, int max_vec = 16, int sm = 90, int max_cluster = kMaxCluster);
 
 }  // namespace normjit

@@ -480,46 +480,48 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK_FALSE(block("layernorm.bwd.bf16.w_f32.n12288.bias", 4).bulk_copy);  // 8-byte packs
   CHECK(block("layernorm.bwd.bf16.w_f32.n13312.bias") == BlockConfig{832, 1, 8, RowCache::kSharedPipelined, 1, 3, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n15360.bias") == BlockConfig{960, 1, 8, RowCache::kShared});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 1, 2, true});
+  // From 16384 with dbeta (16392 without), 2-CTA rows of 2 packs a thread by bulk copies: the row
+  // sums pushed into each CTA made them cheaper than one CTA's 3-4 packs.
+  CHECK(block("layernorm.bwd.bf16.w_f32.n16384.bias") == BlockConfig{512, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n16384") == BlockConfig{512, 1, 8, RowCache::kShared});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n18432.bias") == BlockConfig{768, 1, 8, RowCache::kShared});  // 3 packs
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n18432") == BlockConfig{768, 1, 8, RowCache::kShared});
-  // RMSNorm's 3-pack rows of 800-960 threads by bulk copies into two buffers; 992 keeps one.
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n20480") == BlockConfig{864, 1, 8, RowCache::kSharedPipelined, 1, 2, true});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n22528") == BlockConfig{960, 1, 8, RowCache::kSharedPipelined, 1, 2, true});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n23552") == BlockConfig{992, 1, 8, RowCache::kShared});
-  // LayerNorm rows that would keep the dbeta sums in shared memory: 2 CTAs by bulk copies from 608
-  // threads (19456); at 576 (18432) one CTA.
+  CHECK(block("layernorm.bwd.bf16.w_f32.n15872.bias") == BlockConfig{992, 1, 8, RowCache::kShared});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n18432.bias") == BlockConfig{576, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n18432") == BlockConfig{576, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n20480") == BlockConfig{640, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n22528") == BlockConfig{704, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n23552") == BlockConfig{736, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n19456.bias") == BlockConfig{608, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n18432.bias") == BlockConfig{768, 1, 8, RowCache::kShared});
+  // An odd number of packs: no 2-CTA split, one CTA of 3 packs.
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n18424") == BlockConfig{768, 1, 8, RowCache::kShared});
   // RMSNorm's CTA of 768-1024 threads x 4 packs: a 2-CTA bulk-copied row of 2 packs.
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n32768") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n30720") == BlockConfig{960, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n30720") == BlockConfig{480, 1, 8, RowCache::kSharedPipelined, 4, 2, true});  // 960 threads ran 83 %, 4 CTAs 92
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n24576") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("rmsnorm.bwd.f32.n16384") == BlockConfig{1024, 1, 4, RowCache::kGlobal});
   // 1024-thread rows pipelined where two buffers take at most 160 KB per CTA.
   CHECK(block("layernorm.bwd.bf16.w_f32.n32768.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
-  // Where 2 CTAs would take more than 2 packs per thread: 4 or 8 CTAs of 2 packs by bulk copies,
-  // from 640 threads (768 for RMSNorm; not at 672-736; LayerNorm past 896 at 1024, ragged).
-  CHECK(block("layernorm.bwd.bf16.w_f32.n65536.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n61440.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n61440") == BlockConfig{960, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n45056.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
+  // Where 2 CTAs would take more than 2 packs per thread: 4, 8 or 16 CTAs of 2 packs by bulk copies.
+  CHECK(block("layernorm.bwd.bf16.w_f32.n65536.bias") == BlockConfig{512, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n61440.bias") == BlockConfig{480, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n61440") == BlockConfig{480, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n45056.bias") == BlockConfig{704, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n114688.bias") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
-  // One buffer where the segments take 2-3 packs per thread (ragged here), pipelined below.
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n40960") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n34816") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n40960") == BlockConfig{640, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n34816") == BlockConfig{544, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
+  // Packs that 4 CTAs do not split: 2 CTAs of one buffer (ragged threads).
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n34832") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n57344") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n36864.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 2});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n36864.bias") == BlockConfig{576, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n57344.bias") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n98304") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n65536") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n262144") == BlockConfig{1024, 1, 8, RowCache::kShared, 8});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n262144") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 16, 2, true});
+  CHECK(*resolve(Spec::parse("rmsnorm.bwd.bf16.w_f32.n262144"), 16, 90, kMaxPortableCluster).block ==
+        BlockConfig{1024, 1, 8, RowCache::kShared, 8});
   // With dbeta, past 24 values per thread (16 above 768 threads) the dbeta sums join x and dy in
-  // shared memory: one CTA up to N = 18432, then a 2-CTA cluster of 2 packs per thread filled by
-  // bulk copies once that takes 640 threads or more (pipelined rows need 16-byte packs), then
-  // clusters whose segments split evenly.
-  CHECK(block("layernorm.bwd.bf16.w_f32.n18432.bias") == BlockConfig{768, 1, 8, RowCache::kShared});
+  // shared memory: one CTA up to N = 16376, then a 2-CTA cluster of 2 packs per thread filled by
+  // bulk copies (pipelined rows need 16-byte packs), then clusters whose segments split evenly.
+  CHECK(block("layernorm.bwd.bf16.w_f32.n18424.bias") == BlockConfig{768, 1, 8, RowCache::kShared});  // odd packs
   CHECK(block("layernorm.bwd.bf16.w_f32.n20480.bias") == BlockConfig{640, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n24576.bias") == BlockConfig{768, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n26624.bias") == BlockConfig{832, 1, 8, RowCache::kSharedPipelined, 2, 2, true});
@@ -530,14 +532,14 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("layernorm.bwd.bf16.w_f32.n40960.bias") == BlockConfig{640, 1, 8, RowCache::kSharedPipelined, 4, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n131072.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n81920.bias") == BlockConfig{640, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
-  // Past 65536 where those lost (576 threads; RMSNorm below 768), 4-CTA one-buffer segments of up
-  // to 3 packs per thread, ragged or not.
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n81920") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n73728") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
-  CHECK(block("layernorm.bwd.bf16.w_f32.n73728.bias") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n81920") == BlockConfig{640, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n73728") == BlockConfig{576, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
+  CHECK(block("layernorm.bwd.bf16.w_f32.n73728.bias") == BlockConfig{576, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
+  // Packs that 8 CTAs do not split: 4-CTA one-buffer segments of up to 3 packs per thread.
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n73760") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n114688") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
-  // Where 8 CTAs cannot hold the row with the dbeta sums, 16 (non-portable); the split route on a
-  // GPU that cannot co-schedule them (the runtime lowers max_cluster).
+  // Past 131072, 16 CTAs (non-portable); with dbeta, the split route on a GPU that cannot
+  // co-schedule them (the runtime lowers max_cluster).
   CHECK(block("layernorm.bwd.bf16.w_f32.n262144.bias") == BlockConfig{1024, 1, 8, RowCache::kSharedPipelined, 16, 2, true});
   CHECK(*resolve(Spec::parse("layernorm.bwd.bf16.w_f32.n262144.bias"), 16, 90, kMaxPortableCluster).block ==
         BlockConfig{1024, 1, 8, RowCache::kGlobal});

@@ -203,7 +203,10 @@ TEST_CASE("16-CTA clusters (non-portable): pinned, and the heuristic's picks pas
                            "adalayernorm.bwd.bf16.w_f32.n16384.bias.relu_bitmask.cfg_t128_r1_v8_c16_tma",
                            "layernorm.bwd.bf16.w_f32.n262144.bias.cfg_t1024_r1_v8_c16_smem",
                            "layernorm.bwd.bf16.w_f32.n262144.bias.cfg_t1024_r1_v8_c16_tma",
-                           "layernorm.bwd.bf16.w_f32.n262144.bias", "rmsnorm.bwd.f16.w_f32.n262144.bias"}) {
+                           "layernorm.bwd.bf16.w_f32.n262144.bias", "rmsnorm.bwd.f16.w_f32.n262144.bias",
+                           // Two packs a thread in 16 CTAs: 640-896 threads, with and without dbeta.
+                           "rmsnorm.bwd.bf16.w_f32.n163840", "layernorm.bwd.bf16.w_f32.n196608.bias",
+                           "layernorm.bwd.f16.w_f16.n229376.relu_bitmask"}) {
     Case c;
     c.spec = Spec::parse(text);
     const std::string name = runtime().choose(c.spec).str();
