@@ -23,7 +23,7 @@ usage: scripts/device.sh JOB [ARGS...]
                         host time, graph replay, and its cost against normjit-bench and torch eager
   generic               the generic kernels against the specialized ones (LN / RMS forward and backward, bf16),
                         and each compile mode's first launch of a new spec in a fresh process
-env: OUT (results, default ./.out), M (rows; default 32768, 4096 past N = 65536, sweep 16384),
+env: SPECS_FILE (tune, profile, specs, ab: more specs, one a line), OUT (results, default ./.out), M (rows; default 32768, 4096 past N = 65536, sweep 16384),
   BUILD_DIR (default build), BENCH_ARGS (more normjit-bench / normjit-tune options)
   test: GPU_TC (doctest -tc of the GPU cases; unset: all), each case in its own process (the longest first), GPU_JOBS
         at a time (default 6), NORMJIT_GPU_TEST_NS, NORMJIT_GPU_TEST_SEED, CPU_TESTS=0, MEMCHECK=0, MEMCHECK_TC
@@ -44,12 +44,18 @@ EOF
 JOB=${1:-}
 [[ $JOB == -h || $JOB == --help ]] && usage 0
 [[ -z $JOB ]] && usage 2
+shift
+# SPECS_FILE: more specs, one a line (# comments), for lists longer than a command line.
+if [[ -n ${SPECS_FILE:-} ]]; then
+  [[ -r $SPECS_FILE ]] || { echo "device.sh: SPECS_FILE '$SPECS_FILE' cannot be read" >&2; exit 2; }
+  mapfile -t file_specs < <(sed -e 's/#.*//' -e 's/[[:space:]]//g' "$SPECS_FILE" | grep -v '^$')
+  set -- "$@" "${file_specs[@]}"
+fi
 case $JOB in
   test | bench | peers | sweep | python | fusions | generic) ;;
-  tune | profile | specs | ab) (($# > 1)) || { echo "device.sh $JOB: no SPEC given" >&2; usage 2; } ;;
+  tune | profile | specs | ab) (($# > 0)) || { echo "device.sh $JOB: no SPEC given (arguments or SPECS_FILE)" >&2; usage 2; } ;;
   *) echo "device.sh: unknown job '$JOB'" >&2; usage 2 ;;
 esac
-shift
 
 OUT=$(realpath -m "${OUT:-$(dirname "$0")/../.out}")
 cd "$(dirname "$0")/.." || exit 1
