@@ -178,13 +178,15 @@ run_sharded() {
   done
   for i in $(seq 1 "$k"); do [[ " ${order[*]} " == *" $i "* ]] || order+=("$i"); done
   # shellcheck disable=SC2016  # $0, $1 and $2 expand in the inner shell
-  printf '%s\n' "${order[@]}" | xargs -P "$jobs" -I{} sh -c '"$0" --first={} --last={} ${2:+"$2"} >"$1/{}.log" 2>&1; echo $? >"$1/{}.rc"' \
+  printf '%s\n' "${order[@]}" | xargs -P "$jobs" -I{} sh -c 'start=$(date +%s); "$0" --first={} --last={} ${2:+"$2"} >"$1/{}.log" 2>&1; echo $? >"$1/{}.rc"; echo $(($(date +%s) - start)) >"$1/{}.s"' \
     "$bin" "$dir" "$filter"
   for i in $(seq 1 "$k"); do
     cat "$dir/$i.log" >>"$log"
     r=$(cat "$dir/$i.rc" 2>/dev/null || echo 1)
     ((r == 0)) || failed=$((failed + 1))
     ((r > rc)) && rc=$r
+    # Each case's wall seconds (killed cases have none), for what keeps the suite past a call.
+    printf '%s\t%s\n' "$(cat "$dir/$i.s" 2>/dev/null || echo '-')" "${names[i - 1]:-case $i}" >>"${log%.log}_seconds.tsv"
   done
   # One summary over the shards in doctest's words; a shard's own test-case line counts the cases
   # outside its range as passed, so the cases are counted by exit code (a crash leaves no line).
@@ -219,7 +221,9 @@ job_test() {
       "rc=$rc:"
     # Failures first, then the totals (the last summary: the shards' sum when sharded).
     { grep -E 'ERROR|FAILED|CRASHED' "$WORK/gpu_tests.log" | head -25
-      grep -E '^\[doctest\] (test cases|assertions|Status)' "$WORK/gpu_tests.log" | tail -3; } | md
+      grep -E '^\[doctest\] (test cases|assertions|Status)' "$WORK/gpu_tests.log" | tail -3
+      echo "slowest cases (wall seconds, ${GPU_JOBS:-6} at a time):"
+      sort -rn "$WORK/gpu_tests_seconds.tsv" 2>/dev/null | head -8 | sed 's/^/  /'; } | md
   fi
   if [[ ${MEMCHECK:-1} == 1 && -n $GPU ]]; then
     # Strided and unaligned rows, the seeds, the epilogues' backward and the pipelined rows.
