@@ -293,7 +293,8 @@ job_peers() {
     PYTHONUNBUFFERED=1 timeout "$limit" python3 bench/peers.py --phase "$ph" --rows "$rows" --ns "${ns// /,}" \
       --norms "${PEER_NORMS:-layernorm,rmsnorm}" --providers "${PEER_PROVIDERS:-torch.eager,torch.compile,normjit.torch,liger,cudnn,quack,flashinfer}" --json "$WORK/peers_$ph.json" \
       >"$WORK/peers_$ph.txt" 2>&1
-    grep -hE "^skip|fell|Error" "$WORK/peers_$ph.txt" | cut -c1-160 | head -20 | md
+    # Each message once, with the number of shapes that printed it.
+    grep -hE "^skip|fell|Error" "$WORK/peers_$ph.txt" | cut -c1-160 | sort | uniq -c | sort -rn | head -20 | md
     [[ -s $WORK/peers_$ph.json ]] || { say "peers $ph: no results (peers_$ph.txt)"; STATUS=1; continue; }
     python3 bench/report.py "$WORK/normjit_$ph.json" "$WORK/peers_$ph.json" "$ph" | md
     say ""
