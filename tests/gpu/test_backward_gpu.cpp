@@ -209,11 +209,12 @@ TEST_CASE("16-CTA clusters (non-portable): pinned, and the heuristic's picks pas
                            "layernorm.bwd.f16.w_f16.n229376.relu_bitmask"}) {
     Case c;
     c.spec = Spec::parse(text);
-    const std::string name = runtime().choose(c.spec).str();
+    const Spec chosen = runtime().choose(c.spec);
+    const std::string name = chosen.str();
     CAPTURE(name);
     // The heuristic's picks take 16 CTAs only where the runtime allows them on this device; else
     // a portable cluster or the split route.
-    const int cluster = runtime().choose(c.spec).block->cluster;
+    const int cluster = chosen.block->cluster;
     if (c.spec.block || runtime().max_cluster() == 16) CHECK(cluster == 16);
     else CHECK(cluster <= kMaxPortableCluster);
     // More rows than co-resident clusters (at most one per GPC), so each walks several rows.
