@@ -92,11 +92,17 @@ std::optional<int64_t> to_int(std::string_view t) {
 TableBlock parse_block(const std::string& name, int line, std::string_view text) {
   TableBlock tb;
   if (const size_t at = text.find('@'); at != std::string_view::npos) {
-    const std::string_view flag = text.substr(at);
-    if (flag == "@even") tb.even_only = true;
-    else if (flag == "@ragged") tb.ragged = true;
-    else bad_table(name, line, "unknown block flag '" + std::string(flag) + "'");
+    std::string_view flags = text.substr(at);
     text = text.substr(0, at);
+    while (!flags.empty()) {
+      const size_t next = flags.find('@', 1);
+      const std::string_view flag = flags.substr(0, next);
+      if (flag == "@even") tb.even_only = true;
+      else if (flag == "@ragged") tb.ragged = true;
+      else if (flag == "@warps4") tb.whole_warp_groups = true;
+      else bad_table(name, line, "unknown block flag '" + std::string(flag) + "'");
+      flags = next == std::string_view::npos ? std::string_view{} : flags.substr(next);
+    }
   }
   if (text.size() < 2 || (text[0] != 't' && text[0] != 'p'))
     bad_table(name, line, "block '" + std::string(text) + "' must start with t<threads> or p<packs per thread>");
@@ -112,6 +118,7 @@ TableBlock parse_block(const std::string& name, int line, std::string_view text)
   }
   if (by_packs) tb.packs_per_thread = static_cast<int>(*lead);
   if (tb.even_only && by_packs) bad_table(name, line, "@even needs a fixed thread count (t<T>)");
+  if (tb.whole_warp_groups && !by_packs) bad_table(name, line, "@warps4 needs a thread count from packs (p<K>)");
   if (tb.ragged && (tb.block.cluster < 2 || (tb.block.cache != RowCache::kShared && tb.block.cache != RowCache::kRegisters)))
     bad_table(name, line, "@ragged needs a cluster (c<C>) of rows in registers or smem");
   return tb;
@@ -220,7 +227,8 @@ std::optional<BlockConfig> detail::apply_pick_block(const TableBlock& tb, const 
   if (tb.ragged && s.phase == Phase::kBackward && s.epilogue != Epilogue::kNone) return std::nullopt;
   if (!segments_hold_whole_epilogue_units(s, b)) return std::nullopt;
   if (tb.packs_per_thread > 0)
-    b.threads_per_row = static_cast<int>(round_up((segment + tb.packs_per_thread - 1) / tb.packs_per_thread, 32));
+    b.threads_per_row = static_cast<int>(round_up((segment + tb.packs_per_thread - 1) / tb.packs_per_thread,
+                                                  tb.whole_warp_groups ? 128 : 32));
   if (b.threads_per_row > 1024) return std::nullopt;  // p<K> past a CTA: the next alternative
   if (tb.even_only && segment % b.threads_per_row != 0) return std::nullopt;
   if (scales_per_block(s.epilogue) && b.threads_per_row * b.vec % scale_block_size(s.epilogue) != 0) return std::nullopt;

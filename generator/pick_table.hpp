@@ -11,13 +11,17 @@
 namespace normjit::detail {
 
 // One block of a table row: the config with its thread count given directly (t<T>) or as packs
-// per thread (p<K>), whether it applies only where its threads take whole packs (@even), and
-// whether it applies where its cluster splits the row's packs unevenly (@ragged).
+// per thread (p<K>), whether it applies only where its threads take whole packs (@even),
+// whether it applies where its cluster splits the row's packs unevenly (@ragged), and whether
+// p<K>'s thread count rounds up to whole groups of four warps (@warps4).
 struct TableBlock {
   BlockConfig block;
-  int packs_per_thread = 0;  // > 0: threads = round_up(ceil(N / vec / cluster / K), 32)
+  int packs_per_thread = 0;  // > 0: threads = round_up(ceil(N / vec / cluster / K), 32, or 128 with @warps4)
   bool even_only = false;
   bool ragged = false;
+  // Clustered backward segments of 2 packs a thread that are not whole four-warp groups ran up
+  // to 18 % under the same segment on the next whole group (H200, docs/picks.md); why is not profiled.
+  bool whole_warp_groups = false;
 };
 
 struct TableRow {

@@ -29,6 +29,15 @@ void parallel_for(size_t count, F&& body) {
   for (auto& t : threads) t.join();
 }
 
+// The one block of a one-row table of `phase` over every bf16 N of 8-element packs.
+detail::TableBlock parse_one_block(const char* phase, const std::string& block_text) {
+  return detail::parse_pick_table("test.txt", std::string(phase) + " * * x2 v8 8 262144 " + block_text)
+      .rows.at(0)
+      .blocks.at(0);
+}
+
+Spec spec(const char* text) { return Spec::parse(text); }
+
 }  // namespace
 
 TEST_CASE("the picks match the golden summary, and every N from 1 to 262144 resolves to a valid config") {
@@ -102,10 +111,7 @@ TEST_CASE("the tables are read: a row's block is what resolve() returns inside i
 }
 
 TEST_CASE("a block applies only where its segments, mask bytes, cluster and @even threads allow") {
-  auto parse_one = [](const std::string& block_text) {
-    return detail::parse_pick_table("test.txt", "bwd * * x2 v8 8 262144 " + block_text).rows.at(0).blocks.at(0);
-  };
-  const auto spec = [](const char* text) { return Spec::parse(text); };
+  auto parse_one = [](const std::string& block_text) { return parse_one_block("bwd", block_text); };
   const auto pair = parse_one("p2_r1_v8_c2_tma");
   // 20480 / 8 = 2560 packs, 1280 a CTA, 2 a thread: 640 threads.
   CHECK(detail::apply_pick_block(pair, spec("layernorm.bwd.bf16.w_f32.n20480.bias"), 16)->threads_per_row == 640);
@@ -122,11 +128,31 @@ TEST_CASE("a block applies only where its segments, mask bytes, cluster and @eve
   CHECK_FALSE(detail::apply_pick_block(even, spec("rmsnorm.bwd.bf16.n40968"), 16));
 }
 
+TEST_CASE("@warps4 rounds a p<K> block's threads up to whole groups of four warps") {
+  auto parse_one = [](const std::string& block_text) { return parse_one_block("bwd", block_text); };
+  const auto warps = parse_one("p2_r1_v8_c4_tma");
+  const auto groups = parse_one("p2_r1_v8_c4_tma@warps4");
+  // 36864 / 8 / 4 = 1152 packs a CTA, 2 a thread: 576 threads (18 warps), or 640 (20).
+  CHECK(detail::apply_pick_block(warps, spec("layernorm.bwd.bf16.w_f32.n36864.bias"), 16)->threads_per_row == 576);
+  CHECK(detail::apply_pick_block(groups, spec("layernorm.bwd.bf16.w_f32.n36864.bias"), 16)->threads_per_row == 640);
+  // Already whole groups: the same block. 40960: 1280 packs a CTA, 640 threads.
+  CHECK(detail::apply_pick_block(groups, spec("rmsnorm.bwd.bf16.w_f32.n40960"), 16) ==
+        detail::apply_pick_block(warps, spec("rmsnorm.bwd.bf16.w_f32.n40960"), 16));
+  // 1024 is whole groups: where 32-thread rounding fits a CTA, so does this (46976: 1468 packs
+  // a CTA, 734 -> 736 or 768 threads).
+  CHECK(detail::apply_pick_block(groups, spec("rmsnorm.bwd.bf16.w_f32.n46976"), 16)->threads_per_row == 768);
+  // With another flag, in either order.
+  const auto both = parse_one("p4_r1_v8_c8_smem@ragged@warps4");
+  CHECK(both.ragged);
+  CHECK(both.whole_warp_groups);
+  const auto b = detail::apply_pick_block(both, spec("rmsnorm.bwd.bf16.w_f32.n65608"), 16);
+  REQUIRE(b);
+  // 65608 / 8 = 8201 packs, 1026 a CTA, 4 a thread: 257 threads, 384 in whole groups.
+  CHECK(b->threads_per_row == 384);
+}
+
 TEST_CASE("@ragged blocks apply where the cluster splits a row's packs unevenly") {
-  auto parse_one = [](const std::string& block_text) {
-    return detail::parse_pick_table("test.txt", "fwd * * x2 v8 8 262144 " + block_text).rows.at(0).blocks.at(0);
-  };
-  const auto spec = [](const char* text) { return Spec::parse(text); };
+  auto parse_one = [](const std::string& block_text) { return parse_one_block("fwd", block_text); };
   const auto plain = parse_one("p8_r1_v8_c4_smem");
   const auto ragged = parse_one("p8_r1_v8_c4_smem@ragged");
   // 65608 / 8 = 8201 packs: 2051 a CTA, 2048 in the last; 8 a thread: 257 -> 288 threads.
@@ -179,6 +205,8 @@ TEST_CASE("a bad pick table names the table, the line and the problem") {
       {"fwd * * x2 v8 1 8 q32_r1_v8_reg", "must start with t<threads> or p<packs per thread>"},
       {"fwd * * x2 v8 1 8 t32_r1_v8_reg@odd", "unknown block flag '@odd'"},
       {"fwd * * x2 v8 1 8 p2_r1_v8_reg@even", "@even needs a fixed thread count"},
+      {"fwd * * x2 v8 1 8 t256_r1_v8_reg@warps4", "@warps4 needs a thread count from packs (p<K>)"},
+      {"fwd * * x2 v8 1 8 p2_r1_v8_c2_tma@warps4@four", "unknown block flag '@four'"},
       {"fwd * * x2 v8 1 8 t256_r1_v8_pipe@ragged", "@ragged needs a cluster (c<C>) of rows in registers or smem"},
       {"fwd * * x2 v8 1 8 t256_r1_v8_c2_pipe@ragged", "@ragged needs a cluster"},
       {"fwd * * x2 v8 1 8 t32_r1_v8_reg t64_r1_v8_reg", "blocks are separated by ' | '"},

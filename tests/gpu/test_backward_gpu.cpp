@@ -21,8 +21,9 @@ TEST_CASE("backward matches the fp64 reference over ops x dtypes x N x rows") {
   // dbeta), 81920 (4 CTAs). 20480 / 22528: RMSNorm's one-CTA 3-pack rows by bulk copies; 19456:
   // LayerNorm's 2-CTA bulk row of 608 threads. 40008: 2 CTAs of shared memory in 8-byte packs, where 4
   // CTAs do not divide the packs; 50000, 65608, 131112: clusters of unequal segments in shared
-  // memory (ragged), where the split route ran before.
-  const std::vector<int64_t> ns = grid_ns({1, 7, 127, 256, 1000, 1024, 2880, 4096, 4097, 8192, 12288, 12289, 16384, 18432, 19456, 20001, 20480, 22528, 32768, 40008, 40960, 50000, 65536, 65608, 81920, 131112, 262144});
+  // memory (ragged), where the split route ran before. 36864, 73728, 172032: bulk-copied clusters
+  // whose 2-pack threads are rounded up to whole four-warp groups (1152 packs on 640 threads).
+  const std::vector<int64_t> ns = grid_ns({1, 7, 127, 256, 1000, 1024, 2880, 4096, 4097, 8192, 12288, 12289, 16384, 18432, 19456, 20001, 20480, 22528, 32768, 36864, 40008, 40960, 50000, 65536, 65608, 73728, 81920, 131112, 172032, 262144});
   const std::vector<Case> cases = ops_grid_cases(Phase::kBackward, ns);
   std::vector<Spec> specs;
   for (const auto& c : cases) {
