@@ -245,11 +245,6 @@ __device__ __forceinline__ unsigned generic_cluster_rank() {
 #endif
 }
 
-__device__ __forceinline__ float shfl_lane(float v, int lane) { return __shfl_sync(0xffffffffu, v, lane); }
-__device__ __forceinline__ float2 shfl_lane(float2 v, int lane) {
-  return make_float2(__shfl_sync(0xffffffffu, v.x, lane), __shfl_sync(0xffffffffu, v.y, lane));
-}
-
 // cluster_reduce (reduce_cluster.cuh) for a cluster of run-time size (at most 32), its slot rules
 // included: each rank's part folded in rank order, so every CTA gets the same bits. Lane r of each
 // warp loads rank r's part, all at once, and the warp folds them through shuffles: a loop of

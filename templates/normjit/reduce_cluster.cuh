@@ -3,6 +3,7 @@
 // cluster must reach each cluster barrier (the .aligned forms).
 #pragma once
 #include "normjit/async_copy.cuh"
+#include "normjit/reduce_warp.cuh"
 
 namespace normjit {
 
@@ -123,7 +124,7 @@ struct ClusterPushSums {
     const float2 part = lane < cluster ? buffer[lane] : make_float2(0.f, 0.f);
     float2 total = make_float2(0.f, 0.f);
     for (unsigned r = 0; r < cluster; ++r)
-      ClusterSumOp{}(total, make_float2(__shfl_sync(0xffffffffu, part.x, r), __shfl_sync(0xffffffffu, part.y, r)));
+      ClusterSumOp{}(total, shfl_lane(part, static_cast<int>(r)));
     return total;
   }
 };

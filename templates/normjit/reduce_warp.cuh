@@ -4,6 +4,12 @@
 
 namespace normjit {
 
+// Lane `lane`'s value, in every lane of the warp.
+__device__ __forceinline__ float shfl_lane(float v, int lane) { return __shfl_sync(0xffffffffu, v, lane); }
+__device__ __forceinline__ float2 shfl_lane(float2 v, int lane) {
+  return make_float2(__shfl_sync(0xffffffffu, v.x, lane), __shfl_sync(0xffffffffu, v.y, lane));
+}
+
 // Sum over an aligned group of kWidth (power of two, <= 32) lanes.
 template <int kWidth>
 __device__ __forceinline__ float group_sum(float v) {
