@@ -26,7 +26,7 @@ usage: scripts/device.sh JOB [ARGS...]
 env: SPECS_FILE (tune, profile, specs, ab: more specs, one a line), OUT (results, default ./.out), M (rows; default 32768, 4096 past N = 65536, sweep 16384),
   BUILD_DIR (default build), BENCH_ARGS (more normjit-bench / normjit-tune options)
   test: GPU_TC (doctest -tc of the GPU cases; unset: all), each case in its own process (the longest first), GPU_JOBS
-        at a time (default 6), NORMJIT_GPU_TEST_NS, NORMJIT_GPU_TEST_SEED, CPU_TESTS=0, MEMCHECK=0, MEMCHECK_TC
+        at a time (default 12), NORMJIT_GPU_TEST_NS, NORMJIT_GPU_TEST_SEED, CPU_TESTS=0, MEMCHECK=0, MEMCHECK_TC
   peers: PEER_NS, PEER_NORMS, PEER_PROVIDERS, PEER_PHASES (fwd bwd), PEER_S (seconds per phase's peers)
   sweep: FROM, TO, STEP, PHASES (fwd bwd)   tune: TUNE_BUDGET_S, TUNE_CANDIDATES   generic: GENERIC_NS
   profile: KERNEL (kernel-name regex, default normjit_), NCU_ARGS (default: a set of sections), BENCH_ARGS
@@ -212,7 +212,7 @@ job_test() {
     grep -A20 "The following tests FAILED" "$WORK/cpu_tests.log" | md
   fi
   local rc
-  run_sharded "$BUILD_DIR/tests/normjit_gpu_tests" "${GPU_JOBS:-6}" "$WORK/gpu_tests.log" ${GPU_TC:+"-tc=$GPU_TC"}
+  run_sharded "$BUILD_DIR/tests/normjit_gpu_tests" "${GPU_JOBS:-12}" "$WORK/gpu_tests.log" ${GPU_TC:+"-tc=$GPU_TC"}
   rc=$?
   if ((rc == 77)); then say "normjit_gpu_tests: skipped ($(head -1 "$WORK/gpu_tests.log"))"
   else
@@ -222,7 +222,7 @@ job_test() {
     # Failures first, then the totals (the last summary: the shards' sum when sharded).
     { grep -E 'ERROR|FAILED|CRASHED' "$WORK/gpu_tests.log" | head -25
       grep -E '^\[doctest\] (test cases|assertions|Status)' "$WORK/gpu_tests.log" | tail -3
-      echo "slowest cases (wall seconds, ${GPU_JOBS:-6} at a time):"
+      echo "slowest cases (wall seconds, ${GPU_JOBS:-12} at a time):"
       sort -rn "$WORK/gpu_tests_seconds.tsv" 2>/dev/null | head -8 | sed 's/^/  /'; } | md
   fi
   if [[ ${MEMCHECK:-1} == 1 && -n $GPU ]]; then

@@ -88,6 +88,18 @@ inline std::vector<int64_t> grid_ns(std::vector<int64_t> all) {
   return chosen;
 }
 
+// One shard of a reference grid's sizes (ascending): every `shards`-th size from the `shard`-th
+// (0-based), so each shard gets its share of the long rows. A grid split over several doctest
+// cases runs side by side under scripts/device.sh test, where one case a process set the suite's
+// time. Empty where NORMJIT_GPU_TEST_NS leaves this shard nothing (grid_ns checked the whole grid).
+inline std::vector<int64_t> grid_shard(const std::vector<int64_t>& ns, int shard, int shards) {
+  std::vector<int64_t> chosen;
+  for (size_t i = static_cast<size_t>(shard); i < ns.size(); i += static_cast<size_t>(shards)) chosen.push_back(ns[i]);
+  if (chosen.empty())
+    MESSAGE("NORMJIT_GPU_TEST_NS leaves shard " << shard + 1 << " of " << shards << " no size; its cases run in another shard");
+  return chosen;
+}
+
 // Weight dtypes tested with an x dtype: the same, and the other common pairing.
 inline std::vector<DType> weight_dtypes_for(DType x) {
   return x == DType::kF32 ? std::vector<DType>{DType::kF32, DType::kBF16} : std::vector<DType>{x, DType::kF32};
