@@ -14,6 +14,8 @@ void check_within_tolerance(const BackwardRun& r) {
 // The backward grid in three doctest cases (its sizes dealt out in turn): whole, it took 491 of
 // the GPU suite's 493 s (H200, 12 cases at a time).
 constexpr int kBackwardGridShards = 3;
+// A shard without its TEST_CASE below would leave its sizes unchecked.
+static_assert(kBackwardGridShards == 3, "one TEST_CASE a shard below");
 
 void check_backward_grid(int shard) {
   // On sm_90 with 2-byte x: 12288-18432 keep x and dy in one CTA's shared memory (or registers

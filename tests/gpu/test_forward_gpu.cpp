@@ -12,6 +12,8 @@ namespace {
 // The forward grid in two doctest cases (its sizes dealt out in turn): whole, it took 384 s of
 // the GPU suite's 493 (H200, 12 cases at a time).
 constexpr int kForwardGridShards = 2;
+// A shard without its TEST_CASE below would leave its sizes unchecked.
+static_assert(kForwardGridShards == 2, "one TEST_CASE a shard below");
 
 void check_forward_grid(int shard) {
   // 40960 / 61440: 2-byte x rows of 4-element packs in 1024 threads' registers (sm_90; LayerNorm
