@@ -156,10 +156,12 @@ std_specs() {  # std_specs PHASES N...: one spec a line
 # through) in its own process, JOBS at a time (the GPU grids spend most of their time in the host's
 # fp64 reference, one case at a time); the logs one after the other in LOG, then the summed doctest
 # totals. Returns the worst exit code (77: BIN skipped itself, as without a GPU).
-# The GPU test cases that run longest (the reference grids, 2-6 minutes each on an H200 from a
-# cold cache), started first so that no long case starts last.
-LONG_GPU_CASES=("backward matches the fp64" "forward kernels match" "memory_efficient backward"
-  "quantized output: MXFP4" "fusions forward" "fusions backward" "quantized output: per-row"
+# The GPU test cases that run longest with their kernels precompiled (the host's fp64 reference
+# and inputs: 100-200 s each at 12 at a time on an H200, 2026-11-29), started first so that no
+# long case starts last.
+LONG_GPU_CASES=("generic kernels: forward matches" "generic kernels: backward matches" "backward matches the fp64"
+  "generic kernels: the memory_efficient" "memory_efficient backward" "generic kernels: many rows"
+  "forward kernels match" "fusions forward" "fusions backward" "quantized output: MXFP4" "quantized output: per-row"
   "quantized output: MXFP8" "quantized output: fp8" "fp32 residual stream")
 
 run_sharded() {
@@ -199,11 +201,22 @@ run_sharded() {
 }
 
 job_test() {
-  build
-  # The GPU tests' literal specs and the forward each backward runs first. Their reference grids
-  # compile on all cores themselves; the other cases would compile one kernel at a time.
-  grep -ohE '"(ada)?(layer|rms)norm\.[a-z0-9_.]+"' tests/gpu/*.cpp | tr -d '"' |
-    sed -E 'p; /\.bwd\./!d; s/\.bwd\./.fwd_train./; s/\.memory_efficient//; s/\.cfg_.*//' | sort -u >"$WORK/gpu_test_specs.txt"
+  if [[ ${CPU_TESTS:-1} == 1 ]]; then build; else build normjit_gpu_tests normjit-precompile; fi
+  # Every kernel the GPU cases compile (about 10000: NVRTC for them would take most of a call),
+  # compiled before the cases start: imported from the bundle scripts/gpu_test_bundle.sh made
+  # where it is carried (.gpu-test-bundle), the rest on every core. Else each case would compile
+  # its own, many one at a time, and the same forwards in several cases at once.
+  local bundle=.gpu-test-bundle/gpu_tests.$ARCH.njb.xz
+  if [[ -f $bundle ]]; then
+    xz -dc "$bundle" >"$WORK/gpu_tests.njb" &&
+      "$BUILD_DIR/normjit-precompile" --import "$WORK/gpu_tests.njb" -c "$NORMJIT_CACHE_DIR" >"$WORK/bundle_import.log" 2>&1 ||
+      say "importing $bundle failed (bundle_import.log); compiling its kernels here"
+    say "$(tail -1 "$WORK/bundle_import.log")"
+    rm -f "$WORK/gpu_tests.njb"
+  fi
+  BUILD_DIR=$BUILD_DIR scripts/gpu_test_specs.sh "$ARCH" ${GPU_TC:+"-tc=$GPU_TC"} >"$WORK/gpu_test_specs.txt" ||
+    say "listing the GPU tests' specs failed; the cases compile their own"
+  say "GPU test specs: $(wc -l <"$WORK/gpu_test_specs.txt")"
   # A spec that fails here is left to the tests, which report it themselves.
   precompile gpu_tests "$(nproc)" --manifest "$WORK/gpu_test_specs.txt"
   if [[ ${CPU_TESTS:-1} == 1 ]]; then

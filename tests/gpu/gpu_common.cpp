@@ -34,6 +34,31 @@ Shapes shapes_of(const Case& c) {
   return sh;
 }
 
+// The spec launch() resolves for a case (fresh cuMemAlloc buffers, 256-byte aligned, offset as
+// run_forward / run_backward offset them: the vector width follows the row stride and x_offset).
+Spec launch_spec(const Spec& s, const Case& c) {
+  if (s.block) return s;
+  const Shapes sh = shapes_of(c);
+  char* const base = reinterpret_cast<char*>(uintptr_t(1) << 20);
+  const int64_t off = c.x_offset;
+  LaunchArgs a;
+  a.row_stride = sh.stride;
+  a.x = base + off * (s.phase == Phase::kBackward && s.residual ? sh.rs : sh.xs);
+  a.y = a.dx = base + off * sh.xs;
+  a.dy = a.y;
+  if (s.residual) {
+    a.residual = a.dh_out = base + off * sh.rs;
+    a.h = a.dresidual = base + off * sh.rs;
+  }
+  if (quantizes(s.epilogue)) a.y_quant = base + (packs_fp4(s.epilogue) ? off / 2 : off);
+  return resolve(s, max_vec_for(s, a), listing_arch());
+}
+
+// Whether this run only lists its specs (listing mode): generic kernels and launches through a
+// runtime's compile mode list none.
+bool listing_only() { return listing_file() != nullptr; }
+bool lists_kernels() { return !use_generic_kernels() && !launch_through(); }
+
 // Launches through the kernel resolved for these pointers, with its workspace when backward.
 void launch(const Spec& spec, LaunchArgs a) {
   if (Runtime* rt = launch_through()) {  // Runtime::launch, as its compile mode says
@@ -74,8 +99,32 @@ void launch(const Spec& spec, LaunchArgs a) {
 
 }  // namespace
 
+int listing_arch() {
+  static const int arch = [] {
+    const char* env = std::getenv("NORMJIT_GPU_TEST_ARCH");
+    return env && *env ? std::atoi(env) : 90;
+  }();
+  return arch;
+}
+
+void list_specs(const std::vector<Spec>& resolved) {
+  static std::mutex mutex;
+  static FILE* const file = std::fopen(listing_file(), "a");  // flushed a call at a time, closed at exit
+  if (!file) throw std::runtime_error(std::string("NORMJIT_GPU_TEST_LIST_SPECS: cannot append to ") + listing_file());
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const Spec& s : resolved) std::fprintf(file, "%s\n", s.str().c_str());
+  std::fflush(file);
+}
+
 ForwardRun run_forward(const Case& c) {
   const Spec s = c.spec.phase == Phase::kBackward ? forward_of(c.spec) : c.spec;
+  if (listing_only()) {
+    if (lists_kernels()) list_specs({launch_spec(s, c)});
+    ForwardRun empty;  // inputs and outputs of the right sizes, zero, for the cases that read them
+    empty.x.resize(shapes_of(c).elems * dtype_size(s.x_dtype));
+    empty.y.resize(empty.x.size());
+    return empty;
+  }
   const Shapes sh = shapes_of(c);
   const bool training = s.phase == Phase::kForwardTraining;
   const bool has_mean = training && subtracts_mean(s.norm);
@@ -368,6 +417,14 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
   const Spec& s = c.spec;
   const Shapes sh = shapes_of(c);
   const ForwardRun fwd = run_forward(c);  // mean, rstd and mask from the GPU forward
+  if (listing_only()) {
+    if (lists_kernels()) list_specs({launch_spec(s, c)});
+    BackwardRun empty;  // outputs of the right sizes, zero, for the cases that read them
+    empty.dx_bytes.resize(fwd.x.size());
+    empty.dgamma_bytes.resize(sh.groups * sh.n * sh.ws);
+    empty.dbeta_bytes.resize(empty.dgamma_bytes.size());
+    return empty;
+  }
   // A residual spec's backward reads h, the forward's normalized input, and adds dh_out to dx.
   const std::vector<char>& x_host = s.residual ? fwd.h : fwd.x;
   const std::vector<char> dy_host = random_tensor(s.x_dtype, sh.elems, 0.0, 1.0);

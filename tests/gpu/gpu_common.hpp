@@ -12,6 +12,7 @@
 #include <cstring>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <mutex>
 #include <thread>
@@ -23,7 +24,24 @@
 namespace gpu_test {
 using namespace normjit;
 
+// Listing mode (NORMJIT_GPU_TEST_LIST_SPECS=FILE; gpu_main.cpp): no GPU work. warm() and the runners
+// append to FILE each resolved spec they would compile, for NORMJIT_GPU_TEST_ARCH (default 90),
+// and return at once, so that scripts/device.sh compiles the whole suite's kernels in one
+// normjit-precompile run before the tests, on every core, several to an NVRTC program.
+inline const char* listing_file() {
+  static const char* path = [] {
+    const char* p = std::getenv("NORMJIT_GPU_TEST_LIST_SPECS");
+    return p && *p ? p : nullptr;
+  }();
+  return path;
+}
+int listing_arch();
+// Appends resolved specs to the listing file (one a line; duplicates are left to the reader).
+void list_specs(const std::vector<Spec>& resolved);
+
 inline Runtime& runtime() {
+  // In listing mode a case stops at its first GPU work (its specs listed so far stay listed).
+  if (listing_file()) throw std::runtime_error("listing mode (NORMJIT_GPU_TEST_LIST_SPECS): no GPU work");
   static Runtime rt(0);
   return rt;
 }
@@ -268,6 +286,12 @@ BackwardRun check_backward_case(const Case& c);
 
 // Compiles (or loads) many specs on all cores before the checks run.
 inline void warm(const std::vector<Spec>& specs) {
+  if (listing_file()) {
+    std::vector<Spec> resolved;
+    for (const Spec& s : specs) resolved.push_back(resolve(s, 16, listing_arch()));
+    list_specs(resolved);
+    return;
+  }
   runtime();
   std::atomic<size_t> next{0};
   std::vector<std::thread> threads;

@@ -19,7 +19,16 @@ const std::vector<int64_t> kGenericNs = {1,     7,     127,   256,   1000,  1024
                                          8192,  12289, 18432, 20001, 32768, 40008, 50000, 65536, 65608,
                                          98312, 131072, 131112, 262144};
 
-std::vector<Case> generic_cases(Phase phase) { return ops_grid_cases(phase, grid_ns(kGenericNs)); }
+// The two grids in two doctest cases each, their sizes dealt out in turn: whole, each took about
+// 200 s, the last to finish of a 300 s GPU suite (H200, 12 cases at a time).
+constexpr int kGenericGridShards = 2;
+// A shard without its TEST_CASE below would leave its sizes unchecked.
+static_assert(kGenericGridShards == 2, "one TEST_CASE a shard below, for each grid");
+
+std::vector<Case> generic_cases(Phase phase, int shard) {
+  const std::vector<int64_t> ns = grid_shard(grid_ns(kGenericNs), shard, kGenericGridShards);
+  return ns.empty() ? std::vector<Case>{} : ops_grid_cases(phase, ns);
+}
 
 // A backward case's forward (training, with bias_in where given) against fp64; the mask and h
 // bit for bit where the spec writes them.
@@ -43,14 +52,12 @@ void check_forward_then_backward(const Case& c, bool bias_in = false) {
   CHECK(b.dbeta <= 1.0);
 }
 
-}  // namespace
-
-TEST_CASE("generic kernels: forward matches the fp64 reference over ops x dtypes x N x rows") {
+void check_generic_forward_grid(int shard) {
   GenericKernelsOn generic;
   const uint64_t compiles = runtime().counters().compiles;
   int checked = 0;
   for (Phase phase : {Phase::kForwardTraining, Phase::kForwardInference})
-    for (const Case& c : generic_cases(phase)) {
+    for (const Case& c : generic_cases(phase, shard)) {
       const std::string name = c.spec.str();
       CAPTURE(name);
       CAPTURE(c.rows);
@@ -58,13 +65,14 @@ TEST_CASE("generic kernels: forward matches the fp64 reference over ops x dtypes
       ++checked;
     }
   CHECK(runtime().counters().compiles == compiles);  // no NVRTC
-  MESSAGE(checked << " generic forward cases on " << runtime().device().name);
+  MESSAGE(checked << " generic forward cases on " << runtime().device().name << " (shard " << shard + 1 << " of "
+                  << kGenericGridShards << ")");
 }
 
-TEST_CASE("generic kernels: backward matches the fp64 reference over ops x dtypes x N x rows") {
+void check_generic_backward_grid(int shard) {
   GenericKernelsOn generic;
   int checked = 0;
-  for (const Case& c : generic_cases(Phase::kBackward)) {
+  for (const Case& c : generic_cases(Phase::kBackward, shard)) {
     const std::string name = c.spec.str();
     CAPTURE(name);
     CAPTURE(c.rows);
@@ -76,7 +84,23 @@ TEST_CASE("generic kernels: backward matches the fp64 reference over ops x dtype
     CHECK(r.dbeta <= 1.0);
     ++checked;
   }
-  MESSAGE(checked << " generic backward cases on " << runtime().device().name);
+  MESSAGE(checked << " generic backward cases on " << runtime().device().name << " (shard " << shard + 1 << " of "
+                  << kGenericGridShards << ")");
+}
+
+}  // namespace
+
+TEST_CASE("generic kernels: forward matches the fp64 reference over ops x dtypes x N x rows, shard 1 of 2") {
+  check_generic_forward_grid(0);
+}
+TEST_CASE("generic kernels: forward matches the fp64 reference over ops x dtypes x N x rows, shard 2 of 2") {
+  check_generic_forward_grid(1);
+}
+TEST_CASE("generic kernels: backward matches the fp64 reference over ops x dtypes x N x rows, shard 1 of 2") {
+  check_generic_backward_grid(0);
+}
+TEST_CASE("generic kernels: backward matches the fp64 reference over ops x dtypes x N x rows, shard 2 of 2") {
+  check_generic_backward_grid(1);
 }
 
 TEST_CASE("generic kernels: epilogues, zero-centred weights, strided and unaligned rows") {
