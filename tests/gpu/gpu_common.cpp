@@ -102,7 +102,14 @@ void launch(const Spec& spec, LaunchArgs a) {
 int listing_arch() {
   static const int arch = [] {
     const char* env = std::getenv("NORMJIT_GPU_TEST_ARCH");
-    return env && *env ? std::atoi(env) : 90;
+    if (!env || !*env) return 90;
+    char* end = nullptr;
+    const long value = std::strtol(env, &end, 10);
+    if (*end != '\0' || value < 50 || value > 999) {
+      std::fprintf(stderr, "gpu tests: NORMJIT_GPU_TEST_ARCH='%s' is not an SM version such as 90\n", env);
+      std::exit(2);
+    }
+    return static_cast<int>(value);
   }();
   return arch;
 }
