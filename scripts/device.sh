@@ -220,6 +220,7 @@ job_test() {
   say "GPU test specs: $(wc -l <"$WORK/gpu_test_specs.txt")"
   # A spec that fails here is left to the tests, which report it themselves.
   precompile gpu_tests "$(nproc)" --manifest "$WORK/gpu_test_specs.txt"
+  touch "$WORK/precompiled.mark"  # kernels the cases compile after this: what the listing missed
   if [[ ${CPU_TESTS:-1} == 1 ]]; then
     ctest --test-dir "$BUILD_DIR" --output-on-failure -E '^normjit_gpu_tests$' >"$WORK/cpu_tests.log" 2>&1 || STATUS=1
     say "ctest (all but normjit_gpu_tests): $(grep -E 'tests passed|tests failed' "$WORK/cpu_tests.log")"
@@ -249,6 +250,8 @@ job_test() {
       grep -E '^\[doctest\] (test cases|assertions|Status)' "$WORK/gpu_tests.log" | tail -3
       echo "slowest cases (wall seconds, ${GPU_JOBS:-12} at a time):"
       sort -rn "$WORK/gpu_tests_seconds.tsv" 2>/dev/null | head -8 | sed 's/^/  /'; } | md
+    say "kernels the cases compiled themselves (not listed ahead): $(find "$NORMJIT_CACHE_DIR" -name '*.kernel' \
+      -newer "$WORK/precompiled.mark" | wc -l)"
   fi
   if [[ -n $memcheck_pid ]]; then
     wait "$memcheck_pid"
