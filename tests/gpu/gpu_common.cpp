@@ -127,10 +127,7 @@ ForwardRun run_forward(const Case& c) {
   const Spec s = c.spec.phase == Phase::kBackward ? forward_of(c.spec) : c.spec;
   if (listing_only()) {
     if (lists_kernels()) list_specs({launch_spec(s, c)});
-    ForwardRun empty;  // inputs and outputs of the right sizes, zero, for the cases that read them
-    empty.x.resize(shapes_of(c).elems * dtype_size(s.x_dtype));
-    empty.y.resize(empty.x.size());
-    return empty;
+    return {};
   }
   const Shapes sh = shapes_of(c);
   const bool training = s.phase == Phase::kForwardTraining;
@@ -427,7 +424,7 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
   if (listing_only()) {
     if (lists_kernels()) list_specs({launch_spec(s, c)});
     BackwardRun empty;  // outputs of the right sizes, zero, for the cases that read them
-    empty.dx_bytes.resize(fwd.x.size());
+    empty.dx_bytes.resize(sh.elems * sh.xs);
     empty.dgamma_bytes.resize(sh.groups * sh.n * sh.ws);
     empty.dbeta_bytes.resize(empty.dgamma_bytes.size());
     return empty;
