@@ -26,8 +26,8 @@ using namespace normjit;
 
 // Listing mode (NORMJIT_GPU_TEST_LIST_SPECS=FILE; gpu_main.cpp): no GPU work. warm() and the runners
 // append to FILE each resolved spec they would compile, for NORMJIT_GPU_TEST_ARCH (default 90),
-// and return at once, so that scripts/device.sh compiles the whole suite's kernels in one
-// normjit-precompile run before the tests, on every core, several to an NVRTC program.
+// and return at once, so that the whole suite's kernels are compiled before the cases run: into a
+// bundle here (scripts/gpu_test_bundle.sh), or on every core of the device (scripts/device.sh test).
 inline const char* listing_file() {
   static const char* path = [] {
     const char* p = std::getenv("NORMJIT_GPU_TEST_LIST_SPECS");
