@@ -54,9 +54,8 @@ Spec launch_spec(const Spec& s, const Case& c) {
   return resolve(s, max_vec_for(s, a), listing_arch());
 }
 
-// Whether this run only lists its specs (listing mode): generic kernels and launches through a
-// runtime's compile mode list none.
-bool listing_only() { return listing_file() != nullptr; }
+// Whether a run in listing mode lists its kernel: generic kernels and launches through a
+// runtime's compile mode compile none ahead.
 bool lists_kernels() { return !use_generic_kernels() && !launch_through(); }
 
 // Launches through the kernel resolved for these pointers, with its workspace when backward.
@@ -125,7 +124,7 @@ void list_specs(const std::vector<Spec>& resolved) {
 
 ForwardRun run_forward(const Case& c) {
   const Spec s = c.spec.phase == Phase::kBackward ? forward_of(c.spec) : c.spec;
-  if (listing_only()) {
+  if (listing_file()) {
     if (lists_kernels()) list_specs({launch_spec(s, c)});
     return {};
   }
@@ -421,7 +420,7 @@ BackwardRun run_backward(const Case& c, int reps, std::vector<std::vector<char>>
   const Spec& s = c.spec;
   const Shapes sh = shapes_of(c);
   const ForwardRun fwd = run_forward(c);  // mean, rstd and mask from the GPU forward
-  if (listing_only()) {
+  if (listing_file()) {
     if (lists_kernels()) list_specs({launch_spec(s, c)});
     BackwardRun empty;  // outputs of the right sizes, zero, for the cases that read them
     empty.dx_bytes.resize(sh.elems * sh.xs);
