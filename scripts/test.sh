@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the build needs (Debian/Ubuntu, as root), builds normjit and its tests, runs ctest,
-# then installs the Python package (pip install . into $BUILD_DIR/venv, with torch and pytest, which
-# download meanwhile) and runs its tests, and scripts/wheel_check.sh (WHEEL_CHECK=0: not). GPU
-# tests are reported as skipped when no GPU is present. PYTHON_TESTS=0: C++ only.
+# and beside it installs the Python package (pip install . into $BUILD_DIR/venv, with torch and
+# pytest, which download while the C++ side builds) and runs scripts/wheel_check.sh (WHEEL_CHECK=0:
+# not); then the package's tests. GPU tests are reported as skipped when no GPU is present.
+# PYTHON_TESTS=0: C++ only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -33,8 +34,9 @@ if [[ $python_tests == 1 ]]; then
   [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
   pip_log=$BUILD_DIR/pip-install.log
   if ! "$venv/bin/python" -c "import torch, numpy, pytest, nanobind, scikit_build_core" 2>/dev/null; then
-    "$venv/bin/pip" install -q --disable-pip-version-check torch numpy pytest nanobind scikit-build-core \
-      >"$pip_log" 2>&1 &
+    rm -f "$pip_log.rc"
+    { "$venv/bin/pip" install -q --disable-pip-version-check torch numpy pytest nanobind scikit-build-core \
+        >"$pip_log" 2>&1; echo $? >"$pip_log.rc"; } &
     pip_pid=$!
     trap 'kill "$pip_pid" 2>/dev/null || true' EXIT  # a failed C++ step leaves no download behind
   fi
@@ -46,24 +48,45 @@ cd "$BUILD_DIR"
 if [ "$*" != "-N" ] && ! tests/normjit_gpu_tests --list-test-cases >/dev/null 2>&1; then
   tests/normjit_gpu_tests | head -1 || true  # exits 77 by design
 fi
-# In parallel: the fuzz test's clang builds fill the cores that normjit_tests' serial cases leave idle.
-ctest --output-on-failure -j "$(nproc)" "$@"
 cd - >/dev/null
 
+# The Python builds (the package into the venv, and scripts/wheel_check.sh's isolated wheel) run
+# beside ctest at low priority, on the cycles its serial cases leave idle. They embed the generic
+# kernels the C++ build just compiled (about 5 minutes each otherwise): same tree, same images.
 if [[ $python_tests == 1 ]]; then
-  if [[ -n ${pip_pid:-} ]] && ! wait "$pip_pid"; then
-    cat "$pip_log" >&2
-    echo "pip install of the Python tests' packages failed (above)" >&2
-    exit 1
-  fi
-  # The Python builds embed the generic kernels the C++ build just compiled (about 5 minutes each
-  # otherwise): same tree, same images.
   generic_cpp=$(cd "$BUILD_DIR" && pwd)/generated/generic_images.cpp
   if [[ -f $generic_cpp ]]; then export NORMJIT_GENERIC_PREBUILT=$generic_cpp; fi
-  "$venv/bin/pip" install -q --disable-pip-version-check --no-build-isolation \
-    ${NORMJIT_GENERIC_PREBUILT:+-C cmake.define.NORMJIT_GENERIC_PREBUILT=$NORMJIT_GENERIC_PREBUILT} .
+  py_install_log=$BUILD_DIR/python-install.log wheel_log=$BUILD_DIR/wheel-check.log
+  (
+    if [[ -n ${pip_pid:-} ]]; then  # a sibling, not a child: its status comes through a file
+      while kill -0 "$pip_pid" 2>/dev/null; do sleep 2; done
+      if [[ $(cat "$pip_log.rc" 2>/dev/null) != 0 ]]; then
+        cat "$pip_log"; echo "pip install of the Python tests' packages failed (above)"; exit 1
+      fi
+    fi
+    nice -n 10 "$venv/bin/pip" install -q --disable-pip-version-check \
+      --no-build-isolation ${NORMJIT_GENERIC_PREBUILT:+-C cmake.define.NORMJIT_GENERIC_PREBUILT=$NORMJIT_GENERIC_PREBUILT} .
+  ) >"$py_install_log" 2>&1 &
+  py_install_pid=$!
+  if [[ ${WHEEL_CHECK:-1} == 1 ]]; then
+    nice -n 10 bash scripts/wheel_check.sh >"$wheel_log" 2>&1 &
+    wheel_pid=$!
+  fi
+  trap 'kill ${pip_pid:-} ${py_install_pid:-} ${wheel_pid:-} 2>/dev/null || true' EXIT
+fi
+
+# In parallel: the fuzz test's clang builds fill the cores that normjit_tests' serial cases leave idle.
+(cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)" "$@")
+
+if [[ $python_tests == 1 ]]; then
+  if ! wait "$py_install_pid"; then
+    cat "$py_install_log" >&2; echo "installing the Python package failed (above)" >&2; exit 1
+  fi
   # From outside the source tree, so the tests import the installed package.
   (cd "$BUILD_DIR" && venv/bin/python -m pytest -ra -q -p no:cacheprovider "$root/tests/python")
   # The wheel as a user gets it: built in isolation, installed into a bare venv, run without the tree.
-  if [[ ${WHEEL_CHECK:-1} == 1 ]]; then bash scripts/wheel_check.sh | tail -1; fi
+  if [[ -n ${wheel_pid:-} ]]; then
+    if ! wait "$wheel_pid"; then cat "$wheel_log" >&2; echo "scripts/wheel_check.sh failed (above)" >&2; exit 1; fi
+    tail -1 "$wheel_log"
+  fi
 fi

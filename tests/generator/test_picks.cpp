@@ -12,6 +12,7 @@
 #include "generator/pick_table.hpp"
 #include "normjit/normjit.hpp"
 #include "tests/compile_batches.hpp"
+#include "tests/compile_record.hpp"
 #include "tests/generator/picks_summary.hpp"
 
 using namespace normjit;
@@ -275,24 +276,26 @@ TEST_CASE("every block of every table row compiles without local memory at the t
         CHECK_MESSAGE(applies, "a block of a row of " << table->name << " applies nowhere in its range");
       }
   }
-  std::mutex mutex;
   std::vector<std::string> failures;
-  std::set<std::string> spills;
   std::vector<testing::CompileJob> compile_jobs;
   for (const Job& j : jobs) compile_jobs.push_back({j.spec, Target{j.sm}});
+  // Recorded compiles (tests/compile_record.hpp): a job whose kernel cache key is in the record
+  // takes its recorded report, every 32nd is compiled to check it, the rest are compiled.
   // One spec a program: a fifth of these blocks spill at the top of their rows, and a batch
   // compiles each spilling member again alone (batched, the test took 417 s against 324).
-  testing::compile_in_batches(compile_jobs, [&](size_t i, const testing::CompiledJob& c) {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (!c.error.empty()) {
-      failures.push_back(c.error);
-      return;
-    }
-    for (const KernelResources& k : c.resources)
+  const testing::RecordedCompiles compiled = testing::compile_with_record(
+      compile_jobs, std::string(NORMJIT_GOLDEN_DIR) + "/spill_check_record.txt",
+      [&](size_t, const testing::CompiledJob& c) {
+        if (!c.error.empty()) failures.push_back(c.error);
+      },
+      /*batch=*/1);
+  failures.insert(failures.end(), compiled.failures.begin(), compiled.failures.end());
+  std::set<std::string> spills;
+  for (size_t i = 0; i < jobs.size(); ++i)
+    for (const KernelResources& k : compiled.resources[i])
       if (k.spill_store_bytes > 0 || k.spill_load_bytes > 0 || k.stack_frame_bytes > 0)
         spills.insert(jobs[i].spec.str() + " sm_" + std::to_string(jobs[i].sm) + " " + k.function + " " +
                       std::to_string(k.stack_frame_bytes) + " B");
-  }, /*batch=*/1);
   for (const auto& f : failures) FAIL_CHECK(f);
   const std::string path = std::string(NORMJIT_GOLDEN_DIR) + "/known_spills.txt";
   if (const char* update = std::getenv("NORMJIT_UPDATE_GOLDEN"); update && std::string(update) == "1") {
@@ -309,7 +312,8 @@ TEST_CASE("every block of every table row compiles without local memory at the t
     if (!known.count(s)) FAIL_CHECK("new local memory: " << s);
   for (const auto& s : known)
     if (!spills.count(s)) FAIL_CHECK("listed in known_spills.txt but no longer spills (update the list): " << s);
-  MESSAGE(jobs.size() << " table blocks compiled at the top of their rows; " << spills.size() << " known spills");
+  MESSAGE(jobs.size() << " table blocks at the top of their rows: " << compiled.summary() << "; " << spills.size()
+                       << " known spills");
 }
 
 namespace {

@@ -1,11 +1,14 @@
 // NVRTC compiles every forward specialization for sm_90 without a GPU.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <map>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string_view>
@@ -13,6 +16,7 @@
 
 #include "normjit/normjit.hpp"
 #include "tests/compile_batches.hpp"
+#include "tests/compile_record.hpp"
 #include "tests/runtime/pinned_specs.hpp"
 #include "tools/manifest.hpp"
 
@@ -160,51 +164,59 @@ TEST_CASE("every specialization compiles for sm_90 over a grid of N") {
   for (const Spec& s : tools::read_manifest(NORMJIT_DEFAULT_MANIFEST))
     if (Spec r = resolve(s); seen.insert(r.str()).second) specs.push_back(r);
 
-  std::mutex mutex;
   std::vector<std::string> failures;
   std::vector<double> ms;
+  std::vector<testing::CompileJob> jobs;
+  for (const Spec& s : specs) jobs.push_back({s, Target{90}});
+  // Recorded compiles (tests/compile_record.hpp): a spec whose kernel cache key is in the record
+  // takes its recorded ptxas report, every 32nd is compiled to check it, the rest are compiled.
+  // What only a compile shows (a cubin, its frame sizes against ptxas's) is checked on those.
+  const testing::RecordedCompiles compiled = testing::compile_with_record(
+      jobs, std::string(NORMJIT_GOLDEN_DIR) + "/compile_grid_record.txt",
+      [&](size_t i, const testing::CompiledJob& c) {
+        if (!c.error.empty()) {
+          failures.push_back(c.error);
+          return;
+        }
+        const CompileResult& r = c.result;
+        ms.push_back(r.milliseconds);
+        if (r.binary.image.size() < 256 || r.binary.is_ptx) failures.push_back(specs[i].str() + ": no cubin");
+        if (c.resources.empty()) failures.push_back(specs[i].str() + ": no ptxas report in the log");
+        const auto frames = cubin_frame_bytes(r.binary.image);
+        if (!frames) failures.push_back(specs[i].str() + ": cubin_frame_bytes could not read the cubin");
+        for (const KernelResources& k : c.resources)
+          if (frames && (!frames->count(k.function) || frames->at(k.function) != k.stack_frame_bytes))
+            failures.push_back(specs[i].str() + ": " + k.function + ": the cubin's frame size differs from ptxas's " +
+                               std::to_string(k.stack_frame_bytes) + " B");
+      },
+      /*batch=*/8);
+  failures.insert(failures.end(), compiled.failures.begin(), compiled.failures.end());
   // The ptxas resource report of every configuration the heuristic picks: written beside the
   // test, and any local-memory spill fails it.
   std::ofstream report("ptxas_report.csv");
   report << "spec,function,registers,stack_frame_bytes,spill_store_bytes,spill_load_bytes\n";
   size_t functions = 0, within_allowance = 0;
-  std::vector<testing::CompileJob> jobs;
-  for (const Spec& s : specs) jobs.push_back({s, Target{90}});
-  testing::compile_in_batches(jobs, [&](size_t i, const testing::CompiledJob& c) {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (!c.error.empty()) {
-      failures.push_back(c.error);
-      return;
-    }
-    const CompileResult& r = c.result;
-    ms.push_back(r.milliseconds);
-    if (r.binary.image.size() < 256 || r.binary.is_ptx) failures.push_back(specs[i].str() + ": no cubin");
-    if (c.resources.empty()) failures.push_back(specs[i].str() + ": no ptxas report in the log");
-    const auto frames = cubin_frame_bytes(r.binary.image);
-    if (!frames) failures.push_back(specs[i].str() + ": cubin_frame_bytes could not read the cubin");
-    for (const KernelResources& k : c.resources) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const int allowance = compiled.resources[i].empty() ? 0 : spill_allowance_bytes(specs[i]);
+    for (const KernelResources& k : compiled.resources[i]) {
       ++functions;
       report << specs[i].str() << ',' << k.function << ',' << k.registers << ',' << k.stack_frame_bytes << ','
              << k.spill_store_bytes << ',' << k.spill_load_bytes << '\n';
-      if (frames && (!frames->count(k.function) || frames->at(k.function) != k.stack_frame_bytes))
-        failures.push_back(specs[i].str() + ": " + k.function + ": the cubin's frame size differs from ptxas's " +
-                           std::to_string(k.stack_frame_bytes) + " B");
       // Capped kernels may keep the spill their source allows for the CTAs it asks.
-      if (k.stack_frame_bytes > c.src.spill_allowance_bytes ||
-          (c.src.spill_allowance_bytes == 0 && (k.spill_store_bytes > 0 || k.spill_load_bytes > 0))) {
+      if (k.stack_frame_bytes > allowance || (allowance == 0 && (k.spill_store_bytes > 0 || k.spill_load_bytes > 0))) {
         failures.push_back(specs[i].str() + ": " + k.function + " uses local memory (" +
                            std::to_string(k.stack_frame_bytes) + " B stack, " + std::to_string(k.spill_store_bytes) +
-                           " B spill stores; " + std::to_string(c.src.spill_allowance_bytes) + " B allowed)");
+                           " B spill stores; " + std::to_string(allowance) + " B allowed)");
       } else if (k.stack_frame_bytes > 0) {
         ++within_allowance;
       }
     }
-  });
+  }
   for (const auto& f : failures) FAIL_CHECK(f);
-  CHECK(ms.size() == specs.size());
+  CHECK(ms.size() == compiled.compiled_count());
   std::sort(ms.begin(), ms.end());
-  MESSAGE(specs.size() << " kernels compiled for sm_90, eight to a program where they batch; median "
-                        << ms[ms.size() / 2] << " ms per kernel (this CPU); "
+  MESSAGE(specs.size() << " kernels for sm_90, eight to a program where they batch: " << compiled.summary()
+                        << "; median " << (ms.empty() ? 0.0 : ms[ms.size() / 2]) << " ms per compiled kernel (this CPU); "
                         << functions << " functions in ptxas_report.csv, none with local memory past its "
                         << "source's allowance (" << within_allowance << " within it)");
   CHECK(functions >= specs.size());
@@ -365,6 +377,56 @@ std::map<std::string, std::string> function_code(const std::vector<char>& cubin)
   return out;
 }
 }  // namespace
+
+TEST_CASE("a compile record stands in for a compile of the same key, and a check catches a wrong entry") {
+  const std::vector<testing::CompileJob> jobs = {
+      {resolve(Spec::parse("rmsnorm.fwd_infer.bf16.w_bf16.n64")), Target{90}},
+      {resolve(Spec::parse("layernorm.bwd.bf16.w_f32.n512.bias")), Target{90}}};
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("normjit-test-record-" + std::to_string(::getpid()) + ".txt")).string();
+  std::filesystem::remove(path);
+  size_t calls = 0;
+  auto count = [&](size_t, const testing::CompiledJob& c) {
+    CHECK(c.error.empty());
+    ++calls;
+  };
+  // No record: every job compiled.
+  const testing::RecordedCompiles first = testing::compile_with_record(jobs, path, count, 8);
+  CHECK(calls == 2);
+  CHECK(first.compiled_count() == 2);
+  CHECK(first.not_recorded == 2);
+  REQUIRE(first.failures.empty());
+  REQUIRE(!first.resources[1].empty());
+  // A record of both, the second written wrong: the first recorded job is checked, the second
+  // taken as recorded.
+  auto line = [&](size_t i, const std::vector<KernelResources>& kernels) {
+    const GeneratedSource src = generate(jobs[i].spec);
+    return jobs[i].spec.str() + " sm_90 " + DiskCache::key(src, jobs[i].target) + " " +
+           testing::record_detail::format(kernels, src.kernel_name) + "\n";
+  };
+  std::vector<KernelResources> wrong = first.resources[1];
+  wrong[0].registers += 1;
+  std::ofstream(path) << "# test\n" << line(0, first.resources[0]) << line(1, wrong);
+  calls = 0;
+  const testing::RecordedCompiles second = testing::compile_with_record(jobs, path, count, 8);
+  CHECK(calls == 1);
+  CHECK(second.verified == 1);
+  CHECK(second.from_record == 1);
+  CHECK(second.failures.empty());
+  // As recorded, not compiled.
+  const auto taken = std::find_if(second.resources[1].begin(), second.resources[1].end(),
+                                  [&](const KernelResources& k) { return k.function == wrong[0].function; });
+  REQUIRE(taken != second.resources[1].end());
+  CHECK(taken->registers == wrong[0].registers);
+  // The wrongly recorded job first: it is the one checked, and the check fails naming its spec.
+  std::ofstream(path) << line(1, wrong) << line(0, first.resources[0]);
+  const testing::RecordedCompiles third = testing::compile_with_record(
+      std::vector<testing::CompileJob>{jobs[1], jobs[0]}, path, count, 8);
+  REQUIRE(third.failures.size() == 1);
+  CHECK(third.failures[0].find("the compile record disagrees with a compile of " + jobs[1].spec.str()) !=
+        std::string::npos);
+  std::filesystem::remove(path);
+}
 
 TEST_CASE("compile_batch_groups: items of one key in groups of at most `batch`, in order") {
   const std::vector<std::string> keys = {"sm_90 fwd", "sm_90 bwd", "sm_90 fwd", "", "sm_90 fwd", "sm_90 bwd"};
