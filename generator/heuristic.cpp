@@ -119,8 +119,9 @@ TableBlock parse_block(const std::string& name, int line, std::string_view text)
   if (by_packs) tb.packs_per_thread = static_cast<int>(*lead);
   if (tb.even_only && by_packs) bad_table(name, line, "@even needs a fixed thread count (t<T>)");
   if (tb.whole_warp_groups && !by_packs) bad_table(name, line, "@warps4 needs a thread count from packs (p<K>)");
-  if (tb.ragged && (tb.block.cluster < 2 || (tb.block.cache != RowCache::kShared && tb.block.cache != RowCache::kRegisters)))
-    bad_table(name, line, "@ragged needs a cluster (c<C>) of rows in registers or smem");
+  if (tb.ragged && (tb.block.cluster < 2 || (tb.block.cache != RowCache::kShared && tb.block.cache != RowCache::kRegisters &&
+                                              !(tb.block.cache == RowCache::kSharedPipelined && tb.block.bulk_copy))))
+    bad_table(name, line, "@ragged needs a cluster (c<C>) of rows in registers, smem or tma (the backward's)");
   return tb;
 }
 

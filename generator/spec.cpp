@@ -391,10 +391,13 @@ void validate(const Spec& s) {
       why = "must be a power of two <= 16";
     else if (sub_warp || b.cache == RowCache::kGlobal)
       why = "needs CTA-wide rows (threads_per_row > 32) held in registers or shared memory";
-    else if (ragged_segments(s, b) && b.cache == RowCache::kSharedPipelined)
+    else if (ragged_segments(s, b) && b.cache == RowCache::kSharedPipelined &&
+             (s.phase != Phase::kBackward || !b.bulk_copy))
       why = packs % b.cluster != 0
-                ? "must divide the row's packs (n / vec): uneven segments are for rows in registers or smem"
-                : "must leave each CTA whole scale blocks: uneven segments are for rows in registers or smem";
+                ? "must divide the row's packs (n / vec): uneven segments are for rows in registers or smem, "
+                  "and the backward's tma rows"
+                : "must leave each CTA whole scale blocks: uneven segments are for rows in registers or smem, "
+                  "and the backward's tma rows";
     else if (last_segment_packs(s, b) < 1)
       why = "leaves the last CTA no packs (n / vec rounded up per CTA)";
     else if (!segments_hold_whole_epilogue_units(s, b) && s.epilogue == Epilogue::kReluBitmask)

@@ -86,15 +86,20 @@ struct RecordedCompiles {
   }
 };
 
+// kFromEnvironment: as the variables above say; kUseRecord: the record only (the helper's own test).
+enum class RecordMode { kFromEnvironment, kUseRecord };
+
 // Compiles jobs through compile_in_batches (batch as there), or takes them from the record at
 // record_path. on_compiled(i, compiled) is called for each compiled job from the worker threads,
 // under the helper's lock.
 template <class OnCompiled>
 RecordedCompiles compile_with_record(const std::vector<CompileJob>& jobs, const std::string& record_path,
-                                     OnCompiled&& on_compiled, size_t batch) {
-  const bool update = record_detail::env_is_1("NORMJIT_UPDATE_GOLDEN");
+                                     OnCompiled&& on_compiled, size_t batch,
+                                     RecordMode mode = RecordMode::kFromEnvironment) {
+  const bool from_env = mode == RecordMode::kFromEnvironment;
+  const bool update = from_env && record_detail::env_is_1("NORMJIT_UPDATE_GOLDEN");
   RecordedCompiles out;
-  out.full = update || record_detail::env_is_1("NORMJIT_COMPILE_RECORD_FULL");
+  out.full = update || (from_env && record_detail::env_is_1("NORMJIT_COMPILE_RECORD_FULL"));
   out.path = record_path;
   out.resources.resize(jobs.size());
   out.compiled.assign(jobs.size(), false);

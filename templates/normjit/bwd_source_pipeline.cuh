@@ -19,14 +19,15 @@ __device__ __forceinline__ void bwd_fill_buffer(const NormParams& p, const BwdWa
   constexpr int kVec = Cfg::kVec;
   if constexpr (kBulk) {
     if (threadIdx.x == 0 && block < w.row_blocks) {
-      constexpr unsigned kBytes = S::kSegment * sizeof(XT);
+      // A ragged cluster's last CTA copies its shorter segment (whole 16-byte packs either way).
+      const unsigned bytes = NORMJIT_SEGMENT_VECS(S) * kVec * sizeof(XT);
       static_assert(sizeof(YT) == sizeof(XT), "bulk-copied rows take x and dy of one type");
       const long long offset = (w.group * p.rows_per_group + block) * p.row_stride + w.segment_col;
       XT* const to_x = rows + 2 * buffer * S::kSegment;
       fence_shared_for_bulk_copy();
-      expect_bulk_bytes(&ready[buffer], 2 * kBytes);
-      bulk_copy_to_shared(to_x, static_cast<const XT*>(p.x) + offset, kBytes, &ready[buffer]);
-      bulk_copy_to_shared(to_x + S::kSegment, static_cast<const YT*>(p.dy) + offset, kBytes, &ready[buffer]);
+      expect_bulk_bytes(&ready[buffer], 2 * bytes);
+      bulk_copy_to_shared(to_x, static_cast<const XT*>(p.x) + offset, bytes, &ready[buffer]);
+      bulk_copy_to_shared(to_x + S::kSegment, static_cast<const YT*>(p.dy) + offset, bytes, &ready[buffer]);
     }
     return;
   }
@@ -36,7 +37,7 @@ __device__ __forceinline__ void bwd_fill_buffer(const NormParams& p, const BwdWa
 #pragma unroll
     for (int i = 0; i < S::kIters; ++i) {
       const int pack = i * S::kThreads + w.lane;
-      if (pack < S::kVecs) {
+      if (pack < NORMJIT_SEGMENT_VECS(S)) {
         copy_async<XT, kVec>(to_x + pack * kVec, static_cast<const XT*>(p.x) + offset + pack * kVec);
         copy_async<YT, kVec>(reinterpret_cast<YT*>(to_x + S::kSegment) + pack * kVec,
                              static_cast<const YT*>(p.dy) + offset + pack * kVec);
@@ -57,8 +58,6 @@ struct BwdPipelinedRows {
   static constexpr bool kBulk = kBulkCopy;
   static constexpr int kBuffers = Pipeline::kStages;
   static constexpr bool kStatsFirst = true;
-  static_assert(!S::kRagged, "a pipelined row's buffers take whole, equal segments");
-
   static __device__ __forceinline__ void init(unsigned long long* ready) { Pipeline::init(ready); }
 
   // The first row's statistics (kStatsAhead) and the first kStages - 1 rows' copies.

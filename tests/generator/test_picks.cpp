@@ -208,7 +208,7 @@ TEST_CASE("a bad pick table names the table, the line and the problem") {
       {"fwd * * x2 v8 1 8 p2_r1_v8_reg@even", "@even needs a fixed thread count"},
       {"fwd * * x2 v8 1 8 t256_r1_v8_reg@warps4", "@warps4 needs a thread count from packs (p<K>)"},
       {"fwd * * x2 v8 1 8 p2_r1_v8_c2_tma@warps4@four", "unknown block flag '@four'"},
-      {"fwd * * x2 v8 1 8 t256_r1_v8_pipe@ragged", "@ragged needs a cluster (c<C>) of rows in registers or smem"},
+      {"fwd * * x2 v8 1 8 t256_r1_v8_pipe@ragged", "@ragged needs a cluster (c<C>) of rows in registers, smem or tma (the backward's)"},
       {"fwd * * x2 v8 1 8 t256_r1_v8_c2_pipe@ragged", "@ragged needs a cluster"},
       {"fwd * * x2 v8 1 8 t32_r1_v8_reg t64_r1_v8_reg", "blocks are separated by ' | '"},
       {"fwd * * x2 v8 1 8 t32_r1_v8_cache", "bad block 't32_r1_v8_cache'"},

@@ -313,7 +313,8 @@ TEST_CASE("bad spec strings are rejected with a message naming the problem") {
       {"layernorm.fwd_train.bf16.w_bf16.n4096.cfg_t32_r4_v8_c2_reg", "cluster=2 needs CTA-wide rows"},
       {"layernorm.fwd_train.bf16.w_bf16.n32768.cfg_t1024_r1_v8_c2_gmem", "cluster=2 needs CTA-wide rows"},
       {"layernorm.fwd_train.bf16.w_bf16.n32768.cfg_t32_r1_v8_c2_reg", "cluster=2 needs CTA-wide rows"},
-      {"layernorm.bwd.bf16.w_bf16.n4104.cfg_t256_r1_v8_c2_pipe", "cluster=2 must divide the row's packs (n / vec): uneven segments are for rows in registers or smem"},
+      {"layernorm.bwd.bf16.w_bf16.n4104.cfg_t256_r1_v8_c2_pipe", "cluster=2 must divide the row's packs (n / vec): uneven segments are for rows in registers or smem, and the backward's tma rows"},
+      {"layernorm.fwd_train.bf16.w_bf16.n4104.cfg_t256_r1_v8_c2_tma", "cluster=2 must divide the row's packs (n / vec): uneven segments are for rows in registers or smem, and the backward's tma rows"},
       {"layernorm.fwd_train.bf16.w_bf16.n65608.cfg_t1024_r1_v8_c2_pipe", "cluster=2 must divide"},
       {"layernorm.fwd_train.bf16.w_bf16.n40.cfg_t64_r1_v8_c4_reg", "cluster=4 leaves the last CTA no packs"},
       {"layernorm.fwd_train.f32.w_f32.n4104.relu_bitmask.cfg_t256_r1_v4_c2_reg", "whole mask bytes"},
@@ -542,8 +543,9 @@ TEST_CASE("heuristic picks vector width, threads and row cache by hidden size") 
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n81920") == BlockConfig{640, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n73728") == BlockConfig{640, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
   CHECK(block("layernorm.bwd.bf16.w_f32.n73728.bias") == BlockConfig{640, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
-  // Packs that 8 CTAs do not split: 4-CTA one-buffer segments of up to 3 packs per thread.
-  CHECK(block("rmsnorm.bwd.bf16.w_f32.n73760") == BlockConfig{1024, 1, 8, RowCache::kShared, 4});
+  // Packs that 8 CTAs do not split (9220): the same bulk-copied rows with ragged segments, 1153
+  // packs a CTA and 1149 in the last, two a thread in whole four-warp groups.
+  CHECK(block("rmsnorm.bwd.bf16.w_f32.n73760") == BlockConfig{640, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
   CHECK(block("rmsnorm.bwd.bf16.w_f32.n114688") == BlockConfig{896, 1, 8, RowCache::kSharedPipelined, 8, 2, true});
   // Past 131072, 16 CTAs (non-portable); with dbeta, the split route on a GPU that cannot
   // co-schedule them (the runtime lowers max_cluster).

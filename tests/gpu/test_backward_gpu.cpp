@@ -162,9 +162,15 @@ TEST_CASE("pipelined rows (pipe, pipe3, pipe4, tma): later rows copied in while 
   }
 }
 
-TEST_CASE("ragged clusters backward: a row's CTAs take unequal segments, in shared memory and registers") {
+TEST_CASE("ragged clusters backward: a row's CTAs take unequal segments, in shared memory, registers and bulk copies") {
   // 65608: 8201 packs, 7 x 1026 + 1019 over 8 CTAs; the last CTA's partial columns are fewer.
+  // 50000: 6250 packs, 3 x 1563 + 1561 over 4; the last CTA's bulk copies are shorter.
   for (const char* text : {"rmsnorm.bwd.bf16.w_f32.n65608.cfg_t544_r1_v8_c8_smem",
+                           "layernorm.bwd.bf16.w_f32.n50000.bias.cfg_t800_r1_v8_c4_tma",
+                           "rmsnorm.bwd.bf16.w_f32.n65608.cfg_t544_r1_v8_c8_tma3",
+                           "layernorm.bwd.bf16.w_f32.n98312.bias.relu_bitmask.cfg_t640_r1_v8_c8_tma",
+                           "adalayernorm.bwd.bf16.w_f32.n50000.bias.cfg_t800_r1_v8_c4_tma",
+                           "layernorm.bwd.bf16.w_f32.n196600.bias.cfg_t768_r1_v8_c16_tma",  // 1536 x 15 + 1535
                            "layernorm.bwd.bf16.w_f32.n65608.bias.cfg_t544_r1_v8_c4_smem",  // dbeta sums in shared memory
                            "layernorm.bwd.bf16.w_f32.n98312.bias.relu_bitmask.cfg_t800_r1_v8_c8_smem",
                            "adalayernorm.bwd.f16.w_f32.n131112.bias.gelu.cfg_t704_r1_v8_c8_smem",

@@ -391,7 +391,7 @@ TEST_CASE("a compile record stands in for a compile of the same key, and a check
     ++calls;
   };
   // No record: every job compiled.
-  const testing::RecordedCompiles first = testing::compile_with_record(jobs, path, count, 8);
+  const testing::RecordedCompiles first = testing::compile_with_record(jobs, path, count, 8, testing::RecordMode::kUseRecord);
   CHECK(calls == 2);
   CHECK(first.compiled_count() == 2);
   CHECK(first.not_recorded == 2);
@@ -408,7 +408,7 @@ TEST_CASE("a compile record stands in for a compile of the same key, and a check
   wrong[0].registers += 1;
   std::ofstream(path) << "# test\n" << line(0, first.resources[0]) << line(1, wrong);
   calls = 0;
-  const testing::RecordedCompiles second = testing::compile_with_record(jobs, path, count, 8);
+  const testing::RecordedCompiles second = testing::compile_with_record(jobs, path, count, 8, testing::RecordMode::kUseRecord);
   CHECK(calls == 1);
   CHECK(second.verified == 1);
   CHECK(second.from_record == 1);
@@ -421,7 +421,7 @@ TEST_CASE("a compile record stands in for a compile of the same key, and a check
   // The wrongly recorded job first: it is the one checked, and the check fails naming its spec.
   std::ofstream(path) << line(1, wrong) << line(0, first.resources[0]);
   const testing::RecordedCompiles third = testing::compile_with_record(
-      std::vector<testing::CompileJob>{jobs[1], jobs[0]}, path, count, 8);
+      std::vector<testing::CompileJob>{jobs[1], jobs[0]}, path, count, 8, testing::RecordMode::kUseRecord);
   REQUIRE(third.failures.size() == 1);
   CHECK(third.failures[0].find("the compile record disagrees with a compile of " + jobs[1].spec.str()) !=
         std::string::npos);
