@@ -70,13 +70,12 @@ struct RecordedCompiles {
   // Per job: its kernels' ptxas report, compiled or recorded; empty where the compile failed
   // (on_compiled saw the error).
   std::vector<std::vector<KernelResources>> resources;
-  std::vector<bool> compiled;        // per job: compiled in this run
   std::vector<std::string> failures;  // compiled jobs that disagree with their record
-  size_t from_record = 0, verified = 0, not_recorded = 0;
+  size_t compiled = 0, from_record = 0, verified = 0, not_recorded = 0;
   bool full = false;
   std::string path;
 
-  size_t compiled_count() const { return static_cast<size_t>(std::count(compiled.begin(), compiled.end(), true)); }
+  size_t compiled_count() const { return compiled; }
   std::string summary() const {
     std::ostringstream s;
     s << compiled_count() << " compiled (" << verified << " of them to check the record), " << from_record
@@ -102,7 +101,6 @@ RecordedCompiles compile_with_record(const std::vector<CompileJob>& jobs, const 
   out.full = update || (from_env && record_detail::env_is_1("NORMJIT_COMPILE_RECORD_FULL"));
   out.path = record_path;
   out.resources.resize(jobs.size());
-  out.compiled.assign(jobs.size(), false);
 
   std::map<std::string, std::string> record;  // key -> figures; none when rewriting it
   if (!update) {
@@ -139,7 +137,6 @@ RecordedCompiles compile_with_record(const std::vector<CompileJob>& jobs, const 
     const bool check = it != record.end() && recorded % 32 == 1;
     if (out.full || it == record.end() || check) {
       to_compile.push_back(i);
-      out.compiled[i] = true;
       if (it != record.end()) ++out.verified;
     } else {
       ++out.from_record;
@@ -147,7 +144,8 @@ RecordedCompiles compile_with_record(const std::vector<CompileJob>& jobs, const 
   }
   std::vector<CompileJob> compile_jobs;
   for (size_t i : to_compile) compile_jobs.push_back(jobs[i]);
-  std::vector<bool> compiled_ok(jobs.size(), false);
+  out.compiled = to_compile.size();
+  bool any_failed = false;
   std::mutex mutex;
   compile_in_batches(compile_jobs, [&](size_t k, const CompiledJob& c) {
     const size_t i = to_compile[k];
@@ -155,9 +153,9 @@ RecordedCompiles compile_with_record(const std::vector<CompileJob>& jobs, const 
     on_compiled(i, c);
     if (!c.error.empty()) {
       out.resources[i].clear();
+      any_failed = true;
       return;
     }
-    compiled_ok[i] = true;
     const std::string now = record_detail::format(c.resources, c.src.kernel_name);
     if (!figures[i].empty() && figures[i] != now)
       out.failures.push_back("the compile record disagrees with a compile of " + jobs[i].spec.str() + " " +
@@ -166,8 +164,7 @@ RecordedCompiles compile_with_record(const std::vector<CompileJob>& jobs, const 
     figures[i] = now;
     out.resources[i] = c.resources;
   }, batch);
-  const bool all_compiled = std::all_of(to_compile.begin(), to_compile.end(), [&](size_t i) { return compiled_ok[i]; });
-  if (update && all_compiled && out.failures.empty()) {
+  if (update && !any_failed && out.failures.empty()) {
     std::vector<std::string> lines;
     for (size_t i = 0; i < jobs.size(); ++i)
       if (!keys[i].empty()) lines.push_back(jobs[i].spec.str() + " " + jobs[i].target.str() + " " + keys[i] + " " + figures[i]);
