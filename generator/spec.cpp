@@ -387,8 +387,8 @@ void validate(const Spec& s) {
   if (b.cluster != 1) {
     const int64_t packs = s.n / b.vec;
     const char* why = nullptr;
-    if (!is_pow2(b.cluster) || b.cluster > kMaxCluster)
-      why = "must be a power of two <= 16";
+    if (b.cluster < 1 || b.cluster > kMaxCluster)
+      why = "must be 1-16 CTAs";
     else if (sub_warp || b.cache == RowCache::kGlobal)
       why = "needs CTA-wide rows (threads_per_row > 32) held in registers or shared memory";
     else if (ragged_segments(s, b) && b.cache == RowCache::kSharedPipelined &&

@@ -73,6 +73,19 @@ std::vector<BlockConfig> candidate_configs(const Spec& spec, int sm, int max_vec
         for (int t = 128; t <= 1024; t *= 2)
           for (RowCache cache : {RowCache::kRegisters, RowCache::kShared, RowCache::kSharedPipelined})
             add(t, 1, vec, cache, c);
+    // And clusters of the other counts, at the threads that give each CTA's segment 1-3 packs a
+    // thread: the packs of an awkward N (LN 57352: 7169) may fit 5 CTAs where 4 and 8 fit badly.
+    if (sm >= 90)
+      for (int c = 3; c <= kMaxCluster; ++c) {
+        if ((c & (c - 1)) == 0) continue;
+        const int64_t segment = (packs + c - 1) / c;
+        for (int per = 1; per <= 3; ++per) {
+          const int64_t t = ((segment + per - 1) / per + 31) / 32 * 32;
+          if (t < 128 || t > 1024) continue;
+          for (RowCache cache : {RowCache::kRegisters, RowCache::kShared, RowCache::kSharedPipelined})
+            add(static_cast<int>(t), 1, vec, cache, c);
+        }
+      }
   }
   // Nearest the heuristic's threads per row first, then by the canonical cfg string.
   auto cfg = [&](const BlockConfig& b) {

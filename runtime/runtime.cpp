@@ -32,8 +32,8 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Every field of a spec in one word (n - 1 < 2^18; the row shape in 14 bits: sub-warp rows
 // (threads_per_row <= 32, a power of two) by log2(threads_per_row) and rows_per_cta - 1 < 2^10,
 // CTA-wide rows (rows_per_cta 1) by threads_per_row / 32 - 1 < 2^5; vec (at most 16 bytes of
-// 2-byte or 4-byte elements: 8) and cluster by their log2; stages 2-8). A spec without a block
-// config packs threads_per_row = 0, which no resolved spec has.
+// 2-byte or 4-byte elements: 8) by its log2; cluster - 1 (1-16 CTAs, any count); stages 2-8). A
+// spec without a block config packs threads_per_row = 0, which no resolved spec has.
 uint64_t packed_key(const Spec& s) {
   const BlockConfig b = s.block.value_or(BlockConfig{});
   const bool sub_warp = b.threads_per_row <= 32;
@@ -57,11 +57,11 @@ uint64_t packed_key(const Spec& s) {
   k = k << 14 | row_shape;
   k = k << 2 | static_cast<uint64_t>(b.vec > 0 ? __builtin_ctz(static_cast<unsigned>(b.vec)) : 0);  // 1-8
   k = k << 2 | static_cast<uint64_t>(b.cache);
-  k = k << 3 | static_cast<uint64_t>(__builtin_ctz(static_cast<unsigned>(std::max(1, b.cluster))));  // 1-16
+  k = k << 4 | static_cast<uint64_t>(std::max(1, b.cluster) - 1);  // 1-16
   k = k << 3 | static_cast<uint64_t>(b.stages - 2);                          // 2-8
   k = k << 1 | static_cast<uint64_t>(b.bulk_copy);
   k = k << 1 | static_cast<uint64_t>(b.producer_warp);
-  return k;  // 18 + 2+2+2+2+1+1+1+1+1+4 + 14+2+2+3+3+1+1 = 61 bits
+  return k;  // 18 + 2+2+2+2+1+1+1+1+1+4 + 14+2+2+4+3+1+1 = 62 bits
 }
 
 bool needs_pre_activation(Epilogue e) { return e == Epilogue::kGelu; }
@@ -277,13 +277,20 @@ Kernel::BackwardPlan Kernel::plan(int64_t rows, int64_t rows_per_batch) const {
     // groups; one partial slot each.
     const int64_t row_blocks = ceil_div(p.rows_per_group, b.rows_per_cta);
     int64_t slots = resident_ctas_ / p.groups;
+    const int64_t sums = spec_.has_bias ? 2 : 1;
     if (b.rows_per_cta > 1) {
       // Small CTAs of several rows each: with few rows per CTA the partial rows (N fp32 sums each,
       // written and read back) weigh on short launches; keep them within 1/16 of the rows' own
       // bytes (x, dy, dx), on at least one CTA per SM.
-      const int64_t sums = spec_.has_bias ? 2 : 1;
       const int64_t cap = p.rows_per_group * 3 * dtype_size(spec_.x_dtype) / (64 * sums);
       slots = std::min(slots, std::max<int64_t>(sm_count_, cap));
+    } else {
+      // A row a CTA: with few rows, a slot for each resident CTA writes partial rows of up to 0.7
+      // of the rows' own bytes (LN 1024 x 2560: 528 slots); keep them within a third, on at least
+      // two CTAs per SM (H200 graph replay: LN 1024 x 2560 14.7 -> 12.7 us, RMS 1024 x 2048 11.5
+      // -> 9.6; two a SM at 4096 rows ran 13-30 % slower, so the cap follows the rows).
+      const int64_t cap = p.rows_per_group * dtype_size(spec_.x_dtype) / (4 * sums);
+      slots = std::min(slots, std::max<int64_t>(2 * int64_t(sm_count_), cap));
     }
     p.slots = std::clamp<int64_t>(slots, 1, row_blocks);
   } else {

@@ -308,8 +308,8 @@ TEST_CASE("bad spec strings are rejected with a message naming the problem") {
       {"layernorm.fwd_train.bf16.w_bf16.n65536.cfg_t32_r1_v8_reg", "packs per thread"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t32_r1_v8_reg.extra", "trailing token 'extra'"},
       {"layernorm.fwd_train.bf16.w_bf16.n64.cfg_t32_r1_v8_reg_x", "row cache"},
-      {"layernorm.fwd_train.bf16.w_bf16.n32768.cfg_t512_r1_v8_c3_reg", "cluster=3 must be a power of two"},
-      {"layernorm.fwd_train.bf16.w_bf16.n32768.cfg_t512_r1_v8_c32_reg", "cluster=32 must be a power of two <= 16"},
+      {"layernorm.fwd_train.bf16.w_bf16.n32768.cfg_t512_r1_v8_c17_reg", "cluster=17 must be 1-16 CTAs"},
+      {"layernorm.fwd_train.bf16.w_bf16.n32768.cfg_t512_r1_v8_c32_reg", "cluster=32 must be 1-16 CTAs"},
       {"layernorm.fwd_train.bf16.w_bf16.n4096.cfg_t32_r4_v8_c2_reg", "cluster=2 needs CTA-wide rows"},
       {"layernorm.fwd_train.bf16.w_bf16.n32768.cfg_t1024_r1_v8_c2_gmem", "cluster=2 needs CTA-wide rows"},
       {"layernorm.fwd_train.bf16.w_bf16.n32768.cfg_t32_r1_v8_c2_reg", "cluster=2 needs CTA-wide rows"},
@@ -754,4 +754,23 @@ TEST_CASE("memory_efficient fused rows: 1/gamma' and beta in shared memory where
         std::make_tuple(false, false, int64_t(0), int64_t(0)));
   CHECK(table("layernorm.bwd.bf16.w_bf16.n4096.bias.cfg_t256_r1_v8_tma3") ==
         std::make_tuple(false, false, int64_t(0), int64_t(49152)));
+}
+
+TEST_CASE("a cluster may be any count of CTAs from 1 to 16, even or ragged") {
+  // Not only powers of two: 57352 = 7169 packs takes 1434 x 4 + 1433 over 5 CTAs, 131112 = 16389
+  // packs splits evenly over 9 (a non-portable cluster, allowed where the device takes it).
+  for (const char* text : {"layernorm.bwd.bf16.w_f32.n57352.bias.cfg_t736_r1_v8_c5_tma",
+                           "rmsnorm.bwd.bf16.w_f32.n131112.cfg_t928_r1_v8_c9_tma",
+                           "rmsnorm.bwd.bf16.w_f32.n4104.cfg_t192_r1_v8_c3_reg",
+                           "layernorm.fwd_train.bf16.w_bf16.n24576.bias.cfg_t512_r1_v8_c3_reg",
+                           "adalayernorm.bwd.f16.w_f32.n100008.bias.gelu.cfg_t704_r1_v8_c12_smem"}) {
+    CAPTURE(text);
+    const Spec s = Spec::parse(text);
+    CHECK(s.str() == text);
+    CHECK_NOTHROW(validate(s));
+  }
+  CHECK(Spec::parse("layernorm.bwd.bf16.w_f32.n57352.bias.cfg_t736_r1_v8_c5_tma").block->cluster == 5);
+  // A pipelined forward row still needs equal segments, whatever the count.
+  CHECK_THROWS_WITH_AS(validate(Spec::parse("layernorm.fwd_train.bf16.w_bf16.n57352.bias.cfg_t736_r1_v8_c5_pipe")),
+                       doctest::Contains("cluster=5 must divide the row's packs"), Error);
 }

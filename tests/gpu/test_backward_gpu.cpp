@@ -178,7 +178,14 @@ TEST_CASE("ragged clusters backward: a row's CTAs take unequal segments, in shar
                            "layernorm.bwd.f32.w_f32.n98316.bias.cfg_t1024_r1_v4_c8_smem",
                            "layernorm.bwd.bf16.w_f32.n4104.bias.cfg_t160_r1_v8_c2_reg",
                            "rmsnorm.bwd.bf16.w_f32.n20008.memory_efficient.cfg_t320_r1_v8_c4_reg",
-                           "layernorm.bwd.bf16.w_f32.n20008.bias.memory_efficient.cfg_t320_r1_v8_c4_smem"}) {
+                           "layernorm.bwd.bf16.w_f32.n20008.bias.memory_efficient.cfg_t320_r1_v8_c4_smem",
+                           // clusters of any CTA count: 57352 1434 x 4 + 1433 packs over 5, 131112 1821 x 9 (not portable)
+                           "layernorm.bwd.bf16.w_f32.n57352.bias.cfg_t736_r1_v8_c5_tma",
+                           "rmsnorm.bwd.bf16.w_f32.n131112.cfg_t928_r1_v8_c9_tma",
+                           "rmsnorm.bwd.bf16.w_f32.n4104.cfg_t192_r1_v8_c3_reg",
+                           "layernorm.bwd.bf16.w_f32.n24576.bias.cfg_t512_r1_v8_c2_smem",  // then c6: keyed apart
+                           "layernorm.bwd.bf16.w_f32.n24576.bias.cfg_t512_r1_v8_c6_smem",
+                           "adalayernorm.bwd.f16.w_f32.n100008.bias.gelu.cfg_t704_r1_v8_c12_smem"}) {
     Case c = pinned_case(text);
     c.rows = 2 * 3 * 37;
     c.rows_per_batch = is_adaptive(c.spec.norm) ? c.rows / 3 : 0;

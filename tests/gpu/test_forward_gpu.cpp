@@ -102,7 +102,11 @@ TEST_CASE("ragged clusters: a forward row's CTAs take unequal segments, in share
                            "layernorm.fwd_infer.bf16.w_bf16.n4104.bias.cfg_t160_r1_v8_c2_reg",
                            "adarmsnorm.fwd_train.f16.w_f16.n20008.relu_bitmask.cfg_t320_r1_v8_c4_reg",
                            "rmsnorm.fwd_train.bf16.w_bf16.n20008.residual.cfg_t320_r1_v8_c4_reg",
-                           "layernorm.fwd_train.bf16.w_bf16.n65608.bias.residual.cfg_t288_r1_v8_c4_smem"}) {
+                           "layernorm.fwd_train.bf16.w_bf16.n65608.bias.residual.cfg_t288_r1_v8_c4_smem",
+                           // clusters of 3, 5 and 6 CTAs
+                           "layernorm.fwd_train.bf16.w_bf16.n65608.bias.cfg_t416_r1_v8_c5_smem",
+                           "rmsnorm.fwd_infer.bf16.w_bf16.n20008.cfg_t448_r1_v8_c6_reg",
+                           "layernorm.fwd_train.bf16.w_bf16.n24576.bias.cfg_t512_r1_v8_c3_reg"}) {
     const Case c = pinned_case(text, 100.0);
     const std::string name = text;
     CAPTURE(name);

@@ -75,6 +75,16 @@ TEST_CASE("candidate configs hold two- and three-buffer pipelined rows, bulk-cop
   }
 }
 
+TEST_CASE("candidate configs hold clusters of any count, sized so each CTA's segment takes whole packs a thread") {
+  // LN 57352: 7169 packs; 5 CTAs of 736 threads take 2 packs a thread (1434 x 4 + 1433).
+  const Spec spec = Spec::parse("layernorm.bwd.bf16.w_f32.n57352.bias");
+  const std::vector<BlockConfig> c = candidate_configs(spec, 90, 16, 400);
+  BlockConfig five{736, 1, 8, RowCache::kSharedPipelined, 5};
+  five.bulk_copy = true;
+  CHECK(std::count(c.begin(), c.end(), five) == 1);
+  for (const BlockConfig& b : candidate_configs(spec, 80, 16, 400)) CHECK(b.cluster == 1);
+}
+
 TEST_CASE("every candidate of a spec compiles for sm_90") {
   size_t compiled = 0;
   for (const char* text : {"layernorm.fwd_train.bf16.w_f32.n5120.bias", "rmsnorm.bwd.bf16.w_f32.n12288"}) {
