@@ -78,7 +78,10 @@ std::vector<BlockConfig> candidate_configs(const Spec& spec, int sm, int max_vec
     if (sm >= 90)
       for (int c = 3; c <= kMaxCluster; ++c) {
         if ((c & (c - 1)) == 0) continue;
-        const int64_t segment = (packs + c - 1) / c;
+        BlockConfig clustered{};
+        clustered.vec = vec;
+        clustered.cluster = c;
+        const int64_t segment = segment_packs(bare, clustered);  // whole scale blocks a CTA where the epilogue has them
         for (int per = 1; per <= 3; ++per) {
           const int64_t t = ((segment + per - 1) / per + 31) / 32 * 32;
           if (t < 128 || t > 1024) continue;
