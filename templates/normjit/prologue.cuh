@@ -8,10 +8,13 @@
 //   reread(p, x): where a row streamed twice (gmem) reads that input again in its second pass;
 //   add_to_dx<kVec, kInOrder>(p, dx, v): v, a pack of dx (fp32) about to be stored at `dx`, gets
 //     any gradient the prologue's inputs add, and goes wherever else the prologue sends it;
-//     kInOrder: its loads stay in program order (dx_loads_in_order).
+//     kInOrder: its loads stay in program order (dx_loads_in_order);
+//   prefetch_dx_inputs<kVec>(p, dx) (kAddsToDx only): warms into L2 the pack add_to_dx will read
+//     for the pack of dx at `dx`.
 // Pointers of x, h, residual, dx, dh_out and dresidual share one row stride, so a pack's offset
 // (in elements) from p.x (or p.dx) finds it in the others.
 #pragma once
+#include "normjit/async_copy.cuh"
 #include "normjit/pack.cuh"
 
 namespace normjit {
@@ -61,6 +64,11 @@ struct PrologueResidualAdd {
   template <class YT>
   static __device__ __forceinline__ const HT* reread(const NormParams& p, const YT* x) {
     return static_cast<const HT*>(p.h) + (x - static_cast<const YT*>(p.x));
+  }
+  // The fused backward asks a row ahead: its in-order loads of dh_out waited on DRAM every row.
+  template <int kVec, class YT>
+  static __device__ __forceinline__ void prefetch_dx_inputs(const NormParams& p, const YT* dx) {
+    prefetch_l2(static_cast<const HT*>(p.dh_out) + (dx - static_cast<const YT*>(p.dx)));
   }
   // kInOrder: dh_out is loaded where it is used, not hoisted with the loop's other loads (which
   // spills wide rows: pack.cuh); narrow rows keep the plain load, which ptxas batches.

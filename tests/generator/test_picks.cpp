@@ -428,8 +428,18 @@ TEST_CASE("bwd+residual rows serve residual backward specs only, and the plain r
   CHECK(pick("layernorm.bwd.bf16.w_f32.n1024.bias.residual") == "t128_r1_v8_reg");
   CHECK(pick("adalayernorm.bwd.bf16.w_f32.n1024.bias.residual") == "t128_r1_v8_reg");
   CHECK(pick("layernorm.bwd.bf16.w_f32.n1024.bias") != "t128_r1_v8_reg");
-  // No residual row past 9216 for LayerNorm: the plain row's block.
-  CHECK(pick("layernorm.bwd.bf16.w_f32.n12288.bias.residual") == pick("layernorm.bwd.bf16.w_f32.n12288.bias"));
+  // No residual row at 9224-10752 nor past 12288 for LayerNorm: the plain row's block.
+  CHECK(pick("layernorm.bwd.bf16.w_f32.n10240.bias.residual") == pick("layernorm.bwd.bf16.w_f32.n10240.bias"));
+  CHECK(pick("layernorm.bwd.bf16.w_f32.n13824.bias.residual") == pick("layernorm.bwd.bf16.w_f32.n13824.bias"));
+  // bwd+residual layernorm bias x2 v8 10760..12288 p2_r1_v8_c6_tma@ragged: 1536 packs in six
+  // CTAs of 128 threads; 11264 (1408 packs) ragged, the last CTA's segment 233 packs of 235.
+  CHECK(pick("layernorm.bwd.bf16.w_f32.n12288.bias.residual") == "t128_r1_v8_c6_tma");
+  CHECK(pick("layernorm.bwd.bf16.w_f32.n11264.bias.residual") == "t128_r1_v8_c6_tma");
+  CHECK(pick("layernorm.bwd.bf16.w_f32.n12288.bias") != "t128_r1_v8_c6_tma");
+  // RMSNorm's clusters of 5 (pipelined bulk copies) and 14 CTAs.
+  CHECK(pick("rmsnorm.bwd.bf16.w_f32.n18432.residual") == "t256_r1_v8_c5_tma3");
+  CHECK(pick("rmsnorm.bwd.bf16.w_f32.n28672.residual") == "t128_r1_v8_c14_tma");
+  CHECK(pick("rmsnorm.bwd.bf16.w_f32.n30720.residual") == pick("rmsnorm.bwd.bf16.w_f32.n30720"));
   // A residual forward is not a bwd+residual spec.
   CHECK(pick("layernorm.fwd_train.bf16.n1024.bias.residual") == pick("layernorm.fwd_train.bf16.n1024.bias"));
 }
