@@ -109,7 +109,9 @@ int64_t backward_row_bytes(const Spec& s, const BlockConfig& b) {
   const int64_t buffers = b.cache == RowCache::kSharedPipelined ? b.stages : 1;
   // An fp32 residual stream's backward keeps dy in a slot of x's (f32) size.
   const int64_t segment = segment_packs(s, b) * b.vec;  // a ragged cluster's rounded-up share
-  return segment * (buffers * 2 * dtype_size(row_dtype(s)) + (dbeta_sums_in_shared(s, b) ? 4 : 0));
+  // The residual add's bulk-copied rows bring dh_out into the buffer too (kBwdBulkDhOut).
+  const int64_t arrays = s.residual && b.bulk_copy && !b.producer_warp ? 3 : 2;
+  return segment * (buffers * arrays * dtype_size(row_dtype(s)) + (dbeta_sums_in_shared(s, b) ? 4 : 0));
 }
 }  // namespace
 

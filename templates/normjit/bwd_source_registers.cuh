@@ -12,6 +12,8 @@
 //                 gamma * d is recomputed
 //   kBulk         rows arrive by bulk copies (the gamma rule keys on it, bwd_gamma.cuh)
 //   kBuffers      row buffers in dynamic shared memory
+//   kArrays       rows in a buffer: x and dy, then dh_out where the residual add's bulk-copied
+//                 rows bring it in too (kBwdBulkDhOut)
 //   kStatsFirst   load_stats reads the row's mean and rstd before fill; otherwise the kernel
 //                 reads them after fill, predicated on the row being active
 //   init          before the kernel waits for its prerequisites;  start  before the first row
@@ -32,6 +34,7 @@ struct BwdRegisterRows {
   static constexpr bool kInRegisters = true;
   static constexpr bool kBulk = false;
   static constexpr int kBuffers = 1;
+  static constexpr int kArrays = 2;
   static constexpr bool kStatsFirst = false;
 
   static __device__ __forceinline__ void init(unsigned long long*) {}

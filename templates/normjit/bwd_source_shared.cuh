@@ -17,6 +17,7 @@ struct BwdSharedRows {
   static constexpr bool kInRegisters = false;
   static constexpr bool kBulk = false;
   static constexpr int kBuffers = 1;
+  static constexpr int kArrays = 2;
   static_assert(Cfg::kRowsPerCta == 1, "a shared-memory row fills its CTA (a cluster's CTA: its segment)");
   // The fill: each pack by cp.async (sm_80+), all in flight at once with no registers held for
   // them; staged through registers, ptxas issued the loads in rounds, each waiting for the last

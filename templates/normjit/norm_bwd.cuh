@@ -75,7 +75,7 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
   // The source's row buffers, each x then dy; the shared dbeta sums after the last one.
   extern __shared__ __align__(16) unsigned char dynamic_shared[];
   XT* const shared_rows = reinterpret_cast<XT*>(dynamic_shared);
-  float* const shared_b = reinterpret_cast<float*>(shared_rows + 2 * Source::kBuffers * S::kSegment);
+  float* const shared_b = reinterpret_cast<float*>(shared_rows + Source::kArrays * Source::kBuffers * S::kSegment);
   // memory_efficient: the xhat table (XhatTableOf<Cfg>) after those, or alone for rows in registers.
   using Table = XhatTableOf<Cfg>;
   float* const table_reciprocal = Source::kInRegisters ? reinterpret_cast<float*>(dynamic_shared)
@@ -146,14 +146,14 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
     const long long offset = row * p.row_stride + w.segment_col;
     const XT* x = static_cast<const XT*>(p.x) + offset;
     const YT* dy = static_cast<const YT*>(p.dy) + offset;
-    XT* const shared_x = shared_rows + 2 * buffer * S::kSegment;  // shared-memory rows: where the row waits
+    XT* const shared_x = shared_rows + Source::kArrays * buffer * S::kSegment;  // shared-memory rows: where the row waits
     YT* const shared_dy = reinterpret_cast<YT*>(shared_x + S::kSegment);  // in a slot of x's size
     Pack<XT, kVec> xs[kHeld];
     Pack<YT, kVec> dys[kHeld];
     float mean = 0.f, rstd = 0.f;
     if constexpr (Source::kStatsFirst) Source::load_stats(p, w, block, mean, rstd, next_mean, next_rstd);
     Source::fill(p, w, block, active, x, dy, shared_x, shared_dy, xs, dys, shared_rows, row_ready, buffer);
-    if constexpr (kBwdPrefetchesDxInputs<Cfg>) {
+    if constexpr (kBwdPrefetchesDxInputs<Cfg> && Source::kArrays == 2) {
       // The next row's other inputs of dx (the residual add's dh_out), into L2 a row ahead.
       if (block == w.slot) bwd_prefetch_dx_inputs<Cfg>(p, w, block);
       bwd_prefetch_dx_inputs<Cfg>(p, w, block + w.slots);
@@ -264,7 +264,10 @@ __device__ __forceinline__ void norm_bwd_fused_rows(const NormParams& p) {
           float dxf[kVec];
 #pragma unroll
           for (int j = 0; j < kVec; ++j) dxf[j] = dx_element<Cfg>(gdv[j], xf[j], mean, rstd, c1, c2, slope, intercept);
-          Cfg::Prologue::template add_to_dx<kVec, dx_loads_in_order<Cfg>>(p, dx + pack * kVec, dxf);
+          if constexpr (Source::kArrays == 3)  // dh_out came in with the row (kBwdBulkDhOut)
+            Cfg::Prologue::add_held_to_dx(p, dx + pack * kVec, dxf, load_pack<XT, kVec>(shared_x + 2 * S::kSegment + pack * kVec));
+          else
+            Cfg::Prologue::template add_to_dx<kVec, dx_loads_in_order<Cfg>>(p, dx + pack * kVec, dxf);
 #pragma unroll
           for (int j = 0; j < kVec; ++j) o.v[j] = Convert<YT>::from(dxf[j]);
         } else {  // converted as each is formed: the schedule of the kernels before prologues existed

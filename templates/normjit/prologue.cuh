@@ -70,6 +70,21 @@ struct PrologueResidualAdd {
   static __device__ __forceinline__ void prefetch_dx_inputs(const NormParams& p, const YT* dx) {
     prefetch_l2(static_cast<const HT*>(p.dh_out) + (dx - static_cast<const YT*>(p.dx)));
   }
+  // The same with dh_out's pack already read (a bulk copy brought it into shared memory).
+  template <int kVec, class YT>
+  static __device__ __forceinline__ void add_held_to_dx(const NormParams& p, const YT* dx, float (&v)[kVec],
+                                                        const Pack<HT, kVec>& dh) {
+    float g[kVec];
+    unpack(dh, g);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) v[j] += g[j];
+    if constexpr (sizeof(HT) != sizeof(YT)) {
+      Pack<HT, kVec> o;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) o.v[j] = v[j];
+      store_pack<HT, kVec>(static_cast<HT*>(p.dresidual) + (dx - static_cast<const YT*>(p.dx)), o);
+    }
+  }
   // kInOrder: dh_out is loaded where it is used, not hoisted with the loop's other loads (which
   // spills wide rows: pack.cuh); narrow rows keep the plain load, which ptxas batches.
   template <int kVec, bool kInOrder, class YT>
