@@ -174,6 +174,8 @@ GeneratedSource generate(const Spec& spec) {
     values["EXTRA_BINDINGS"] = "";
     if (b.producer_warp)
       values["EXTRA_BINDINGS"] = "\n  static constexpr bool kProducerWarp = true;  // the CTA's last warp fills the row buffers";
+    if (bulk_copies_dh_out(spec, b))
+      values["EXTRA_BINDINGS"] = "\n  static constexpr bool kBulkDhOut = true;  // dh_out bulk-copied beside x and dy";
     if (spec.memory_efficient) {
       const XhatTable t = xhat_table(spec, b);
       values["EXTRA_BINDINGS"] = std::string("\n  static constexpr bool kReciprocalTable = ") +

@@ -103,14 +103,22 @@ bool dbeta_sums_in_shared(const Spec& s, const BlockConfig& b) {
   return values > (b.threads_per_row > 768 ? 16 : 24) - (s.residual ? 8 : 0) - (s.memory_efficient ? 8 : 0);
 }
 
+bool bulk_copies_dh_out(const Spec& s, const BlockConfig& b) {
+  if (s.phase != Phase::kBackward || !s.residual || s.memory_efficient || !b.bulk_copy || b.producer_warp ||
+      b.cache != RowCache::kSharedPipelined || b.threads_per_row < 1 || b.vec < 1 || b.cluster < 1)
+    return false;
+  const int64_t segment = segment_packs(s, b) * b.vec;
+  return segment * (b.stages * 3 * dtype_size(row_dtype(s)) + (dbeta_sums_in_shared(s, b) ? 4 : 0)) <=
+         kMaxSharedRowBytes;
+}
+
 namespace {
 // Row buffers and dbeta sums of a backward shared-memory row.
 int64_t backward_row_bytes(const Spec& s, const BlockConfig& b) {
   const int64_t buffers = b.cache == RowCache::kSharedPipelined ? b.stages : 1;
   // An fp32 residual stream's backward keeps dy in a slot of x's (f32) size.
   const int64_t segment = segment_packs(s, b) * b.vec;  // a ragged cluster's rounded-up share
-  // The residual add's bulk-copied rows bring dh_out into the buffer too (kBwdBulkDhOut).
-  const int64_t arrays = s.residual && b.bulk_copy && !b.producer_warp ? 3 : 2;
+  const int64_t arrays = bulk_copies_dh_out(s, b) ? 3 : 2;  // x, dy (and dh_out)
   return segment * (buffers * arrays * dtype_size(row_dtype(s)) + (dbeta_sums_in_shared(s, b) ? 4 : 0));
 }
 }  // namespace

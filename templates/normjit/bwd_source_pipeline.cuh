@@ -9,11 +9,16 @@
 
 namespace normjit {
 
-// The residual add's bulk-copied rows copy dh_out into the row's buffer after x and dy, so the dx
-// pass reads it from shared memory (its per-thread loads there waited on DRAM, or on L2 when
-// prefetched: H200 LN 18432 t640 c2 76 % against the plain backward's 93).
+// The residual add's bulk-copied rows copy dh_out into the row's buffer after x and dy where the
+// host's bulk_copies_dh_out binds kBulkDhOut (the three rows fit), so the dx pass reads it from
+// shared memory (its per-thread loads waited on DRAM, or on L2 when prefetched: H200 LN 18432
+// t640 c2 76 % against the plain backward's 93).
+template <class Cfg, class = void>
+inline constexpr bool kCfgBulkDhOut = false;
+template <class Cfg>
+inline constexpr bool kCfgBulkDhOut<Cfg, decltype(void(Cfg::kBulkDhOut))> = Cfg::kBulkDhOut;
 template <class Cfg, bool kBulk>
-inline constexpr bool kBwdBulkDhOut = kBulk && Cfg::Prologue::kAddsToDx;
+inline constexpr bool kBwdBulkDhOut = kBulk && kCfgBulkDhOut<Cfg>;
 
 // Starts the copy of row block `block` of the CTA's group (its segment) into buffer `buffer` of
 // `rows`; past the last row, an empty group.
@@ -67,6 +72,7 @@ struct BwdPipelinedRows {
   static constexpr bool kBulk = kBulkCopy;
   static constexpr int kBuffers = Pipeline::kStages;
   static constexpr int kArrays = kBwdBulkDhOut<Cfg, kBulkCopy> ? 3 : 2;
+  static_assert(!kCfgBulkDhOut<Cfg> || (kBulkCopy && Cfg::Prologue::kAddsToDx), "kBulkDhOut: bulk-copied residual rows only");
   static constexpr bool kStatsFirst = true;
   static __device__ __forceinline__ void init(unsigned long long* ready) { Pipeline::init(ready); }
 

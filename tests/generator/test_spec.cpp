@@ -608,6 +608,30 @@ TEST_CASE("shared memory per CTA of a shared-memory row: x, dy in the backward, 
   CHECK(bytes("rmsnorm.bwd.bf16.w_f32.n65608.cfg_t544_r1_v8_c8_smem") == std::make_pair(int64_t(1026 * 8 * 4), false));
   CHECK(bytes("layernorm.bwd.bf16.w_f32.n65608.bias.cfg_t704_r1_v8_c4_smem") ==
         std::make_pair(int64_t(2051 * 8 * 4), false));
+  // The residual's bulk-copied rows bring dh_out too, three rows a buffer, where they fit:
+  // 18432 in five CTAs of 461 packs, three buffers; 12288 in six of 256 packs, two buffers.
+  CHECK(bytes("rmsnorm.bwd.bf16.w_f32.n18432.residual.cfg_t256_r1_v8_c5_tma3") ==
+        std::make_pair(int64_t(461 * 8 * 3 * 3 * 2), false));
+  CHECK(bytes("rmsnorm.bwd.bf16.w_f32.n12288.residual.cfg_t128_r1_v8_c6_tma") ==
+        std::make_pair(int64_t(256 * 8 * 2 * 3 * 2), false));
+  CHECK(bulk_copies_dh_out(Spec::parse("layernorm.bwd.bf16.w_f32.n18432.bias.residual.cfg_t640_r1_v8_c2_tma"),
+                           *Spec::parse("layernorm.bwd.bf16.w_f32.n18432.bias.residual.cfg_t640_r1_v8_c2_tma").block));
+  // Not where three rows and the dbeta sums outgrow the CTA (65536 in four: 262144 bytes), nor
+  // without the residual, nor for rows the threads copy (pipe) or hold (smem).
+  for (const char* text : {"layernorm.bwd.bf16.w_f32.n65536.bias.residual.cfg_t1024_r1_v8_c4_tma",
+                           "layernorm.bwd.bf16.w_f32.n18432.bias.cfg_t640_r1_v8_c2_tma",
+                           "rmsnorm.bwd.bf16.w_f32.n4096.residual.cfg_t256_r1_v8_pipe",
+                           "rmsnorm.bwd.bf16.w_f32.n4096.residual.cfg_t256_r1_v8_smem"}) {
+    const Spec s = Spec::parse(text);
+    CHECK_MESSAGE(!bulk_copies_dh_out(s, *s.block), text);
+  }
+  // The kernel learns it from one binding line that only those specs' sources carry.
+  CHECK(generate(Spec::parse("layernorm.bwd.bf16.w_f32.n18432.bias.residual.cfg_t640_r1_v8_c2_tma"))
+            .source.find("kBulkDhOut = true") != std::string::npos);
+  CHECK(generate(Spec::parse("layernorm.bwd.bf16.w_f32.n65536.bias.residual.cfg_t1024_r1_v8_c4_tma"))
+            .source.find("kBulkDhOut") == std::string::npos);
+  CHECK(bytes("layernorm.bwd.bf16.w_f32.n65536.bias.residual.cfg_t1024_r1_v8_c4_tma") ==
+        std::make_pair(int64_t(16384 * (2 * 2 * 2 + 4)), true));
   // Dbeta sums past 16 values per thread: one copy, after both buffers.
   CHECK(bytes("layernorm.bwd.bf16.w_f32.n12288.bias.cfg_t256_r1_v8_pipe") == std::make_pair(int64_t(12288 * 12), true));
   CHECK(Spec::parse("rmsnorm.bwd.bf16.w_f32.n8192.cfg_t512_r1_v8_pipe").str() ==
