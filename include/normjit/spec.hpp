@@ -195,8 +195,8 @@ inline DType row_dtype(const Spec& s) { return s.residual_f32 ? DType::kF32 : s.
 // the dgamma sums stay in registers.
 bool dbeta_sums_in_shared(const Spec& s, const BlockConfig& b);
 // A residual backward's bulk-copied rows (tma, tma3...) bring dh_out into each row buffer beside
-// x and dy, where the three rows (and the dbeta sums) fit one CTA's shared memory; otherwise the
-// dx pass reads dh_out from global memory.
+// x and dy, in rows of more than 3072 values and CTAs under 1024 threads, where the three rows (and
+// the dbeta sums) fit one CTA's shared memory; otherwise the dx pass reads dh_out from global memory.
 bool bulk_copies_dh_out(const Spec& s, const BlockConfig& b);
 // A memory_efficient fused backward (reg, smem, pipe) keeps per-column values of x̂ = (y - beta) / gamma'
 // for its columns in shared memory, written once per CTA instead of read per row: 1/gamma' (fp32,

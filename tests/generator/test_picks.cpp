@@ -428,17 +428,31 @@ TEST_CASE("bwd+residual rows serve residual backward specs only, and the plain r
   CHECK(pick("layernorm.bwd.bf16.w_f32.n1024.bias.residual") == "t128_r1_v8_reg");
   CHECK(pick("adalayernorm.bwd.bf16.w_f32.n1024.bias.residual") == "t128_r1_v8_reg");
   CHECK(pick("layernorm.bwd.bf16.w_f32.n1024.bias") != "t128_r1_v8_reg");
-  // No residual row at 9224-10752 nor past 12288 for LayerNorm: the plain row's block.
+  // No residual row at 9224-10752 nor at 12296-13304 for LayerNorm: the plain row's block.
   CHECK(pick("layernorm.bwd.bf16.w_f32.n10240.bias.residual") == pick("layernorm.bwd.bf16.w_f32.n10240.bias"));
-  CHECK(pick("layernorm.bwd.bf16.w_f32.n13824.bias.residual") == pick("layernorm.bwd.bf16.w_f32.n13824.bias"));
+  CHECK(pick("layernorm.bwd.bf16.w_f32.n12800.bias.residual") == pick("layernorm.bwd.bf16.w_f32.n12800.bias"));
+  // bwd+residual layernorm bias x2 v8 5128..9216 p2_r1_v8_tma: two-stage bulk-copied rows, two
+  // packs a thread (7168: 448 threads), where the plain rows take other caches.
+  CHECK(pick("layernorm.bwd.bf16.w_f32.n7168.bias.residual") == "t448_r1_v8_tma");
+  CHECK(pick("layernorm.bwd.bf16.w_f32.n9216.bias.residual") == "t576_r1_v8_tma");
+  CHECK(pick("layernorm.bwd.bf16.w_f32.n8192.bias.residual") == "t512_r1_v8_tma3");  // three stages there
+  CHECK(pick("layernorm.bwd.bf16.w_f32.n7168.bias") != "t448_r1_v8_tma");
+  CHECK(pick("layernorm.bwd.bf16.w_f32.n13824.bias.residual") == "t864_r1_v8_tma");
   // bwd+residual layernorm bias x2 v8 10760..12288 p2_r1_v8_c6_tma@ragged: 1536 packs in six
   // CTAs of 128 threads; 11264 (1408 packs) ragged, the last CTA's segment 233 packs of 235.
   CHECK(pick("layernorm.bwd.bf16.w_f32.n12288.bias.residual") == "t128_r1_v8_c6_tma");
   CHECK(pick("layernorm.bwd.bf16.w_f32.n11264.bias.residual") == "t128_r1_v8_c6_tma");
   CHECK(pick("layernorm.bwd.bf16.w_f32.n12288.bias") != "t128_r1_v8_c6_tma");
-  // RMSNorm's clusters of 5 (pipelined bulk copies) and 14 CTAs.
-  CHECK(pick("rmsnorm.bwd.bf16.w_f32.n18432.residual") == "t256_r1_v8_c5_tma3");
-  CHECK(pick("rmsnorm.bwd.bf16.w_f32.n28672.residual") == "t128_r1_v8_c14_tma");
+  // RMSNorm's three-stage rows at 9736-10752 and two-stage ones at 13312-16384.
+  CHECK(pick("rmsnorm.bwd.bf16.w_f32.n10240.residual") == "t640_r1_v8_tma3");
+  CHECK(pick("rmsnorm.bwd.bf16.w_f32.n13312.residual") == "t832_r1_v8_tma");
+  // RMSNorm's clusters of 5 (pipelined bulk copies) at 16392-18424, of two past them, and of 14
+  // CTAs at 26624-28664; 28672 takes the plain row's two CTAs.
+  CHECK(pick("rmsnorm.bwd.bf16.w_f32.n17408.residual") == "t224_r1_v8_c5_tma3");
+  CHECK(pick("rmsnorm.bwd.bf16.w_f32.n18432.residual") == "t640_r1_v8_c2_tma");
+  CHECK(pick("rmsnorm.bwd.bf16.w_f32.n18440.residual") == "t256_r1_v8_c5_tma3");
+  CHECK(pick("rmsnorm.bwd.bf16.w_f32.n27648.residual") == "t128_r1_v8_c14_tma");
+  CHECK(pick("rmsnorm.bwd.bf16.w_f32.n28672.residual") == pick("rmsnorm.bwd.bf16.w_f32.n28672"));
   CHECK(pick("rmsnorm.bwd.bf16.w_f32.n30720.residual") == pick("rmsnorm.bwd.bf16.w_f32.n30720"));
   // A residual forward is not a bwd+residual spec.
   CHECK(pick("layernorm.fwd_train.bf16.n1024.bias.residual") == pick("layernorm.fwd_train.bf16.n1024.bias"));

@@ -617,8 +617,14 @@ TEST_CASE("shared memory per CTA of a shared-memory row: x, dy in the backward, 
   CHECK(bulk_copies_dh_out(Spec::parse("layernorm.bwd.bf16.w_f32.n18432.bias.residual.cfg_t640_r1_v8_c2_tma"),
                            *Spec::parse("layernorm.bwd.bf16.w_f32.n18432.bias.residual.cfg_t640_r1_v8_c2_tma").block));
   // Not where three rows and the dbeta sums outgrow the CTA (65536 in four: 262144 bytes), nor
-  // without the residual, nor for rows the threads copy (pipe) or hold (smem).
+  // without the residual, nor for rows the threads copy (pipe) or hold (smem), nor in rows of
+  // 3072 values or fewer (where it lost), nor in CTAs of 1024 threads (where it spilled); 3080
+  // takes it.
+  CHECK(bulk_copies_dh_out(Spec::parse("layernorm.bwd.bf16.w_f32.n3080.bias.residual.cfg_t192_r1_v8_tma3"),
+                           *Spec::parse("layernorm.bwd.bf16.w_f32.n3080.bias.residual.cfg_t192_r1_v8_tma3").block));
   for (const char* text : {"layernorm.bwd.bf16.w_f32.n65536.bias.residual.cfg_t1024_r1_v8_c4_tma",
+                           "layernorm.bwd.bf16.w_f32.n3072.bias.residual.cfg_t192_r1_v8_tma3",
+                           "rmsnorm.bwd.bf16.w_f32.n65536.residual.cfg_t1024_r1_v8_c4_tma",
                            "layernorm.bwd.bf16.w_f32.n18432.bias.cfg_t640_r1_v8_c2_tma",
                            "rmsnorm.bwd.bf16.w_f32.n4096.residual.cfg_t256_r1_v8_pipe",
                            "rmsnorm.bwd.bf16.w_f32.n4096.residual.cfg_t256_r1_v8_smem"}) {

@@ -24,6 +24,7 @@ struct Cfg {
   static constexpr normjit::RowCache kCache = normjit::RowCache::kSharedPipelined;
   static constexpr bool kDbetaShared = false;
   static constexpr bool kXhatFromY = false;  // memory_efficient: x is the forward's y
+  static constexpr bool kBulkDhOut = true;  // dh_out bulk-copied beside x and dy
 };
 }  // namespace
 

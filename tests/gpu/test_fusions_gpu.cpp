@@ -123,7 +123,11 @@ TEST_CASE("fusions backward: dx + dh_out and zero-centred weights match the refe
                            // segment shorter), pipelined bulk copies, and 14 CTAs (non-portable).
                            "layernorm.bwd.bf16.w_f32.n10760.bias.residual.cfg_t128_r1_v8_c6_tma",
                            "rmsnorm.bwd.f16.w_f16.n17408.residual.cfg_t224_r1_v8_c5_tma3",
-                           "rmsnorm.bwd.bf16.w_f32.n28672.residual.cfg_t128_r1_v8_c14_tma"})
+                           "rmsnorm.bwd.bf16.w_f32.n28672.residual.cfg_t128_r1_v8_c14_tma",
+                           // dh_out bulk-copied beside x and dy: two and three stages, AdaLN.
+                           "layernorm.bwd.f16.w_f16.n13824.bias.residual.cfg_t864_r1_v8_tma",
+                           "rmsnorm.bwd.bf16.w_f32.n10240.zero_centered.residual.cfg_t640_r1_v8_tma3",
+                           "adalayernorm.bwd.bf16.w_f32.n9216.bias.residual.cfg_t576_r1_v8_tma"})
     cases.push_back(pinned_case(text, 3.0));
   warm_cases(cases);
   for (const Case& c : cases) check_backward_case(c);
