@@ -446,6 +446,11 @@ TEST_CASE("bwd+residual rows serve residual backward specs only, and the plain r
   // RMSNorm's three-stage rows at 9736-10752 and two-stage ones at 13312-16384.
   CHECK(pick("rmsnorm.bwd.bf16.w_f32.n10240.residual") == "t640_r1_v8_tma3");
   CHECK(pick("rmsnorm.bwd.bf16.w_f32.n13312.residual") == "t832_r1_v8_tma");
+  // Two-CTA rows where one CTA would take 1024 threads (RMS 15880-16384) and LN 14344-16384,
+  // ragged where the packs split unevenly (16376: 2047 packs).
+  CHECK(pick("rmsnorm.bwd.bf16.w_f32.n16384.residual") == "t512_r1_v8_c2_tma");
+  CHECK(pick("rmsnorm.bwd.bf16.w_f32.n16376.residual") == "t512_r1_v8_c2_tma");
+  CHECK(pick("layernorm.bwd.bf16.w_f32.n15360.bias.residual") == "t480_r1_v8_c2_tma");
   // RMSNorm's clusters of 5 (pipelined bulk copies) at 16392-18424, of two past them, and of 14
   // CTAs at 26624-28664; 28672 takes the plain row's two CTAs.
   CHECK(pick("rmsnorm.bwd.bf16.w_f32.n17408.residual") == "t224_r1_v8_c5_tma3");
